@@ -1,0 +1,42 @@
+# inferlb — see README.md. Every target that needs tools runs scripts/setup.sh
+# first, so a fresh clone works with `make demo` and `make test`.
+SHELL := /bin/bash
+VENV  ?= $(CURDIR)/.venv
+export PATH := $(VENV)/bin:$(PATH)
+export INFERLB_VENV := $(VENV)
+GO    ?= go
+BIN   := bin/inferlb
+# The race detector and Envoy make the suite heavy on 2 cores: at most two
+# packages at a time, each with a deadline.
+TESTFLAGS ?= -race -p 2 -timeout 25m
+
+.PHONY: setup build test test-short demo bench lint fmt clean
+
+setup:
+	@scripts/setup.sh
+
+build:
+	$(GO) build -o $(BIN) ./cmd/inferlb
+
+test: setup
+	$(GO) vet ./...
+	$(GO) test $(TESTFLAGS) ./...
+
+test-short: setup
+	$(GO) test -short -race ./...
+
+demo: setup build
+	@scripts/demo.sh
+
+bench: setup
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin .setup-go.stamp

@@ -1,0 +1,139 @@
+// Package fleet describes a fleet of frontend clusters and inference engines:
+// the regions they live in, the network distance between them, the models and
+// eligibility classes served, the engines, and the latency profile of each
+// (GPU type, model) pair. It is the one input every inferlb component shares.
+//
+// A spec is read with Parse or Load, which go through three steps, in the
+// style of grpc-go's balancer configs: defaults (fill fields the user may omit,
+// never overwriting a value that was given), validate (every error names the
+// field path and the bad value), normalize (sort, index, derive lookups).
+package fleet
+
+// Spec is the YAML document a user writes. Field names are the YAML keys.
+type Spec struct {
+	// Name labels the fleet in logs and metrics.
+	Name string `yaml:"name"`
+	// Regions are the places frontends and engines live in.
+	Regions []Region `yaml:"regions"`
+	// Network gives the round trip between a frontend region and an engine
+	// region. Pairs not listed are an error unless both are the same region
+	// (then SameRegionRTTMs applies).
+	Network Network `yaml:"network"`
+	// Models served by the fleet.
+	Models []Model `yaml:"models"`
+	// Profiles are latency profiles per (GPU type, model).
+	Profiles []Profile `yaml:"profiles"`
+	// Classes are the eligibility classes: each selects the engines that may
+	// serve a request and becomes one Envoy cluster per frontend.
+	Classes []Class `yaml:"classes"`
+	// Priorities, highest first in importance by Level (0 is most important).
+	Priorities []Priority `yaml:"priorities"`
+	// Frontends are the CPU clusters (Envoy nodes) that receive client traffic.
+	Frontends []Frontend `yaml:"frontends"`
+	// Engines are the inference engines.
+	Engines []Engine `yaml:"engines"`
+}
+
+// Region is a place. Residency is the data-residency zone it belongs to
+// (e.g. "eu"); requests that demand a residency only go to engines in regions
+// of that zone.
+type Region struct {
+	Name      string `yaml:"name"`
+	Residency string `yaml:"residency"`
+}
+
+// Network holds round-trip times in milliseconds.
+type Network struct {
+	// SameRegionRTTMs is the round trip inside one region (default 1 ms).
+	SameRegionRTTMs *float64 `yaml:"same_region_rtt_ms"`
+	// Links are symmetric round trips between two regions.
+	Links []Link `yaml:"links"`
+}
+
+// Link is a symmetric round trip between regions A and B.
+type Link struct {
+	A     string  `yaml:"a"`
+	B     string  `yaml:"b"`
+	RTTMs float64 `yaml:"rtt_ms"`
+}
+
+// Model is a served model.
+type Model struct {
+	Name string `yaml:"name"`
+	// MaxContextTokens is the model's own context limit.
+	MaxContextTokens int `yaml:"max_context_tokens"`
+}
+
+// Profile is the latency profile of one model on one GPU type. The engine
+// simulator executes it; the optimizer reads its queueing form.
+//
+// Step model (vLLM-like continuous batching, see engine-calibration.md §5):
+// a scheduler step that prefills p uncached tokens and decodes for B running
+// sequences takes DecodeStepMs + DecodeStepPerSeqMs·B + p/PrefillTokensPerS.
+type Profile struct {
+	GPU   string `yaml:"gpu"`
+	Model string `yaml:"model"`
+	// PrefillTokensPerS is the prefill throughput for uncached prompt tokens.
+	PrefillTokensPerS float64 `yaml:"prefill_tokens_per_s"`
+	// OverheadMs is the fixed per-request cost (API, tokenization, first step).
+	OverheadMs float64 `yaml:"overhead_ms"`
+	// DecodeStepMs is the decode step time at batch 1 (intercept a).
+	DecodeStepMs float64 `yaml:"decode_step_ms"`
+	// DecodeStepPerSeqMs is the added step time per running sequence (slope b).
+	DecodeStepPerSeqMs float64 `yaml:"decode_step_per_seq_ms"`
+	// MaxRunning is vLLM's max_num_seqs: running slots.
+	MaxRunning int `yaml:"max_running"`
+	// MaxBatchedTokens is vLLM's max_num_batched_tokens (chunked prefill budget per step).
+	MaxBatchedTokens int `yaml:"max_batched_tokens"`
+	// KVCapacityTokens is the KV cache size in tokens.
+	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
+	// BlockSize is the KV block size in tokens (vLLM default 16).
+	BlockSize int `yaml:"block_size"`
+	// MaxContextTokens is the longest prompt+output this deployment accepts
+	// (vLLM's max_model_len); 0 means the model's limit.
+	MaxContextTokens int `yaml:"max_context_tokens"`
+	// CapacityRPS is the sustainable request rate at the reference request
+	// shape, used by the optimizer; 0 means derive it from the step model.
+	CapacityRPS float64 `yaml:"capacity_rps"`
+}
+
+// Class is an eligibility class: the engines serving Model, restricted to
+// Residency (empty: anywhere) and to engines whose context limit is at least
+// MinContextTokens.
+type Class struct {
+	Name             string `yaml:"name"`
+	Model            string `yaml:"model"`
+	Residency        string `yaml:"residency"`
+	MinContextTokens int    `yaml:"min_context_tokens"`
+	// MeanPromptTokens and MeanOutputTokens describe the class's typical
+	// request, used when demand reports carry no token counts.
+	MeanPromptTokens float64 `yaml:"mean_prompt_tokens"`
+	MeanOutputTokens float64 `yaml:"mean_output_tokens"`
+}
+
+// Priority is a traffic priority. Level 0 is the most important; shedding
+// takes the highest Level first. ShedCost weighs shedding it in the optimizer.
+type Priority struct {
+	Name     string  `yaml:"name"`
+	Level    int     `yaml:"level"`
+	ShedCost float64 `yaml:"shed_cost"`
+}
+
+// Frontend is a CPU cluster: a fleet of Envoys sharing one node id.
+type Frontend struct {
+	Name   string `yaml:"name"`
+	Region string `yaml:"region"`
+	NodeID string `yaml:"node_id"`
+}
+
+// Engine is one inference engine (a vLLM server, or a group of identical
+// replicas behind one address).
+type Engine struct {
+	ID       string            `yaml:"id"`
+	Address  string            `yaml:"address"`
+	Region   string            `yaml:"region"`
+	GPU      string            `yaml:"gpu"`
+	Model    string            `yaml:"model"`
+	Replicas int               `yaml:"replicas"`
+	Labels   map[string]string `yaml:"labels"`
+}

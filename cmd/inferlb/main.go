@@ -1,0 +1,43 @@
+// Command inferlb is the one binary of the inferlb load balancer. Each
+// component is a subcommand; each subcommand lives in its own file and adds
+// itself to the root command in an init function.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+var rootCmd = &cobra.Command{
+	Use:   "inferlb",
+	Short: "A global load balancer for LLM inference, built on Envoy",
+	Long: `inferlb balances LLM inference traffic across engines in several regions.
+
+An xDS control plane (control-plane) computes each frontend's share of traffic
+per engine with a latency-minimizing optimizer and pushes it to Envoy as EDS
+weights; an ext_proc service (extproc) in Envoy's request path adds
+cache-affinity keys, eligibility, retry allowances and load-shedding decisions.
+
+Tools for building and measuring it: validate (fleet specs), engine-sim (a
+vLLM-compatible engine simulator), loadgen (an LLM-aware load generator),
+solve (the optimizer on its own).`,
+	SilenceUsage:  true,
+	SilenceErrors: true,
+}
+
+func main() {
+	// One root context for the process: SIGINT/SIGTERM cancel it and every
+	// runner shuts down from it.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := rootCmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "inferlb:", err)
+		stop()
+		os.Exit(1)
+	}
+}
