@@ -1,0 +1,506 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// FinishReason says why a request ended.
+type FinishReason uint8
+
+// Finish reasons, named as vLLM's finished_reason label values.
+const (
+	// FinishLength: the request produced MaxTokens tokens (max_tokens reached).
+	FinishLength FinishReason = iota
+	// FinishStop: the request produced MaxTokens tokens and the owner chose
+	// to report them as a natural end (an EOS token).
+	FinishStop
+	// FinishAbort: the owner aborted the request.
+	FinishAbort
+)
+
+func (f FinishReason) String() string {
+	switch f {
+	case FinishLength:
+		return "length"
+	case FinishStop:
+		return "stop"
+	case FinishAbort:
+		return "abort"
+	}
+	return fmt.Sprintf("FinishReason(%d)", uint8(f))
+}
+
+type reqState uint8
+
+const (
+	stateNew reqState = iota
+	statePending
+	stateWaiting
+	stateRunning
+	stateDone
+)
+
+// Request is one generation request. The owner fills Prompt, MaxTokens,
+// EndReason and Tag before Submit; the engine fills the rest. Read the result
+// fields only from a Listener callback or after the request finished.
+type Request struct {
+	// Prompt holds the prompt's token ids (package tokens). At least one.
+	Prompt []uint64
+	// MaxTokens is the exact number of tokens to generate (ignore_eos style).
+	MaxTokens int
+	// EndReason is reported when MaxTokens tokens were generated: FinishLength
+	// or FinishStop.
+	EndReason FinishReason
+	// Tag is the owner's; the engine never reads it.
+	Tag any
+
+	// Arrival is the virtual time of Submit.
+	Arrival time.Duration
+	// Scheduled is when the request was first admitted to the running batch.
+	Scheduled time.Duration
+	// FirstToken and LastToken are the times of the first and latest token.
+	FirstToken, LastToken time.Duration
+	// Finished is when the request ended; Reason why.
+	Finished time.Duration
+	Reason   FinishReason
+	// CachedTokens is the number of prompt tokens served from the prefix cache.
+	CachedTokens int
+	// Generated is the number of tokens generated so far.
+	Generated int
+
+	state      reqState
+	ready      time.Duration // Arrival + overhead
+	prefilled  int           // prompt tokens computed or cached
+	hashes     []uint64      // chained hashes of the prompt's full blocks
+	blocks     []*block      // pinned cached blocks, a prefix of hashes
+	anon       int           // pinned blocks not (yet) in the cache
+	stepChunk  int           // prompt tokens prefilled in the current step
+	stepDecode bool          // decodes in the current step
+}
+
+// Listener receives a request's events, in virtual-time order, from inside
+// Submit, Advance, Abort and SetHang. It must not call back into the Engine.
+type Listener interface {
+	// Token reports that r produced a token at t; r.Generated counts it, so
+	// r.Generated == 1 is the first token.
+	Token(r *Request, t time.Duration)
+	// Finished reports that r ended at t, with r.Reason.
+	Finished(r *Request, t time.Duration)
+}
+
+// Stats is a snapshot of an engine's state and counters.
+type Stats struct {
+	// Running is the number of requests holding a running slot.
+	Running int
+	// Waiting is the number of requests in the scheduler's waiting queue.
+	Waiting int
+	// Pending is the number of requests still paying their overhead.
+	Pending int
+	// KVUsage is the fraction of KV blocks pinned by running requests.
+	KVUsage float64
+	// KVBlocks is the number of KV blocks; CachedBlocks how many hold a
+	// cached prefix block (pinned or evictable).
+	KVBlocks, CachedBlocks int
+	// PrefixQueries and PrefixHits count prompt tokens looked up in, and
+	// found in, the prefix cache.
+	PrefixQueries, PrefixHits uint64
+	// PromptTokens counts prompt tokens of requests that finished prefill;
+	// GenerationTokens counts generated tokens.
+	PromptTokens, GenerationTokens uint64
+	// Steps counts scheduler steps.
+	Steps uint64
+}
+
+// Engine is one simulated inference engine.
+type Engine struct {
+	cfg      Config
+	listener Listener
+	clock    time.Duration
+
+	slowdown float64
+	hung     bool
+
+	pending queue
+	waiting queue
+	nPend   int
+	nWait   int
+	running []*Request
+
+	inStep  bool
+	stepEnd time.Duration
+
+	cache       map[uint64]*block
+	lru         blockList
+	totalBlocks int
+	usedBlocks  int // pinned: anonymous + cached with ref > 0
+
+	stats Stats
+}
+
+// New returns an idle engine at virtual time 0.
+func New(cfg Config, l Listener) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if l == nil {
+		return nil, errors.New("model: nil Listener")
+	}
+	return &Engine{
+		cfg:         cfg,
+		listener:    l,
+		slowdown:    1,
+		cache:       make(map[uint64]*block),
+		totalBlocks: cfg.KVCapacityTokens / cfg.BlockSize,
+	}, nil
+}
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Now returns the latest virtual time the engine has processed.
+func (e *Engine) Now() time.Duration { return e.clock }
+
+// Submit adds r at virtual time now (not before the engine's Now). It first
+// advances to now. It fails if r can never run: an empty prompt, MaxTokens
+// below 1, or more KV blocks than the engine has.
+func (e *Engine) Submit(r *Request, now time.Duration) error {
+	if r.state != stateNew {
+		return errors.New("model: request submitted twice")
+	}
+	if len(r.Prompt) == 0 {
+		return errors.New("model: empty prompt")
+	}
+	if r.MaxTokens < 1 {
+		return fmt.Errorf("model: max tokens must be at least 1, got %d", r.MaxTokens)
+	}
+	if need := e.blocksFor(r); need > e.totalBlocks {
+		return fmt.Errorf("model: request needs %d KV blocks (%d prompt + %d output tokens), engine has %d",
+			need, len(r.Prompt), r.MaxTokens, e.totalBlocks)
+	}
+	e.Advance(now)
+	r.Arrival = now
+	r.ready = now + e.cfg.Overhead()
+	if r.ready <= now {
+		r.state = stateWaiting
+		e.waiting.push(r)
+		e.nWait++
+		e.tryStartStep(now)
+		return nil
+	}
+	r.state = statePending
+	e.pending.push(r)
+	e.nPend++
+	return nil
+}
+
+func (e *Engine) blocksFor(r *Request) int {
+	bs := e.cfg.BlockSize
+	return (len(r.Prompt) + r.MaxTokens + bs - 1) / bs
+}
+
+// NextEvent returns the virtual time of the engine's next internal event (a
+// step ending or a request becoming schedulable); ok is false when nothing
+// will happen until the next Submit or SetHang(false).
+func (e *Engine) NextEvent() (t time.Duration, ok bool) {
+	t = time.Duration(math.MaxInt64)
+	if e.inStep {
+		t, ok = e.stepEnd, true
+	}
+	if r := e.pending.peek(); r != nil && r.ready < t {
+		t, ok = r.ready, true
+	}
+	return t, ok
+}
+
+// Advance processes every event up to and including virtual time now.
+func (e *Engine) Advance(now time.Duration) {
+	for {
+		t, ok := e.NextEvent()
+		if !ok || t > now {
+			break
+		}
+		e.clock = t
+		if r := e.pending.peek(); r != nil && r.ready == t {
+			e.pending.pop()
+			e.nPend--
+			r.state = stateWaiting
+			e.waiting.push(r)
+			e.nWait++
+		} else {
+			e.completeStep(t)
+		}
+		e.tryStartStep(t)
+	}
+	if now > e.clock {
+		e.clock = now
+	}
+}
+
+// Abort ends r at virtual time now with FinishAbort, freeing its slot and KV
+// blocks. Aborting a finished request does nothing.
+func (e *Engine) Abort(r *Request, now time.Duration) {
+	e.Advance(now)
+	switch r.state {
+	case statePending:
+		e.nPend--
+	case stateWaiting:
+		e.nWait--
+	case stateRunning:
+		for i, x := range e.running {
+			if x == r {
+				e.running = append(e.running[:i], e.running[i+1:]...)
+				break
+			}
+		}
+		e.release(r)
+	default:
+		return
+	}
+	// Pending and waiting queues drop done requests lazily.
+	r.state = stateDone
+	r.Reason = FinishAbort
+	r.Finished = now
+	e.listener.Finished(r, now)
+	if !e.inStep {
+		e.tryStartStep(now)
+	}
+}
+
+// SetSlowdown multiplies the duration of steps that start from now on.
+func (e *Engine) SetSlowdown(f float64) error {
+	if !(f > 0) || math.IsInf(f, 0) {
+		return fmt.Errorf("model: slowdown must be a positive number, got %v", f)
+	}
+	e.slowdown = f
+	return nil
+}
+
+// SetHang stops (true) or resumes (false) starting new steps, at virtual
+// time now. A step already running completes.
+func (e *Engine) SetHang(hang bool, now time.Duration) {
+	e.Advance(now)
+	e.hung = hang
+	if !hang {
+		e.tryStartStep(now)
+	}
+}
+
+// Stats returns the current state and counters.
+func (e *Engine) Stats() Stats {
+	s := e.stats
+	s.Running = len(e.running)
+	s.Waiting = e.nWait
+	s.Pending = e.nPend
+	s.KVBlocks = e.totalBlocks
+	s.CachedBlocks = len(e.cache)
+	s.KVUsage = float64(e.usedBlocks) / float64(e.totalBlocks)
+	return s
+}
+
+func (e *Engine) tryStartStep(t time.Duration) {
+	if e.inStep || e.hung {
+		return
+	}
+	budget := e.cfg.MaxBatchedTokens
+	decodes, prefill := 0, 0
+	for _, r := range e.running {
+		if r.prefilled == len(r.Prompt) && budget > 0 {
+			r.stepDecode = true
+			decodes++
+			budget--
+		}
+	}
+	for _, r := range e.running {
+		if rem := len(r.Prompt) - r.prefilled; rem > 0 && budget > 0 {
+			c := min(rem, budget)
+			r.stepChunk = c
+			prefill += c
+			budget -= c
+		}
+	}
+	for budget > 0 && len(e.running) < e.cfg.MaxRunning {
+		r := e.waiting.peek()
+		if r == nil || !e.admit(r, t) {
+			break
+		}
+		e.waiting.pop()
+		e.nWait--
+		r.state = stateRunning
+		e.running = append(e.running, r)
+		c := min(len(r.Prompt)-r.prefilled, budget)
+		r.stepChunk = c
+		prefill += c
+		budget -= c
+	}
+	if decodes == 0 && prefill == 0 {
+		return
+	}
+	d := time.Duration(float64(e.cfg.StepDuration(decodes, prefill)) * e.slowdown)
+	if d <= 0 {
+		d = 1
+	}
+	e.inStep = true
+	e.stepEnd = t + d
+	e.stats.Steps++
+}
+
+func (e *Engine) completeStep(t time.Duration) {
+	e.inStep = false
+	kept := e.running[:0]
+	for _, r := range e.running {
+		produced := false
+		if r.stepDecode {
+			r.stepDecode = false
+			r.Generated++
+			produced = true
+		} else if r.stepChunk > 0 {
+			r.prefilled += r.stepChunk
+			r.stepChunk = 0
+			e.registerBlocks(r)
+			if r.prefilled == len(r.Prompt) {
+				r.Generated = 1
+				r.FirstToken = t
+				e.stats.PromptTokens += uint64(len(r.Prompt))
+				produced = true
+			}
+		}
+		if produced {
+			r.LastToken = t
+			e.stats.GenerationTokens++
+			e.listener.Token(r, t)
+		}
+		if r.Generated >= r.MaxTokens {
+			e.release(r)
+			r.state = stateDone
+			r.Reason = r.EndReason
+			r.Finished = t
+			e.listener.Finished(r, t)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(e.running[len(kept):])
+	e.running = kept
+}
+
+// admit finds r's cached prefix and reserves its KV blocks; false if the
+// blocks do not fit now.
+func (e *Engine) admit(r *Request, t time.Duration) bool {
+	bs := e.cfg.BlockSize
+	if r.hashes == nil {
+		r.hashes = chainHashes(r.Prompt, bs)
+	}
+	k := 0
+	for k < len(r.hashes) && e.cache[r.hashes[k]] != nil {
+		k++
+	}
+	if k*bs >= len(r.Prompt) { // compute at least one token
+		k = (len(r.Prompt) - 1) / bs
+	}
+	need := e.blocksFor(r) - k
+	evictable := e.lru.n
+	for i := 0; i < k; i++ {
+		if e.cache[r.hashes[i]].ref == 0 {
+			evictable--
+		}
+	}
+	free := e.totalBlocks - e.usedBlocks - e.lru.n
+	if need > free+evictable {
+		return false
+	}
+	r.blocks = make([]*block, 0, len(r.hashes))
+	for i := 0; i < k; i++ {
+		b := e.cache[r.hashes[i]]
+		e.pin(b)
+		r.blocks = append(r.blocks, b)
+	}
+	for e.totalBlocks-e.usedBlocks-e.lru.n < need {
+		b := e.lru.popFront()
+		delete(e.cache, b.hash)
+	}
+	e.usedBlocks += need
+	r.anon = need
+	r.prefilled = k * bs
+	r.CachedTokens = k * bs
+	r.Scheduled = t
+	e.stats.PrefixQueries += uint64(len(r.Prompt))
+	e.stats.PrefixHits += uint64(k * bs)
+	return true
+}
+
+func (e *Engine) pin(b *block) {
+	if b.ref == 0 {
+		e.lru.remove(b)
+		e.usedBlocks++
+	}
+	b.ref++
+}
+
+// registerBlocks adds r's newly computed full prompt blocks to the cache.
+func (e *Engine) registerBlocks(r *Request) {
+	full := min(r.prefilled/e.cfg.BlockSize, len(r.hashes))
+	for i := len(r.blocks); i < full; i++ {
+		h := r.hashes[i]
+		if b := e.cache[h]; b != nil {
+			// Computed concurrently by another request: share it and give
+			// back the block this request had reserved for it.
+			e.pin(b)
+			r.anon--
+			e.usedBlocks--
+			r.blocks = append(r.blocks, b)
+			continue
+		}
+		b := &block{hash: h, ref: 1}
+		e.cache[h] = b
+		r.anon--
+		r.blocks = append(r.blocks, b)
+	}
+}
+
+// release unpins r's blocks. Cached blocks stay evictable, the tail of the
+// prompt first, so a shared head outlives the tails that hang off it.
+func (e *Engine) release(r *Request) {
+	for i := len(r.blocks) - 1; i >= 0; i-- {
+		b := r.blocks[i]
+		b.ref--
+		if b.ref == 0 {
+			e.usedBlocks--
+			e.lru.pushBack(b)
+		}
+	}
+	r.blocks = nil
+	e.usedBlocks -= r.anon
+	r.anon = 0
+}
+
+// chainHashes returns the chained hashes of toks' full blocks of size bs.
+func chainHashes(toks []uint64, bs int) []uint64 {
+	n := len(toks) / bs
+	hs := make([]uint64, n)
+	var h uint64 = 0x9e3779b97f4a7c15
+	for i := 0; i < n; i++ {
+		for _, t := range toks[i*bs : (i+1)*bs] {
+			h = mix(h ^ t)
+		}
+		h = mix(h + uint64(i+1))
+		hs[i] = h
+	}
+	return hs
+}
+
+// mix is splitmix64's finalizer.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// ChainHashes returns the chained block hashes the prefix cache uses for a
+// prompt: element i covers tokens [0, (i+1)·blockSize).
+func ChainHashes(toks []uint64, blockSize int) []uint64 { return chainHashes(toks, blockSize) }
