@@ -1,0 +1,97 @@
+package workload
+
+import (
+	"math/rand/v2"
+	"strings"
+)
+
+// vocab is a fixed vocabulary of 4096 distinct words of 2–7 lowercase
+// letters, the same in every process (built from a constant seed), so a seed
+// always yields the same text.
+var vocab = buildVocab()
+
+const vocabBits = 12
+
+func buildVocab() []string {
+	rng := rand.New(rand.NewPCG(0x696e6665726c62, 0x766f636162))
+	seen := make(map[string]bool, 1<<vocabBits)
+	out := make([]string, 0, 1<<vocabBits)
+	var b [7]byte
+	for len(out) < 1<<vocabBits {
+		n := 2 + rng.IntN(6)
+		for i := 0; i < n; i++ {
+			b[i] = byte('a' + rng.IntN(26))
+		}
+		w := string(b[:n])
+		if !seen[w] {
+			seen[w] = true
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// wordWriter appends pseudo-random words, separated by single spaces, to a
+// strings.Builder.
+type wordWriter struct {
+	sb    strings.Builder
+	words int
+}
+
+// write appends n words drawn from the stream seeded by seed.
+func (w *wordWriter) write(seed uint64, n int) {
+	if n <= 0 {
+		return
+	}
+	rng := rand.NewPCG(seed, 0x776f726473)
+	var bits uint64
+	var left int
+	for i := 0; i < n; i++ {
+		if left == 0 {
+			bits, left = rng.Uint64(), 64/vocabBits
+		}
+		if w.words > 0 {
+			w.sb.WriteByte(' ')
+		}
+		w.sb.WriteString(vocab[bits&(1<<vocabBits-1)])
+		bits >>= vocabBits
+		left--
+		w.words++
+	}
+}
+
+func (w *wordWriter) String() string { return w.sb.String() }
+
+// Words returns n pseudo-random words (one token each under the token rule)
+// separated by single spaces, the same for the same seed. Words(s, m) is a
+// prefix of Words(s, n) for m ≤ n.
+func Words(seed uint64, n int) string {
+	var w wordWriter
+	w.sb.Grow(n * 6)
+	w.write(seed, n)
+	return w.String()
+}
+
+// firstWords returns the first n space-separated words of s.
+func firstWords(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == ' ' {
+			n--
+			if n == 0 {
+				return s[:i]
+			}
+		}
+	}
+	return s
+}
+
+// mix64 is SplitMix64's finalizer: a cheap bijective hash for deriving seeds.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
