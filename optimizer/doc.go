@@ -1,0 +1,51 @@
+// Package optimizer computes, each control cycle, every frontend's share of
+// traffic per engine: the allocation that minimizes the expected end-to-end
+// latency of routed traffic under engine capacity, with load shedding only
+// when demand cannot fit and a stability term that keeps traffic where its KV
+// cache is.
+//
+// The control plane builds a Problem (FromFleet does it from a fleet spec and
+// a demand file) and calls
+//
+//	sol, err := optimizer.Solve(p, optimizer.Options{})
+//
+// Solve is pure: it reads p, allocates a new Solution and keeps no state. The
+// same input gives bit-identical output. sol.Flows holds, per (frontend,
+// class), the weights over engines (summing to 1), shed fractions per
+// priority, predicted TTFT/TBOT and an Explanation per weight;
+// sol.Allocation() is the next cycle's Problem.Last.
+//
+// # Model
+//
+// Decision: x[i,c,j] ≥ 0, the rate of class c from frontend i to engine j,
+// and s[i,c,p] ∈ [0, d[i,c,p]], the rate of priority p shed.
+//
+//	minimize   Σ x[i,c,j]·(RTT[i,j] + TTFT_cj(u_j) + n_c·TBOT_cj(u_j))
+//	         + Σ shed[p]·s[i,c,p]
+//	         + StabilityMs·RemapFactor/2 · Σ |x[i,c,j] − d[i,c]·w_last[i,c,j]|
+//	subject to Σ_j x[i,c,j] + Σ_p s[i,c,p] = d[i,c]
+//	           load_j = Σ r[i,c,j]·x[i,c,j] ≤ Headroom·C_j
+//
+// where r is the request's work relative to the engine profile's reference
+// request, C_j = CapacityRPS × ReadyReplicas × Health × (1 − Penalty), and
+// u_j = load_j / C_j. Latency curves have the queueing form of Curve, and a
+// request r times larger sees r times the congestion delay (processor
+// sharing), which makes the objective Σ_j load_j·K_j(u_j) + linear terms,
+// convex and separable per engine. docs/optimizer.md has the derivation.
+//
+// Shedding: the charged cost of shedding one request of priority p is
+// M·(1 + ShedCost_p/max ShedCost), where M exceeds the marginal cost of any
+// route at full headroom times the number of flows, so routing always beats
+// shedding while capacity remains; lower ShedCost is shed first.
+//
+// # Tolerances
+//
+// The fast solver stops when, within a sweep, no (frontend, class) moves more
+// than Options.Tolerance (default 1e-7) of its demand and no engine exceeds its
+// limit by more than Tolerance relative; capacity is therefore respected up to
+// that relative tolerance, and weights sum to 1 up to rounding (≤ 1e-12).
+// The reference LP is exact for its tangent approximation (Simplex tolerance
+// 1e-10); its tangent relaxation is a lower bound on the optimum
+// (Solution.Bound). On random small instances the fast solver's objective is
+// within 0.1% of the reference's (tested on 200 instances).
+package optimizer

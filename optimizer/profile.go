@@ -1,0 +1,243 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+)
+
+// Curve is a latency in milliseconds as a function of utilization u ∈ [0, 1):
+//
+//	f(u) = Base + Linear·u + Queue·u/(1−u)
+//
+// With Linear ≥ 0 and Queue ≥ 0 it is convex and increasing on [0, 1). The
+// Linear term models the running batch growing with load (every decode step
+// gets slower by a constant per running sequence); the Queue term is the
+// M/D/1 waiting time ρ·D/(2(1−ρ)) (Queue = D/2 for a deterministic service
+// time D), which diverges at saturation.
+type Curve struct {
+	Base   float64 `json:"base_ms" yaml:"base_ms"`
+	Linear float64 `json:"linear_ms" yaml:"linear_ms"`
+	Queue  float64 `json:"queue_ms" yaml:"queue_ms"`
+}
+
+// At returns f(u). It returns +Inf for u ≥ 1 when Queue > 0.
+func (c Curve) At(u float64) float64 {
+	return c.Base + c.Linear*u + c.Queue*hq(u)
+}
+
+// hq is the queueing shape u/(1−u).
+func hq(u float64) float64 {
+	if u >= 1 {
+		return math.Inf(1)
+	}
+	return u / (1 - u)
+}
+
+func (c Curve) check(what string) error {
+	for _, v := range []float64{c.Base, c.Linear, c.Queue} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("%w: %s has a non-finite coefficient %+v", ErrNonConvexProfile, what, c)
+		}
+	}
+	if c.Linear < 0 || c.Queue < 0 {
+		return fmt.Errorf("%w: %s has linear %g ms and queue %g ms; both must be ≥ 0", ErrNonConvexProfile, what, c.Linear, c.Queue)
+	}
+	if c.Base < 0 {
+		return fmt.Errorf("%w: %s has negative base %g ms", ErrNonConvexProfile, what, c.Base)
+	}
+	return nil
+}
+
+// Profile is the load-dependent latency of one replica of one (GPU type,
+// model) pair, stated for a reference request of RefPromptTokens prompt and
+// RefOutputTokens output tokens.
+//
+// Work model: a request of p prompt and o output tokens occupies the replica
+// for p·PromptTokenSec + o·OutputTokenSec seconds of its capacity, so its
+// capacity for that shape is 1/(p·PromptTokenSec + o·OutputTokenSec)
+// requests per second, and the utilization of an engine is the sum over its
+// traffic of rate × work / (replicas available).
+//
+// Shape scaling: a request of another shape whose work is r times the
+// reference work sees r times the reference's load-dependent delay (the
+// Linear and Queue parts): continuous batching shares every step among the
+// running sequences, which is processor sharing, and under processor sharing
+// a job's congestion delay is proportional to its size. The zero-load part
+// (Base) is adjusted for the prompt length with PrefillTokensPerS.
+// See docs/optimizer.md for the derivation.
+type Profile struct {
+	// CapacityRPS is the reference requests per second one replica sustains
+	// at utilization 1. It equals 1/(RefPromptTokens·PromptTokenSec +
+	// RefOutputTokens·OutputTokenSec); NewProfile and Validate keep them
+	// consistent.
+	CapacityRPS float64 `json:"capacity_rps" yaml:"capacity_rps"`
+	// PromptTokenSec and OutputTokenSec are the seconds of replica capacity
+	// one prompt (prefill) token and one output (decode) token use.
+	PromptTokenSec float64 `json:"prompt_token_sec" yaml:"prompt_token_sec"`
+	OutputTokenSec float64 `json:"output_token_sec" yaml:"output_token_sec"`
+	// RefPromptTokens and RefOutputTokens are the reference request shape.
+	RefPromptTokens float64 `json:"ref_prompt_tokens" yaml:"ref_prompt_tokens"`
+	RefOutputTokens float64 `json:"ref_output_tokens" yaml:"ref_output_tokens"`
+	// PrefillTokensPerS adjusts the zero-load TTFT for prompts longer or
+	// shorter than the reference; 0 means no adjustment.
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s" yaml:"prefill_tokens_per_s"`
+	// TTFT and TBOT are the reference request's time to first token and time
+	// between output tokens, in milliseconds, against utilization.
+	TTFT Curve `json:"ttft" yaml:"ttft"`
+	TBOT Curve `json:"tbot" yaml:"tbot"`
+}
+
+// Validate checks that the profile is convex, increasing and consistent.
+func (p *Profile) Validate() error {
+	if err := p.TTFT.check("TTFT curve"); err != nil {
+		return err
+	}
+	if err := p.TBOT.check("TBOT curve"); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"capacity_rps", p.CapacityRPS}, {"ref_prompt_tokens+ref_output_tokens", p.RefPromptTokens + p.RefOutputTokens},
+	} {
+		if !(f.v > 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("%w: %s is %g, must be > 0", ErrNonConvexProfile, f.name, f.v)
+		}
+	}
+	if p.PromptTokenSec < 0 || p.OutputTokenSec < 0 || math.IsNaN(p.PromptTokenSec) || math.IsNaN(p.OutputTokenSec) ||
+		p.RefPromptTokens < 0 || p.RefOutputTokens < 0 || p.PrefillTokensPerS < 0 {
+		return fmt.Errorf("%w: per-token costs, reference shape and prefill rate must be ≥ 0 (got %g s, %g s, %g, %g, %g)",
+			ErrNonConvexProfile, p.PromptTokenSec, p.OutputTokenSec, p.RefPromptTokens, p.RefOutputTokens, p.PrefillTokensPerS)
+	}
+	w := p.work(p.RefPromptTokens, p.RefOutputTokens)
+	if !(w > 0) {
+		return fmt.Errorf("%w: reference request has zero work (prompt_token_sec %g, output_token_sec %g)",
+			ErrNonConvexProfile, p.PromptTokenSec, p.OutputTokenSec)
+	}
+	if got := 1 / w; math.Abs(got-p.CapacityRPS) > 1e-6*p.CapacityRPS {
+		return fmt.Errorf("%w: capacity_rps %g disagrees with per-token costs (which give %g); use WithCapacity",
+			ErrNonConvexProfile, p.CapacityRPS, got)
+	}
+	return nil
+}
+
+// work is the replica-seconds one request of the given shape uses.
+func (p *Profile) work(prompt, output float64) float64 {
+	return prompt*p.PromptTokenSec + output*p.OutputTokenSec
+}
+
+// Capacity returns the requests per second of the given shape one replica
+// sustains at utilization 1.
+func (p *Profile) Capacity(prompt, output float64) float64 {
+	return 1 / p.work(prompt, output)
+}
+
+// WithCapacity returns a copy whose reference capacity is rps, scaling both
+// per-token costs (the prompt/output cost ratio is kept).
+func (p Profile) WithCapacity(rps float64) Profile {
+	w := p.work(p.RefPromptTokens, p.RefOutputTokens)
+	k := 1 / (rps * w)
+	p.PromptTokenSec *= k
+	p.OutputTokenSec *= k
+	p.CapacityRPS = rps
+	return p
+}
+
+// ratio is the work of a request of the given shape relative to the
+// reference request: the factor on its load and its congestion delay.
+func (p *Profile) ratio(prompt, output float64) float64 {
+	return p.work(prompt, output) / p.work(p.RefPromptTokens, p.RefOutputTokens)
+}
+
+// Latency returns the predicted TTFT and TBOT (ms) of a request with the
+// given shape at utilization u.
+func (p *Profile) Latency(prompt, output, u float64) (ttft, tbot float64) {
+	r := p.ratio(prompt, output)
+	ttft = p.baseTTFT(prompt) + r*(p.TTFT.Linear*u+p.TTFT.Queue*hq(u))
+	tbotScale := r
+	if output > 0 && p.RefOutputTokens > 0 {
+		// n·ΔTBOT scales with r, so ΔTBOT scales with r·n_ref/n.
+		tbotScale = r * p.RefOutputTokens / output
+	}
+	tbot = p.TBOT.Base + tbotScale*(p.TBOT.Linear*u+p.TBOT.Queue*hq(u))
+	return ttft, tbot
+}
+
+func (p *Profile) baseTTFT(prompt float64) float64 {
+	b := p.TTFT.Base
+	if p.PrefillTokensPerS > 0 {
+		b += (prompt - p.RefPromptTokens) / p.PrefillTokensPerS * 1000
+		if b < 0 {
+			b = 0
+		}
+	}
+	return b
+}
+
+// StepModel is the engine step-time model of the fleet spec (see
+// fleet.Profile and engine-calibration.md §5): a scheduler step that
+// prefills p uncached tokens and decodes for B running sequences takes
+// DecodeStepMs + DecodeStepPerSeqMs·B + p/PrefillTokensPerS.
+type StepModel struct {
+	PrefillTokensPerS  float64
+	OverheadMs         float64
+	DecodeStepMs       float64
+	DecodeStepPerSeqMs float64
+	MaxRunning         int
+	KVCapacityTokens   int
+}
+
+// NewProfile derives the queueing-form profile of a step model for a
+// reference request of prompt and output tokens:
+//
+//	Beff  = min(MaxRunning, KVCapacityTokens/(prompt+output))   (full batch)
+//	work  = prompt/PrefillTokensPerS + output·(a/Beff + b)       (seconds)
+//	capacity = 1/work
+//	TTFT(u) = overhead + prompt/P + a  +  b·Beff·u  +  (work/2)·u/(1−u)
+//	TBOT(u) = a  +  (b·Beff + a·φ)·u,   φ = (prompt/P)/work
+//
+// The TTFT queue term is the M/D/1 wait with service time D = work; the batch
+// grows linearly with load to Beff at saturation; φ is the share of engine
+// time spent prefilling, which stretches decode steps (first order).
+func NewProfile(m StepModel, prompt, output float64) (Profile, error) {
+	if !(m.PrefillTokensPerS > 0) || m.DecodeStepMs < 0 || m.DecodeStepPerSeqMs < 0 || m.OverheadMs < 0 || m.MaxRunning <= 0 {
+		return Profile{}, fmt.Errorf("%w: step model needs prefill_tokens_per_s > 0, max_running > 0 and non-negative step times (got %+v)",
+			ErrNonConvexProfile, m)
+	}
+	if prompt < 0 || output < 0 || prompt+output <= 0 {
+		return Profile{}, fmt.Errorf("%w: reference shape %g prompt / %g output tokens", ErrInvalidProblem, prompt, output)
+	}
+	beff := float64(m.MaxRunning)
+	if m.KVCapacityTokens > 0 {
+		if kv := float64(m.KVCapacityTokens) / (prompt + output); kv < beff {
+			beff = math.Max(1, kv)
+		}
+	}
+	a, b := m.DecodeStepMs/1000, m.DecodeStepPerSeqMs/1000
+	pSec := 1 / m.PrefillTokensPerS
+	oSec := a/beff + b
+	work := prompt*pSec + output*oSec
+	if !(work > 0) {
+		return Profile{}, fmt.Errorf("%w: step model gives zero work per request", ErrNonConvexProfile)
+	}
+	phi := prompt * pSec / work
+	p := Profile{
+		CapacityRPS:       1 / work,
+		PromptTokenSec:    pSec,
+		OutputTokenSec:    oSec,
+		RefPromptTokens:   prompt,
+		RefOutputTokens:   output,
+		PrefillTokensPerS: m.PrefillTokensPerS,
+		TTFT: Curve{
+			Base:   m.OverheadMs + prompt*pSec*1000 + m.DecodeStepMs,
+			Linear: m.DecodeStepPerSeqMs * beff,
+			Queue:  work * 1000 / 2,
+		},
+		TBOT: Curve{
+			Base:   m.DecodeStepMs,
+			Linear: m.DecodeStepPerSeqMs*beff + m.DecodeStepMs*phi,
+		},
+	}
+	return p, p.Validate()
+}

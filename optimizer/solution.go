@@ -1,0 +1,181 @@
+package optimizer
+
+// Method selects a solver.
+type Method int
+
+const (
+	// Auto uses Fast.
+	Auto Method = iota
+	// Fast is the fleet-scale solver: Gauss–Seidel block coordinate descent
+	// over (frontend, class) blocks with exact Newton steps on each block,
+	// and an augmented Lagrangian for engine capacity.
+	Fast
+	// Reference is the exact LP over a piecewise-linear (tangent)
+	// approximation of the convex cost, solved with gonum's Simplex. For
+	// small instances only (see Options.MaxReferenceArcs).
+	Reference
+)
+
+func (m Method) String() string {
+	switch m {
+	case Fast:
+		return "fast"
+	case Reference:
+		return "reference"
+	}
+	return "auto"
+}
+
+// Options tune Solve. The zero value is valid.
+type Options struct {
+	Method Method
+	// Tolerance is the relative accuracy of the fast solver: it stops when no
+	// block moves more than Tolerance × its demand in a sweep and no engine
+	// exceeds its capacity by more than Tolerance × capacity. 0 means 1e-7.
+	Tolerance float64
+	// MaxSweeps bounds the fast solver's sweeps over all blocks; 0 means
+	// 20000. On reaching it Solve returns the iterate with ErrNotConverged.
+	MaxSweeps int
+	// Tangents is the number of tangent lines per engine in the reference
+	// LP; 0 means 48. Its error is reported in Solution.Bound.
+	Tangents int
+	// MaxReferenceArcs bounds the reference solver's size; 0 means 2000.
+	MaxReferenceArcs int
+}
+
+// Solution is Solve's answer. Slices follow the Problem's order.
+type Solution struct {
+	Method Method
+	// Flows has one entry per (frontend, class), frontend-major.
+	Flows []Flow
+	// Engines has one entry per engine.
+	Engines []EngineResult
+	// Objective is the total cost in ms·req/s: latency of routed traffic
+	// (network + TTFT + output tokens × TBOT), plus shedding and stability
+	// costs. Evaluated on the exact convex model for either method.
+	Objective float64
+	// Bound is a lower bound on the optimal objective when known (the
+	// reference LP's tangent relaxation), else NaN.
+	Bound float64
+	// Sweeps is the number of fast-solver sweeps (0 for Reference).
+	Sweeps int
+	// ShedCostMs[p] is the cost actually charged per shed request of
+	// priority p (see Solve).
+	ShedCostMs []float64
+}
+
+// Flow is the result for one (frontend, class).
+type Flow struct {
+	Frontend, Class string
+	DemandPerS      float64
+	RoutedPerS      float64
+	// Weights over engines with positive traffic, in engine order; the
+	// weights sum to 1 whenever RoutedPerS > 0.
+	Weights []Weight
+	// Shed has one entry per priority.
+	Shed []Shed
+	// Predicted means over routed traffic, ms.
+	TTFTMs, TBOTMs, NetworkMs, LatencyMs float64
+	// PriceMs is the marginal cost of one more request of this flow (the
+	// demand constraint's dual): every used engine's marginal cost equals it
+	// up to the stability band.
+	PriceMs float64
+}
+
+// Shed is the shed part of one priority of a flow.
+type Shed struct {
+	Priority   string
+	RatePerS   float64
+	Fraction   float64 // of this priority's demand
+	DemandPerS float64
+}
+
+// Weight is one engine's share of a flow, with the terms that made it.
+type Weight struct {
+	Engine     string
+	Weight     float64
+	RatePerS   float64
+	LastWeight float64
+	Explanation
+}
+
+// Explanation decomposes the marginal cost (ms per request) of sending one
+// more request of a flow to an engine. At the optimum, for every engine
+// with traffic,
+//
+//	NetworkMs + LatencyMs + CongestionMs + CapacityPriceMs + StabilityMs = PriceMs
+//
+// (LatencyMs already contains QueueingMs and PenaltyMs); engines without
+// traffic have a marginal cost ≥ PriceMs.
+type Explanation struct {
+	// NetworkMs is the round trip from the frontend.
+	NetworkMs float64
+	// LatencyMs is the predicted TTFT + output tokens × TBOT at the engine's
+	// solved load; TTFTMs and TBOTMs are its parts.
+	LatencyMs, TTFTMs, TBOTMs float64
+	// QueueingMs is the load-dependent part of LatencyMs (latency at the
+	// current load minus latency at zero load).
+	QueueingMs float64
+	// CongestionMs is the marginal congestion: the extra latency one more
+	// request imposes on everyone already at the engine.
+	CongestionMs float64
+	// CapacityPriceMs is the engine capacity constraint's dual, scaled to
+	// this flow's request size: > 0 only when the engine is at its headroom.
+	CapacityPriceMs float64
+	// PenaltyMs is how much of LatencyMs is due to the outlier penalty
+	// (latency at the current load with the penalty minus without it).
+	PenaltyMs float64
+	// StabilityMs is the stability term's share of the marginal cost: the
+	// rest of PriceMs once the other terms are counted, within ±the
+	// stability charge per moved request. Negative: the stability term holds
+	// traffic here; positive: it holds traffic away.
+	StabilityMs float64
+	// Utilization is the engine's solved utilization of its available
+	// capacity.
+	Utilization float64
+}
+
+// EngineResult is the solved state of one engine.
+type EngineResult struct {
+	ID string
+	// LoadRPS is the load in reference requests per second; CapacityRPS is
+	// the available capacity (capacity × ready × health × (1 − penalty)) and
+	// LimitRPS = Headroom × CapacityRPS.
+	LoadRPS, CapacityRPS, LimitRPS float64
+	Utilization                    float64
+	// CapacityPriceMs is the capacity dual per reference request.
+	CapacityPriceMs float64
+	// TTFTMs and TBOTMs are the reference request's predicted latencies.
+	TTFTMs, TBOTMs float64
+}
+
+// Allocation returns the solution's weights, for the next Problem.Last.
+func (s *Solution) Allocation() *Allocation {
+	a := &Allocation{Weights: map[string]map[string]map[string]float64{}}
+	for _, f := range s.Flows {
+		if len(f.Weights) == 0 {
+			continue
+		}
+		m := a.Weights[f.Frontend]
+		if m == nil {
+			m = map[string]map[string]float64{}
+			a.Weights[f.Frontend] = m
+		}
+		w := map[string]float64{}
+		for _, x := range f.Weights {
+			w[x.Engine] = x.Weight
+		}
+		m[f.Class] = w
+	}
+	return a
+}
+
+// Flow returns the flow of a (frontend, class), or nil.
+func (s *Solution) Flow(frontend, class string) *Flow {
+	for i := range s.Flows {
+		if s.Flows[i].Frontend == frontend && s.Flows[i].Class == class {
+			return &s.Flows[i]
+		}
+	}
+	return nil
+}
