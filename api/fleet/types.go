@@ -9,10 +9,18 @@
 // field path and the bad value), normalize (sort, index, derive lookups).
 package fleet
 
-// Spec is the YAML document a user writes. Field names are the YAML keys.
+// Spec is a fleet spec. Field names are the YAML keys; docs/fleet-spec.md
+// describes every key, its default, its unit and its rules.
+//
+// A Spec returned by Parse, Load or New has been defaulted, validated and
+// normalized: every optional field holds its effective value, every reference
+// resolves, and the lookup methods (RTT, EligibleEngines, Classify, ProfileOf,
+// ...) answer from indexes built once. Such a Spec is read-only: do not modify
+// it (nor the slices and maps it holds); it is then safe to share between
+// goroutines. Slices keep the order of the input.
 type Spec struct {
 	// Name labels the fleet in logs and metrics.
-	Name string `yaml:"name"`
+	Name string `yaml:"name,omitempty"`
 	// Regions are the places frontends and engines live in.
 	Regions []Region `yaml:"regions"`
 	// Network gives the round trip between a frontend region and an engine
@@ -32,6 +40,10 @@ type Spec struct {
 	Frontends []Frontend `yaml:"frontends"`
 	// Engines are the inference engines.
 	Engines []Engine `yaml:"engines"`
+
+	// ix holds the lookups built by normalize; nil for a Spec not built by
+	// Parse, Load or New.
+	ix *index
 }
 
 // Region is a place. Residency is the data-residency zone it belongs to
@@ -39,12 +51,13 @@ type Spec struct {
 // of that zone.
 type Region struct {
 	Name      string `yaml:"name"`
-	Residency string `yaml:"residency"`
+	Residency string `yaml:"residency,omitempty"`
 }
 
 // Network holds round-trip times in milliseconds.
 type Network struct {
 	// SameRegionRTTMs is the round trip inside one region (default 1 ms).
+	// Always set in a parsed Spec.
 	SameRegionRTTMs *float64 `yaml:"same_region_rtt_ms"`
 	// Links are symmetric round trips between two regions.
 	Links []Link `yaml:"links"`
@@ -90,32 +103,42 @@ type Profile struct {
 	// BlockSize is the KV block size in tokens (vLLM default 16).
 	BlockSize int `yaml:"block_size"`
 	// MaxContextTokens is the longest prompt+output this deployment accepts
-	// (vLLM's max_model_len); 0 means the model's limit.
+	// (vLLM's max_model_len). Omitted: the model's limit (always set in a
+	// parsed Spec).
 	MaxContextTokens int `yaml:"max_context_tokens"`
 	// CapacityRPS is the sustainable request rate at the reference request
-	// shape, used by the optimizer; 0 means derive it from the step model.
-	CapacityRPS float64 `yaml:"capacity_rps"`
+	// shape, used by the optimizer; 0 (omitted) means derive it from the step
+	// model.
+	CapacityRPS float64 `yaml:"capacity_rps,omitempty"`
 }
 
 // Class is an eligibility class: the engines serving Model, restricted to
-// Residency (empty: anywhere) and to engines whose context limit is at least
-// MinContextTokens.
+// regions whose residency is Residency (empty: anywhere) and to engines whose
+// context limit is at least MinContextTokens.
 type Class struct {
 	Name             string `yaml:"name"`
 	Model            string `yaml:"model"`
-	Residency        string `yaml:"residency"`
-	MinContextTokens int    `yaml:"min_context_tokens"`
+	Residency        string `yaml:"residency,omitempty"`
+	MinContextTokens int    `yaml:"min_context_tokens,omitempty"`
 	// MeanPromptTokens and MeanOutputTokens describe the class's typical
 	// request, used when demand reports carry no token counts.
 	MeanPromptTokens float64 `yaml:"mean_prompt_tokens"`
 	MeanOutputTokens float64 `yaml:"mean_output_tokens"`
+	// ContextLimit is derived, not written: the smallest context limit among
+	// the class's eligible engines, i.e. the longest request (prompt plus
+	// output tokens) every engine of the class accepts. Classify uses it.
+	ContextLimit int `yaml:"-"`
 }
 
 // Priority is a traffic priority. Level 0 is the most important; shedding
 // takes the highest Level first. ShedCost weighs shedding it in the optimizer.
 type Priority struct {
-	Name     string  `yaml:"name"`
-	Level    int     `yaml:"level"`
+	Name  string `yaml:"name"`
+	Level int    `yaml:"level"`
+	// ShedCost is the cost of shedding one request of this priority, in
+	// milliseconds of added end-to-end latency the optimizer would rather
+	// impose on routed traffic than shed it. Must not exceed the ShedCost of
+	// a more important priority.
 	ShedCost float64 `yaml:"shed_cost"`
 }
 
@@ -135,5 +158,5 @@ type Engine struct {
 	GPU      string            `yaml:"gpu"`
 	Model    string            `yaml:"model"`
 	Replicas int               `yaml:"replicas"`
-	Labels   map[string]string `yaml:"labels"`
+	Labels   map[string]string `yaml:"labels,omitempty"`
 }

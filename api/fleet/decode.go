@@ -1,0 +1,320 @@
+package fleet
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"reflect"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The document types mirror Spec with pointers for the fields a user may
+// omit, so that the defaults step can tell "omitted" (nil: fill the default)
+// from "given" (validate it, never replace it). Their YAML keys must equal
+// Spec's (a test checks).
+type specDoc struct {
+	Name       string         `yaml:"name"`
+	Regions    []Region       `yaml:"regions"`
+	Network    networkDoc     `yaml:"network"`
+	Models     []modelDoc     `yaml:"models"`
+	Profiles   []profileDoc   `yaml:"profiles"`
+	Classes    *[]classDoc    `yaml:"classes"`
+	Priorities *[]priorityDoc `yaml:"priorities"`
+	Frontends  []Frontend     `yaml:"frontends"`
+	Engines    []engineDoc    `yaml:"engines"`
+}
+
+type networkDoc struct {
+	SameRegionRTTMs *float64  `yaml:"same_region_rtt_ms"`
+	Links           []linkDoc `yaml:"links"`
+}
+
+type linkDoc struct {
+	A     string   `yaml:"a"`
+	B     string   `yaml:"b"`
+	RTTMs *float64 `yaml:"rtt_ms"`
+}
+
+type modelDoc struct {
+	Name             string `yaml:"name"`
+	MaxContextTokens *int   `yaml:"max_context_tokens"`
+}
+
+type profileDoc struct {
+	GPU                string   `yaml:"gpu"`
+	Model              string   `yaml:"model"`
+	PrefillTokensPerS  *float64 `yaml:"prefill_tokens_per_s"`
+	OverheadMs         *float64 `yaml:"overhead_ms"`
+	DecodeStepMs       *float64 `yaml:"decode_step_ms"`
+	DecodeStepPerSeqMs *float64 `yaml:"decode_step_per_seq_ms"`
+	MaxRunning         *int     `yaml:"max_running"`
+	MaxBatchedTokens   *int     `yaml:"max_batched_tokens"`
+	KVCapacityTokens   *int     `yaml:"kv_capacity_tokens"`
+	BlockSize          *int     `yaml:"block_size"`
+	MaxContextTokens   *int     `yaml:"max_context_tokens"`
+	CapacityRPS        *float64 `yaml:"capacity_rps"`
+}
+
+type classDoc struct {
+	Name             string   `yaml:"name"`
+	Model            string   `yaml:"model"`
+	Residency        string   `yaml:"residency"`
+	MinContextTokens *int     `yaml:"min_context_tokens"`
+	MeanPromptTokens *float64 `yaml:"mean_prompt_tokens"`
+	MeanOutputTokens *float64 `yaml:"mean_output_tokens"`
+}
+
+type priorityDoc struct {
+	Name     string   `yaml:"name"`
+	Level    *int     `yaml:"level"`
+	ShedCost *float64 `yaml:"shed_cost"`
+}
+
+type engineDoc struct {
+	ID       string            `yaml:"id"`
+	Address  string            `yaml:"address"`
+	Region   string            `yaml:"region"`
+	GPU      string            `yaml:"gpu"`
+	Model    string            `yaml:"model"`
+	Replicas *int              `yaml:"replicas"`
+	Labels   map[string]string `yaml:"labels"`
+}
+
+// maxNodes bounds the YAML nodes the schema walk visits, aliases expanded,
+// so an alias bomb that fits in MaxSpecBytes cannot make Parse slow.
+const maxNodes = 1 << 20
+
+// decode turns YAML into a specDoc. Before decoding it walks the node tree
+// against the document types, so that unknown keys and values of the wrong
+// kind are reported with their field path (all of them, not the first), and
+// it records the line of every path for error messages.
+func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var root yaml.Node
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
+		}
+		return nil, nil, []*FieldError{{Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		line := extra.Line
+		if err != nil {
+			return nil, nil, []*FieldError{{Msg: "invalid YAML after the first document: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+		}
+		return nil, nil, []*FieldError{{Msg: "more than one YAML document; a spec is one document", Line: line}}
+	}
+	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
+		return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
+	}
+	w := &walker{lines: map[string]int{}}
+	doc := root.Content[0]
+	w.walk(doc, reflect.TypeFor[specDoc](), "")
+	if w.nodes > maxNodes {
+		return nil, w.lines, w.errs
+	}
+	// Decode even if the walk found problems, so that validation can report
+	// the rest of the spec too: yaml.v3 skips unknown keys and leaves values
+	// of the wrong kind unset (the walk reported both, by path).
+	var d specDoc
+	if err := doc.Decode(&d); err != nil {
+		var te *yaml.TypeError
+		if !errors.As(err, &te) || len(w.errs) == 0 {
+			// Not a kind problem the walk saw: alias limits, mostly.
+			return nil, w.lines, append(w.errs, &FieldError{Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")})
+		}
+	}
+	return &d, w.lines, w.errs
+}
+
+type walker struct {
+	errs  []*FieldError
+	lines map[string]int
+	nodes int
+}
+
+func (w *walker) errorf(path string, n *yaml.Node, format string, args ...any) {
+	w.errs = append(w.errs, &FieldError{Path: path, Line: n.Line, Msg: fmt.Sprintf(format, args...)})
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "an alias"
+}
+
+// fieldIndex maps a struct type's YAML keys to field indexes.
+func fieldIndex(t reflect.Type) map[string]int {
+	m := make(map[string]int, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if key == "-" {
+			continue
+		}
+		if key == "" {
+			key = strings.ToLower(f.Name)
+		}
+		m[key] = i
+	}
+	return m
+}
+
+func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
+	if w.nodes++; w.nodes > maxNodes {
+		if w.nodes == maxNodes+1 {
+			w.errorf(path, n, "spec too complex: more than %d YAML nodes after expanding aliases", maxNodes)
+		}
+		return
+	}
+	for n.Kind == yaml.AliasNode {
+		if n.Alias == nil {
+			return
+		}
+		n = n.Alias
+	}
+	if _, seen := w.lines[path]; !seen {
+		w.lines[path] = n.Line
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return // omitted
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		w.walk(n, t.Elem(), path)
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			w.errorf(pathOr(path), n, "must be a mapping, got %s", kindName(n))
+			return
+		}
+		w.walkMapping(n, t, path, fieldIndex(t))
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			w.errorf(pathOr(path), n, "must be a list, got %s", kindName(n))
+			return
+		}
+		for i, item := range n.Content {
+			w.walk(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
+		}
+	case reflect.Map: // map[string]string
+		if n.Kind != yaml.MappingNode {
+			w.errorf(pathOr(path), n, "must be a mapping, got %s", kindName(n))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind != yaml.ScalarNode {
+				w.errorf(pathOr(path), k, "keys must be strings, got %s", kindName(k))
+				continue
+			}
+			w.walk(v, t.Elem(), path+"."+k.Value)
+		}
+	case reflect.String:
+		if n.Kind != yaml.ScalarNode {
+			w.errorf(pathOr(path), n, "must be a string, got %s", kindName(n))
+		}
+	case reflect.Int:
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+			w.errorf(pathOr(path), n, "must be an integer, got %s", kindName(n))
+			return
+		}
+		var v int64
+		if err := n.Decode(&v); err != nil || v != int64(int(v)) {
+			w.errorf(pathOr(path), n, "integer %s out of range", n.Value)
+		}
+	case reflect.Float64:
+		tag := n.ShortTag()
+		if n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") {
+			w.errorf(pathOr(path), n, "must be a number, got %s", kindName(n))
+			return
+		}
+		var v float64
+		if err := n.Decode(&v); err != nil {
+			w.errorf(pathOr(path), n, "number %s out of range", n.Value)
+		} else if math.IsNaN(v) || math.IsInf(v, 0) {
+			w.errorf(pathOr(path), n, "must be a finite number, got %s", n.Value)
+		}
+	default:
+		panic("fleet: walker does not handle " + t.String())
+	}
+}
+
+func (w *walker) walkMapping(n *yaml.Node, t reflect.Type, path string, fields map[string]int) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Value == "<<" && (k.Tag == "" || k.Tag == "!" || k.ShortTag() == "!!merge") {
+			// Merge key: the merged mapping(s) hold keys of this struct.
+			for v.Kind == yaml.AliasNode && v.Alias != nil {
+				v = v.Alias
+			}
+			merged := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				merged = v.Content
+			}
+			for _, m := range merged {
+				for m.Kind == yaml.AliasNode && m.Alias != nil {
+					m = m.Alias
+				}
+				if m.Kind != yaml.MappingNode {
+					w.errorf(pathOr(path), m, "merge key << must refer to a mapping, got %s", kindName(m))
+					continue
+				}
+				if w.nodes++; w.nodes > maxNodes {
+					return
+				}
+				w.walkMapping(m, t, path, fields)
+			}
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			w.errorf(pathOr(path), k, "keys must be strings, got %s", kindName(k))
+			continue
+		}
+		sub := k.Value
+		if path != "" {
+			sub = path + "." + k.Value
+		}
+		fi, ok := fields[k.Value]
+		if !ok {
+			w.errorf(sub, k, "unknown key")
+			continue
+		}
+		w.walk(v, t.Field(fi).Type, sub)
+	}
+}
+
+func pathOr(path string) string {
+	if path == "" {
+		return "spec"
+	}
+	return path
+}
+
+// lineOf finds the line of path, or of its nearest ancestor.
+func lineOf(lines map[string]int, path string) int {
+	for path != "" {
+		if l, ok := lines[path]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
