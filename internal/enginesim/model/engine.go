@@ -71,14 +71,16 @@ type Request struct {
 	// Generated is the number of tokens generated so far.
 	Generated int
 
-	state      reqState
-	ready      time.Duration // Arrival + overhead
-	prefilled  int           // prompt tokens computed or cached
-	hashes     []uint64      // chained hashes of the prompt's full blocks
-	blocks     []*block      // pinned cached blocks, a prefix of hashes
-	anon       int           // pinned blocks not (yet) in the cache
-	stepChunk  int           // prompt tokens prefilled in the current step
-	stepDecode bool          // decodes in the current step
+	state reqState
+	// Queued is Arrival plus the overhead: when it joined the waiting queue.
+	Queued time.Duration
+
+	prefilled  int      // prompt tokens computed or cached
+	hashes     []uint64 // chained hashes of the prompt's full blocks
+	blocks     []*block // pinned cached blocks, a prefix of hashes
+	anon       int      // pinned blocks not (yet) in the cache
+	stepChunk  int      // prompt tokens prefilled in the current step
+	stepDecode bool     // decodes in the current step
 }
 
 // Listener receives a request's events, in virtual-time order, from inside
@@ -182,8 +184,8 @@ func (e *Engine) Submit(r *Request, now time.Duration) error {
 	}
 	e.Advance(now)
 	r.Arrival = now
-	r.ready = now + e.cfg.Overhead()
-	if r.ready <= now {
+	r.Queued = now + e.cfg.Overhead()
+	if r.Queued <= now {
 		r.state = stateWaiting
 		e.waiting.push(r)
 		e.nWait++
@@ -209,8 +211,8 @@ func (e *Engine) NextEvent() (t time.Duration, ok bool) {
 	if e.inStep {
 		t, ok = e.stepEnd, true
 	}
-	if r := e.pending.peek(); r != nil && r.ready < t {
-		t, ok = r.ready, true
+	if r := e.pending.peek(); r != nil && r.Queued < t {
+		t, ok = r.Queued, true
 	}
 	return t, ok
 }
@@ -223,7 +225,7 @@ func (e *Engine) Advance(now time.Duration) {
 			break
 		}
 		e.clock = t
-		if r := e.pending.peek(); r != nil && r.ready == t {
+		if r := e.pending.peek(); r != nil && r.Queued == t {
 			e.pending.pop()
 			e.nPend--
 			r.state = stateWaiting

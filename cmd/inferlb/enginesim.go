@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	var (
+		fleetPath, engines, listen, gpu, modelName, region string
+		timeScale                                          float64
+		seed                                               uint64
+		defaultMaxTokens                                   int
+		maxBody                                            int64
+		prof                                               fleet.Profile
+	)
+	cmd := &cobra.Command{
+		Use:   "engine-sim",
+		Short: "Serve simulated vLLM-compatible inference engines",
+		Long: `engine-sim serves simulated LLM inference engines that look like vLLM's
+OpenAI-compatible server to a load balancer: /v1/chat/completions and
+/v1/completions (streaming or not), /v1/models, /health, /metrics (vLLM's
+metric names), and /admin/faults for run-time faults. Latency follows the
+GPU profile: continuous batching, chunked prefill, a block prefix cache.
+See docs/engine-sim.md.
+
+Fleet mode serves every engine of a fleet spec (or those named by --engines),
+each on its own address:
+
+  inferlb engine-sim --fleet examples/fleet-3region.yaml --time-scale 0.1
+
+Standalone mode serves one engine; its profile comes from the fleet's
+(--gpu, --model) profile when --fleet is given, else from the profile flags:
+
+  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml
+  inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 ...`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			var spec *fleet.Spec
+			if fleetPath != "" {
+				var err error
+				if spec, err = fleet.Load(fleetPath); err != nil {
+					return err
+				}
+			}
+			if listen == "" {
+				if spec == nil {
+					return fmt.Errorf("either --fleet (fleet mode) or --listen (standalone mode) is required")
+				}
+				if gpu != "" || modelName != "" || region != "" {
+					return fmt.Errorf("--gpu, --model and --region apply to standalone mode (--listen)")
+				}
+				var ids []string
+				if engines != "" {
+					for _, id := range strings.Split(engines, ",") {
+						if id = strings.TrimSpace(id); id == "" {
+							return fmt.Errorf("--engines: empty engine id in %q", engines)
+						}
+						ids = append(ids, id)
+					}
+				}
+				fl, err := enginesim.StartFleet(ctx, spec, enginesim.FleetOptions{
+					Engines: ids, TimeScale: timeScale, Seed: seed, DefaultMaxTokens: defaultMaxTokens,
+					MaxBodyBytes: maxBody, Logger: log,
+				})
+				if err != nil {
+					return err
+				}
+				for _, s := range fl.Servers() {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
+				}
+				<-ctx.Done()
+				fl.Close()
+				return nil
+			}
+			if engines != "" {
+				return fmt.Errorf("--engines applies to fleet mode (without --listen)")
+			}
+			if modelName == "" {
+				return fmt.Errorf("--model is required in standalone mode")
+			}
+			o := enginesim.Options{Listen: listen, Model: modelName, Region: region}
+			if spec != nil {
+				if gpu == "" {
+					return fmt.Errorf("--gpu is required with --fleet in standalone mode")
+				}
+				p, ok := spec.Profile(gpu, modelName)
+				if !ok {
+					return fmt.Errorf("--gpu %q --model %q: the fleet has no such profile", gpu, modelName)
+				}
+				o.Profile, o.Fleet = p, spec
+				if m, ok := spec.ModelByName(modelName); ok && p.MaxContextTokens == 0 {
+					o.MaxContextTokens = m.MaxContextTokens
+				}
+			} else {
+				prof.GPU, prof.Model = gpu, modelName
+				o.Profile = prof
+			}
+			o.TimeScale, o.Seed, o.DefaultMaxTokens, o.MaxBodyBytes, o.Logger = timeScale, seed, defaultMaxTokens, maxBody, log
+			s, err := enginesim.Start(ctx, o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
+			<-ctx.Done()
+			return s.Close()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&fleetPath, "fleet", "", "fleet spec (YAML); alone, serves its engines at their addresses")
+	f.StringVar(&engines, "engines", "", "fleet mode: comma-separated engine ids to serve (default all)")
+	f.StringVar(&listen, "listen", "", "standalone mode: address of the one engine, e.g. 127.0.0.1:18100")
+	f.StringVar(&gpu, "gpu", "", "standalone mode: GPU type (selects the fleet's profile with --fleet)")
+	f.StringVar(&modelName, "model", "", "standalone mode: served model name")
+	f.StringVar(&region, "region", "", "standalone mode: the engine's region (network delay with --fleet)")
+	f.Float64Var(&timeScale, "time-scale", 1, "real seconds per simulated second (0.1 runs 10x faster)")
+	f.Uint64Var(&seed, "seed", 1, "seed of the error-rate fault's random choices")
+	f.IntVar(&defaultMaxTokens, "default-max-tokens", 128, "output tokens when a request sets no max_tokens")
+	f.Int64Var(&maxBody, "max-body-bytes", 4<<20, "largest request body; larger gets 413")
+	d := enginesim.H100Llama8B
+	f.Float64Var(&prof.PrefillTokensPerS, "prefill-tokens-per-s", d.PrefillTokensPerS, "standalone profile: prefill throughput (uncached tokens/s)")
+	f.Float64Var(&prof.OverheadMs, "overhead-ms", d.OverheadMs, "standalone profile: fixed per-request overhead")
+	f.Float64Var(&prof.DecodeStepMs, "decode-step-ms", d.DecodeStepMs, "standalone profile: step time intercept")
+	f.Float64Var(&prof.DecodeStepPerSeqMs, "decode-step-per-seq-ms", d.DecodeStepPerSeqMs, "standalone profile: step time per running sequence")
+	f.IntVar(&prof.MaxRunning, "max-running", d.MaxRunning, "standalone profile: running slots (vLLM max_num_seqs)")
+	f.IntVar(&prof.MaxBatchedTokens, "max-batched-tokens", d.MaxBatchedTokens, "standalone profile: tokens per step (vLLM max_num_batched_tokens)")
+	f.IntVar(&prof.KVCapacityTokens, "kv-capacity-tokens", d.KVCapacityTokens, "standalone profile: KV cache size in tokens")
+	f.IntVar(&prof.BlockSize, "block-size", d.BlockSize, "standalone profile: KV block size in tokens")
+	f.IntVar(&prof.MaxContextTokens, "max-context-tokens", d.MaxContextTokens, "standalone profile: context limit (vLLM max_model_len)")
+	rootCmd.AddCommand(cmd)
+}

@@ -1,0 +1,235 @@
+package enginesim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/inferlb/inferlb/internal/enginesim/model"
+)
+
+// Faults are the run-time faults of one engine.
+type Faults struct {
+	// ErrorRate is the fraction of completion requests answered with a 500
+	// (drawn from the engine's seeded generator), in [0, 1].
+	ErrorRate float64 `json:"error_rate"`
+	// Slowdown multiplies the duration of every scheduler step; 1 is
+	// normal, 0 in SetFaults means 1.
+	Slowdown float64 `json:"slowdown"`
+	// Hang stops the scheduler: requests make no progress until cleared
+	// or until their clients give up.
+	Hang bool `json:"hang"`
+	// HealthFail makes /health answer 503.
+	HealthFail bool `json:"health_fail"`
+	// Crash closes the listener and drops every connection.
+	Crash bool `json:"crash"`
+	// RestartAfterS, with Crash, brings the engine back after this many
+	// simulated seconds (scaled by the time scale); 0 stays down until
+	// Restart or SetFaults without Crash.
+	RestartAfterS float64 `json:"restart_after_s,omitempty"`
+}
+
+func (f Faults) validate() error {
+	var errs []error
+	if !(f.ErrorRate >= 0 && f.ErrorRate <= 1) {
+		errs = append(errs, fmt.Errorf("error_rate: must be in [0, 1], got %v", f.ErrorRate))
+	}
+	if !(f.Slowdown > 0) || math.IsInf(f.Slowdown, 0) {
+		errs = append(errs, fmt.Errorf("slowdown: must be a positive number, got %v", f.Slowdown))
+	}
+	if !(f.RestartAfterS >= 0) || math.IsInf(f.RestartAfterS, 0) {
+		errs = append(errs, fmt.Errorf("restart_after_s: must be a non-negative number, got %v", f.RestartAfterS))
+	}
+	if f.RestartAfterS > 0 && !f.Crash {
+		errs = append(errs, errors.New("restart_after_s: only meaningful with crash"))
+	}
+	return errors.Join(errs...)
+}
+
+// Faults returns the engine's current faults.
+func (s *Server) Faults() Faults {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.faults
+}
+
+// SetFaults replaces the engine's faults. Setting Crash crashes a running
+// engine; clearing it restarts a crashed one.
+func (s *Server) SetFaults(f Faults) error {
+	if f.Slowdown == 0 {
+		f.Slowdown = 1
+	}
+	if err := f.validate(); err != nil {
+		return fmt.Errorf("enginesim: faults: %w", err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("enginesim: engine closed")
+	}
+	now := s.vnow()
+	_ = s.eng.SetSlowdown(f.Slowdown)
+	s.eng.SetHang(f.Hang, now)
+	wasCrashed := s.crashed
+	s.faults = f
+	s.mu.Unlock()
+	s.wake()
+	s.log.Info("faults set", "error_rate", f.ErrorRate, "slowdown", f.Slowdown, "hang", f.Hang,
+		"health_fail", f.HealthFail, "crash", f.Crash)
+	switch {
+	case f.Crash && !wasCrashed:
+		s.crash(f.RestartAfterS)
+	case !f.Crash && wasCrashed:
+		return s.Restart()
+	}
+	return nil
+}
+
+// crash closes the listener and every connection.
+func (s *Server) crash(restartAfterS float64) {
+	s.mu.Lock()
+	if s.crashed || s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.crashed = true
+	srv, ch := s.httpSrv, s.crashCh
+	if restartAfterS > 0 {
+		s.wg.Add(1)
+		d := s.real(time.Duration(restartAfterS * float64(time.Second)))
+		go func() {
+			defer s.wg.Done()
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-s.ctx.Done():
+			case <-t.C:
+				if err := s.Restart(); err != nil {
+					s.log.Error("restart after crash", "err", err)
+				}
+			}
+		}()
+	}
+	s.mu.Unlock()
+	close(ch)
+	_ = srv.Close()
+	s.log.Warn("engine crashed (fault)")
+}
+
+// Restart brings a crashed engine back on the same address, with an empty
+// KV cache and fresh counters; it does nothing if the engine is up.
+func (s *Server) Restart() error {
+	s.restartMu.Lock()
+	defer s.restartMu.Unlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("enginesim: engine closed")
+	}
+	if !s.crashed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.Unlock()
+	s.active.Wait() // every handler of the crashed incarnation has left
+	var ln net.Listener
+	var err error
+	for range 50 { // the old socket may linger for a moment
+		if ln, err = net.Listen("tcp", s.addr); err == nil {
+			break
+		}
+		select {
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("enginesim: restart: %w", err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return errors.New("enginesim: engine closed")
+	}
+	s.eng, _ = model.New(s.cfg, (*listener)(s))
+	_ = s.eng.SetSlowdown(s.faults.Slowdown)
+	s.eng.SetHang(s.faults.Hang, s.vnow())
+	s.faults.Crash = false
+	s.faults.RestartAfterS = 0
+	s.mu.Unlock()
+	s.serve(ln)
+	s.wake()
+	s.log.Info("engine restarted")
+	return nil
+}
+
+// faultsJSON is the admin endpoint's body: absent fields are cleared, except
+// slowdown, which is 1 when absent.
+type faultsJSON struct {
+	ErrorRate     float64  `json:"error_rate"`
+	Slowdown      *float64 `json:"slowdown"`
+	Hang          bool     `json:"hang"`
+	HealthFail    bool     `json:"health_fail"`
+	Crash         bool     `json:"crash"`
+	RestartAfterS float64  `json:"restart_after_s"`
+}
+
+func (s *Server) getFaults(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, 200, s.Faults())
+}
+
+func (s *Server) deleteFaults(w http.ResponseWriter, _ *http.Request) {
+	if err := s.SetFaults(Faults{}); err != nil {
+		writeError(w, &apiError{status: 500, typ: "InternalServerError", message: err.Error()})
+		return
+	}
+	writeJSON(w, 200, s.Faults())
+}
+
+func (s *Server) postFaults(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
+	if err != nil {
+		writeError(w, &apiError{status: 413, typ: "RequestEntityTooLarge", message: err.Error()})
+		return
+	}
+	var fj faultsJSON
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&fj); err != nil {
+		writeError(w, badRequest("invalid faults JSON: %v", err))
+		return
+	}
+	f := Faults{ErrorRate: fj.ErrorRate, Slowdown: 1, Hang: fj.Hang, HealthFail: fj.HealthFail,
+		Crash: fj.Crash, RestartAfterS: fj.RestartAfterS}
+	if fj.Slowdown != nil {
+		f.Slowdown = *fj.Slowdown
+	}
+	if err := f.validate(); err != nil {
+		writeError(w, badRequest("%v", err))
+		return
+	}
+	if f.Crash {
+		// Answer first; the connection drops with the crash.
+		writeJSON(w, 200, f)
+		if fl, ok := w.(http.Flusher); ok {
+			fl.Flush()
+		}
+	}
+	if err := s.SetFaults(f); err != nil {
+		if !f.Crash {
+			writeError(w, &apiError{status: 500, typ: "InternalServerError", message: err.Error()})
+		}
+		return
+	}
+	if !f.Crash {
+		writeJSON(w, 200, s.Faults())
+	}
+}
