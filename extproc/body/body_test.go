@@ -1,0 +1,271 @@
+package body
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/inferlb/inferlb/internal/tokens"
+)
+
+func TestTokenRunMatchesTokenRule(t *testing.T) {
+	if tokenRun != tokens.MaxTokenBytes {
+		t.Fatalf("tokenRun %d != tokens.MaxTokenBytes %d", tokenRun, tokens.MaxTokenBytes)
+	}
+}
+
+func TestParseChat(t *testing.T) {
+	b := []byte(`{"model":"llama-3-8b","stream":true,"max_tokens":64,"max_completion_tokens":32,
+	  "user":"alice","prompt_cache_key":"pck","temperature":0.7,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],
+	  "messages":[{"role":"system","content":"You are terse."},
+	              {"content":"hello   world\nsupercalifragilistic","role":"user","name":"bob"},
+	              {"role":"assistant","content":null},
+	              {"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"http://x"}}]}]}`)
+	var r Request
+	if err := Parse(b, Chat, &r); err != nil {
+		t.Fatal(err)
+	}
+	want := tokens.CountChat([]tokens.Message{
+		{Role: "system", Content: "You are terse."},
+		{Role: "user", Content: "hello   world\nsupercalifragilistic"},
+		{Role: "assistant", Content: ""},
+		{Role: "user", Content: "look"},
+	})
+	if r.Model != "llama-3-8b" || !r.Stream || r.MaxTokens != 32 || r.User != "alice" || r.PromptCacheKey != "pck" || r.Messages != 4 {
+		t.Fatalf("got %+v", r)
+	}
+	if r.PromptTokens != want {
+		t.Fatalf("PromptTokens %d, want %d", r.PromptTokens, want)
+	}
+	if !r.HasPrefix {
+		t.Fatal("no prefix")
+	}
+}
+
+func TestMaxTokensFallback(t *testing.T) {
+	var r Request
+	if err := Parse([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":7}`), Chat, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.MaxTokens != 7 {
+		t.Fatalf("MaxTokens %d", r.MaxTokens)
+	}
+	if err := Parse([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`), Chat, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.MaxTokens != -1 {
+		t.Fatalf("MaxTokens %d, want -1 when absent", r.MaxTokens)
+	}
+}
+
+// The stable prefix is the same for every turn of a conversation and differs
+// between conversations; escapes and key order do not change it.
+func TestPrefixHashStableAcrossTurns(t *testing.T) {
+	turn1 := `{"model":"m","messages":[{"role":"system","content":"S\u00e9"},{"role":"user","content":"first question"}]}`
+	turn2 := `{"messages":[{"content":"Sé","role":"system"},{"role":"user","content":[{"type":"text","text":"first question"}]},{"role":"assistant","content":"answer"},{"role":"user","content":"second"}],"model":"m"}`
+	other := `{"model":"m","messages":[{"role":"system","content":"Sé"},{"role":"user","content":"another question"}]}`
+	h := func(s string) uint64 {
+		var r Request
+		if err := Parse([]byte(s), Chat, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.PrefixHash
+	}
+	if h(turn1) != h(turn2) {
+		t.Fatalf("prefix hash differs across turns")
+	}
+	if h(turn1) == h(other) {
+		t.Fatalf("prefix hash equal for different conversations")
+	}
+}
+
+func TestCompletion(t *testing.T) {
+	var r Request
+	if err := Parse([]byte(`{"model":"m","prompt":"a b  ccccccccc","max_tokens":3}`), Completion, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.PromptTokens != tokens.Count("a b  ccccccccc") || !r.HasPrefix || r.MaxTokens != 3 {
+		t.Fatalf("got %+v", r)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	cases := []struct {
+		body, want string
+		syntax     bool
+	}{
+		{``, "invalid JSON at byte 0: unexpected end of input", true},
+		{`[1]`, "invalid JSON at byte 0: expected a JSON object", true},
+		{`{"model":"m",}`, "invalid JSON at byte 13: expected a string", true},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}]} x`, "unexpected data after the JSON object", true},
+		{`{"model":"m","messages":[{"role":"user","content":"a\qb"}]}`, "invalid escape character", true},
+		{"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\nb\"}]}", "control character in string", true},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":01}`, "expected ',' or '}' in object", true},
+		{`{"model":"m","messages":[{"role":"user","content":"x"`, "unexpected end of input", true},
+		{`{"messages":[{"role":"user","content":"x"}]}`, `field "model": missing`, false},
+		{`{"model":3,"messages":[]}`, `field "model": must be a string`, false},
+		{`{"model":"m"}`, `field "messages": missing`, false},
+		{`{"model":"m","messages":[]}`, `field "messages": must not be empty`, false},
+		{`{"model":"m","messages":{}}`, `field "messages": must be an array`, false},
+		{`{"model":"m","messages":[{"content":"x"}]}`, `field "messages[0].role": missing`, false},
+		{`{"model":"m","messages":[{"role":"user","content":1}]}`, `field "messages[0].content": must be a string`, false},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, `field "max_tokens": must not be negative`, false},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1.5}`, `field "max_tokens": must be an integer`, false},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}`, `field "stream": must be a boolean`, false},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"x":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}`, "nesting deeper than 128", true},
+	}
+	for _, c := range cases {
+		var r Request
+		err := Parse([]byte(c.body), Chat, &r)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Parse(%q) = %v, want error containing %q", c.body, err, c.want)
+			continue
+		}
+		if IsSyntax(err) != c.syntax {
+			t.Errorf("Parse(%q): IsSyntax = %v, want %v (%v)", c.body, IsSyntax(err), c.syntax, err)
+		}
+	}
+}
+
+// reference decodes with encoding/json and applies the token rule.
+// (Maps, not structs: encoding/json matches struct fields case-insensitively,
+// OpenAI's server does not.)
+type refReq struct {
+	Messages []map[string]json.RawMessage `json:"messages"`
+}
+
+func refTokens(t *testing.T, b []byte) (int, bool) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(b, &top); err != nil {
+		return 0, false
+	}
+	var msgs []map[string]json.RawMessage
+	if err := json.Unmarshal(top["messages"], &msgs); err != nil {
+		return 0, false
+	}
+	n := 0
+	for _, m := range msgs {
+		n++
+		var s string
+		if err := json.Unmarshal(m["content"], &s); err == nil {
+			n += tokens.Count(s)
+			continue
+		}
+		var parts []map[string]any
+		if err := json.Unmarshal(m["content"], &parts); err == nil {
+			for _, p := range parts {
+				if txt, ok := p["text"].(string); ok {
+					n += tokens.Count(txt)
+				}
+			}
+		}
+	}
+	return n, true
+}
+
+func FuzzParse(f *testing.F) {
+	seeds := []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi there"}]}`,
+		`{"model":"m","messages":[{"role":"system","content":"a\"b\\c\/d\b\f\n\r\t\u0041\ud83d\ude00\udc00"},{"role":"user","content":[{"type":"text","text":"x y"}]}],"max_tokens":5,"stream":false,"user":null}`,
+		`{"model":"m","prompt":["a b","c"],"max_completion_tokens":0}`,
+		`{"model":"m","prompt":[1,2,3]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"n":-0.5e+3,"a":[true,false,null,{}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x\u00"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 100) + `"}]}`,
+		`{}`, `{"model":"m"`, `nul`, `"x"`,
+	}
+	for _, s := range seeds {
+		f.Add([]byte(s), true)
+		f.Add([]byte(s), false)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, chat bool) {
+		kind := Chat
+		if !chat {
+			kind = Completion
+		}
+		var r Request
+		err := Parse(b, kind, &r)
+		valid := json.Valid(b) && bytes.HasPrefix(bytes.TrimLeft(b, " \t\r\n"), []byte("{"))
+		deep := bytes.Count(b, []byte("["))+bytes.Count(b, []byte("{")) > 100
+		if err != nil {
+			var se *SyntaxError
+			var fe *FieldError
+			if !errors.As(err, &se) && !errors.As(err, &fe) {
+				t.Fatalf("unexpected error type %T: %v", err, err)
+			}
+			if se != nil && valid && !deep {
+				t.Fatalf("valid JSON rejected: %v\n%q", err, b)
+			}
+			if se != nil && (se.Offset < 0 || se.Offset > len(b)) {
+				t.Fatalf("offset %d out of range", se.Offset)
+			}
+			return
+		}
+		if !valid {
+			t.Fatalf("invalid JSON accepted: %q", b)
+		}
+		var m map[string]any
+		if json.Unmarshal(b, &m) != nil {
+			t.Fatalf("accepted but encoding/json fails")
+		}
+		if utf8.ValidString(r.Model) && r.Model != m["model"] {
+			t.Fatalf("model %q vs %v", r.Model, m["model"])
+		}
+		if kind == Chat {
+			if want, ok := refTokens(t, b); ok && want != r.PromptTokens {
+				t.Fatalf("tokens %d, reference %d: %q", r.PromptTokens, want, b)
+			}
+		}
+	})
+}
+
+func chatBody(size int) []byte {
+	var sb strings.Builder
+	words := []string{"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"}
+	i := 0
+	for sb.Len() < size-300 {
+		sb.WriteString(words[i%len(words)])
+		if i%13 == 12 {
+			sb.WriteString(`\n`)
+		} else {
+			sb.WriteByte(' ')
+		}
+		i++
+	}
+	return []byte(fmt.Sprintf(`{"model":"llama-3-8b","stream":true,"max_tokens":256,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"%s"}]}`, sb.String()))
+}
+
+func BenchmarkParse(b *testing.B) {
+	for _, size := range []int{8 << 10, 220 << 10} {
+		body := chatBody(size)
+		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var r Request
+			for b.Loop() {
+				if err := Parse(body, Chat, &r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkEncodingJSON(b *testing.B) {
+	for _, size := range []int{8 << 10, 220 << 10} {
+		body := chatBody(size)
+		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				var rr refReq
+				if err := json.Unmarshal(body, &rr); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
