@@ -1,0 +1,358 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lni/goutils/leaktest"
+
+	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/workload"
+)
+
+func testClient(t testing.TB, url string) *Client {
+	hc := NewHTTPClient(256)
+	t.Cleanup(hc.CloseIdleConnections)
+	return &Client{HTTP: hc, BaseURL: url, Model: "m", Headers: DefaultHeaderNames(), IgnoreEOS: true, Timeout: 10 * time.Second}
+}
+
+// fixed is a workload of n identical-size chat requests.
+type fixed struct {
+	n, prompt, out int
+	i              int
+}
+
+func (f *fixed) Timed() bool { return false }
+func (f *fixed) Next(time.Duration) (workload.Request, bool) {
+	if f.n > 0 && f.i >= f.n {
+		return workload.Request{}, false
+	}
+	f.i++
+	msgs := []tokens.Message{{Role: "user", Content: workload.Words(uint64(f.i), f.prompt-1)}}
+	return workload.Request{Index: f.i - 1, Messages: msgs, PromptTokens: tokens.CountChat(msgs), MaxTokens: f.out}, true
+}
+
+func TestMetricsOfAKnownServer(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
+	const ttft, itl = 30 * time.Millisecond, 4 * time.Millisecond
+	eng := newFakeEngine(t, &fakeEngine{TTFT: ttft, ITL: itl, CachedShare: 0.25})
+	c := testClient(t, eng.srv.URL)
+	rep, err := Run(context.Background(), Config{
+		Client: c, Source: &fixed{prompt: 100, out: 11}, Arrival: Arrival{Kind: Closed, Concurrency: 4},
+		MaxRequests: 24, SLO: SLO{TTFT: time.Second, TPOT: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := rep.Requests
+	if q.Sent != 24 || q.OK != 24 || rep.Goodput != 24 || rep.UsageRequests != 24 {
+		t.Fatalf("requests %+v goodput %d usage %d", q, rep.Goodput, rep.UsageRequests)
+	}
+	if rep.PromptTokens != 24*100 || rep.OutputTokens != 24*11 || rep.CachedTokens != 24*25 || math.Abs(rep.CachedShare-0.25) > 1e-9 {
+		t.Fatalf("tokens: prompt %d output %d cached %d share %v", rep.PromptTokens, rep.OutputTokens, rep.CachedTokens, rep.CachedShare)
+	}
+	// Lower bounds are exact (the server waits at least this long); upper
+	// bounds leave room for a loaded, race-instrumented machine.
+	msf := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	if rep.TTFT.P50 < msf(ttft) || rep.TTFT.P50 > msf(ttft)+50 || rep.TTFT.Count != 24 {
+		t.Errorf("TTFT p50 %.2f ms, want ≥ %.0f", rep.TTFT.P50, msf(ttft))
+	}
+	if rep.TPOT.P50 < msf(itl) || rep.TPOT.P50 > msf(itl)+10 || rep.TPOT.Count != 24 {
+		t.Errorf("TPOT p50 %.2f ms, want ≥ %.0f", rep.TPOT.P50, msf(itl))
+	}
+	if rep.ITL.Count != 24*10 || rep.ITL.P50 < msf(itl) {
+		t.Errorf("ITL %+v, want 240 gaps ≥ %v", rep.ITL, itl)
+	}
+	if e := msf(ttft + 10*itl); rep.E2E.P50 < e {
+		t.Errorf("E2E p50 %.2f < %.2f", rep.E2E.P50, e)
+	}
+	if rep.RequestsPerS <= 0 || rep.OutputTokensPerS != float64(rep.OutputTokens)/rep.DurationS {
+		t.Errorf("throughput %v req/s, %v tok/s", rep.RequestsPerS, rep.OutputTokensPerS)
+	}
+	// A TTFT bound below the server's TTFT leaves no goodput.
+	rep2, err := Run(context.Background(), Config{
+		Client: c, Source: &fixed{prompt: 10, out: 3}, Arrival: Arrival{Kind: Closed, Concurrency: 2},
+		MaxRequests: 4, SLO: SLO{TTFT: ttft / 2},
+	})
+	if err != nil || rep2.Goodput != 0 || rep2.Requests.OK != 4 {
+		t.Fatalf("goodput under a tight SLO: %+v, %v", rep2.Requests, err)
+	}
+}
+
+func TestOutcomesAreCountedApart(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
+	modes := []string{"", "429", "500", "hang", "cut", "errchunk", "", "429"}
+	eng := newFakeEngine(t, &fakeEngine{Behave: func(r *http.Request, b *apiRequest) string {
+		return modes[len(tokens.Append(nil, b.Messages[0].Content))%len(modes)]
+	}})
+	c := testClient(t, eng.srv.URL)
+	c.Timeout = 200 * time.Millisecond
+	// Prompt sizes 1..16 words: each mode twice.
+	src := &sized{}
+	rep, err := Run(context.Background(), Config{Client: c, Source: src, Arrival: Arrival{Kind: Closed, Concurrency: 8}, MaxRequests: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Counts{Sent: 16, OK: 4, Rejected: 4, Timeouts: 2, Errors: 6}
+	if rep.Requests != want {
+		t.Fatalf("counts %+v, want %+v (errors %v)", rep.Requests, want, rep.Errors)
+	}
+	var sawCut, saw500, sawChunk bool
+	for msg := range rep.Errors {
+		sawCut = sawCut || strings.Contains(msg, "before data: [DONE]")
+		saw500 = saw500 || strings.Contains(msg, "HTTP 500")
+		sawChunk = sawChunk || strings.Contains(msg, "engine died")
+	}
+	if !sawCut || !saw500 || !sawChunk {
+		t.Fatalf("error messages %v", rep.Errors)
+	}
+}
+
+// sized sends prompts of 1, 2, 3, ... content words.
+type sized struct{ i int }
+
+func (s *sized) Timed() bool { return false }
+func (s *sized) Next(time.Duration) (workload.Request, bool) {
+	s.i++
+	msgs := []tokens.Message{{Role: "user", Content: workload.Words(uint64(s.i), s.i)}}
+	return workload.Request{Messages: msgs, PromptTokens: s.i + 1, MaxTokens: 3}, true
+}
+
+func TestOpenLoopBounds(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
+	eng := newFakeEngine(t, &fakeEngine{})
+	c := testClient(t, eng.srv.URL)
+	rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Poisson, Rate: 400}, MaxRequests: 50})
+	if err != nil || rep.Requests.Sent != 50 || rep.Requests.OK != 50 || len(eng.requests()) != 50 {
+		t.Fatalf("count bound: %+v %v", rep.Requests, err)
+	}
+	start := time.Now()
+	rep, err = Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Poisson, Rate: 100}, Duration: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 30 expected; a Poisson count has sd ≈ 5.5.
+	if n := rep.Requests.Sent; n < 10 || n > 55 || rep.Requests.OK != n {
+		t.Fatalf("duration bound: %+v", rep.Requests)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("a 300 ms run took %v", el)
+	}
+	// Cancelling the context stops the run and cancels requests in flight.
+	hang := newFakeEngine(t, &fakeEngine{Behave: func(*http.Request, *apiRequest) string { return "hang" }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan *Report)
+	go func() {
+		rep, _ := Run(ctx, Config{Client: testClient(t, hang.srv.URL), Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Closed, Concurrency: 3}, MaxRequests: 100})
+		done <- rep
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(hang.requests()) < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	rep = <-done
+	if !rep.Interrupted || rep.Requests.Cancelled != 3 || rep.Requests.Sent != 3 {
+		t.Fatalf("cancelled run: %+v interrupted=%v", rep.Requests, rep.Interrupted)
+	}
+	for _, bad := range []Config{
+		{Client: c, Source: &fixed{}, Arrival: Arrival{Kind: Poisson}},
+		{Client: c, Source: &fixed{}, Arrival: Arrival{Kind: Closed}},
+		{Client: c, Source: &fixed{}, Arrival: Arrival{Kind: Trace}, MaxRequests: 1},
+		{Client: c, Source: &fixed{}, Arrival: Arrival{Kind: Poisson, Rate: 1}},
+	} {
+		if _, err := Run(context.Background(), bad); err == nil {
+			t.Errorf("config %+v accepted", bad.Arrival)
+		}
+	}
+}
+
+func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
+	rows, err := workload.LoadAzure(filepath.Join("..", "workload", "testdata", "azure_code_head.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows = rows[:60]
+	src, _ := workload.NewAzure(rows, workload.AzureOptions{})
+	eng := newFakeEngine(t, &fakeEngine{})
+	c := testClient(t, eng.srv.URL)
+	span := rows[len(rows)-1].Time.Sub(rows[0].Time)
+	speedup := span.Seconds() / 0.5 // replay in half a second
+	sentAt := make([]time.Duration, len(rows)) // each index written once
+	rep, err := Run(context.Background(), Config{Client: c, Source: src, Arrival: Arrival{Kind: Trace, Speedup: speedup},
+		OnResult: func(req *workload.Request, res *Result) {
+			sentAt[req.Index] = time.Duration(res.Sent.UnixNano())
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests.Sent != 60 || rep.Requests.OK != 60 {
+		t.Fatalf("%+v", rep.Requests)
+	}
+	got := eng.requests()
+	bySize := map[[2]int]int{}
+	for _, s := range got {
+		msgs := []tokens.Message{{Role: "user", Content: s.Body.Messages[0].Content}}
+		bySize[[2]int{tokens.CountChat(msgs), s.Body.MaxTokens}]++
+		if !s.Body.Stream || !s.Body.StreamOptions.IncludeUsage || !s.Body.IgnoreEOS || s.Path != "/v1/chat/completions" {
+			t.Fatalf("request body %+v path %s", s.Body, s.Path)
+		}
+	}
+	for _, r := range rows {
+		k := [2]int{r.ContextTokens, r.GeneratedTokens}
+		if bySize[k] == 0 {
+			t.Fatalf("trace row %v not sent", k)
+		}
+		bySize[k]--
+	}
+	// Each request is sent at its offset ÷ speedup, never before; how late
+	// depends on the machine (the median is bounded loosely, for a loaded
+	// race-instrumented run).
+	for i, r := range rows {
+		due := rep.Start.Add(time.Duration(float64(r.Time.Sub(rows[0].Time)) / speedup))
+		if sent := time.Unix(0, int64(sentAt[i])); sent.Before(due) {
+			t.Fatalf("row %d sent %v before its time", i, due.Sub(sent))
+		}
+	}
+	t.Logf("send lag p50 %.3f ms p99 %.3f ms", rep.SendLag.P50, rep.SendLag.P99)
+	if rep.SendLag.P50 > 100 {
+		t.Errorf("median send lag %.1f ms", rep.SendLag.P50)
+	}
+}
+
+func TestMultiTurnSendsTheStreamedAnswerAndHeaders(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
+	us := newFakeEngine(t, &fakeEngine{})
+	eu := newFakeEngine(t, &fakeEngine{})
+	mt, err := workload.NewMultiTurn(workload.MultiTurnOptions{
+		SystemPrompts: 2, SystemPromptTokens: 20, Turns: workload.Range{Min: 3, Max: 3}, UserTokens: workload.Range{Min: 4, Max: 6},
+		OutputTokens: workload.Range{Min: 3, Max: 5}, ThinkTime: 5 * time.Millisecond, SessionIDs: true,
+		Priorities: []workload.Share{{Name: "high", Weight: 1}, {Name: "low", Weight: 1}},
+		Regions:    []workload.RegionPhase{{Shares: []workload.Share{{Name: "us", Weight: 1}, {Name: "eu", Weight: 1}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testClient(t, us.srv.URL)
+	c.RegionURLs = map[string]string{"eu": eu.srv.URL}
+	c.Headers = HeaderNames{Session: "x-conv", Priority: "x-prio", Region: "x-inferlb-source-region"}
+	rep, err := Run(context.Background(), Config{Client: c, Source: mt, Arrival: Arrival{Kind: Closed, Concurrency: 3}, MaxRequests: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests.OK != 30 || len(rep.Groups) != 4 || rep.Groups["region=eu"].Requests.OK+rep.Groups["region=us"].Requests.OK != 30 {
+		t.Fatalf("%+v groups %v", rep.Requests, rep.Groups)
+	}
+	sessions := map[string][]seen{}
+	for region, eng := range map[string]*fakeEngine{"us": us, "eu": eu} {
+		for _, s := range eng.requests() {
+			if s.Header.Get("x-inferlb-source-region") != region || s.Header.Get("x-conv") == "" || s.Header.Get("x-prio") == "" {
+				t.Fatalf("%s engine got headers %v", region, s.Header)
+			}
+			id := s.Header.Get("x-conv")
+			sessions[id] = append(sessions[id], s)
+		}
+	}
+	full := 0
+	for id, turns := range sessions {
+		// Order a session's turns by length; each must extend the one before
+		// with exactly the answer the server streamed, then a user message.
+		for i := 1; i < len(turns); i++ {
+			for j := i; j > 0 && len(turns[j].Body.Messages) < len(turns[j-1].Body.Messages); j-- {
+				turns[j], turns[j-1] = turns[j-1], turns[j]
+			}
+		}
+		for k := 1; k < len(turns); k++ {
+			prev, cur := turns[k-1].Body.Messages, turns[k].Body.Messages
+			if len(cur) != len(prev)+2 || cur[len(prev)].Role != "assistant" || cur[len(prev)].Content != turns[k-1].Answer {
+				t.Fatalf("session %s turn %d does not append the streamed answer %q: %+v", id, k+1, turns[k-1].Answer, cur)
+			}
+			for i := range prev {
+				if cur[i] != prev[i] {
+					t.Fatalf("session %s turn %d rewrote message %d", id, k+1, i)
+				}
+			}
+		}
+		if len(turns) == 3 {
+			full++
+		}
+	}
+	if full < 8 {
+		t.Fatalf("only %d complete 3-turn sessions in 30 requests", full)
+	}
+}
+
+func TestStreamParsing(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
+	eng := newFakeEngine(t, &fakeEngine{Behave: func(*http.Request, *apiRequest) string { return "multi" }, ITL: time.Millisecond})
+	c := testClient(t, eng.srv.URL)
+	req := workload.Request{Prompt: "hello there", PromptTokens: 2, MaxTokens: 6}
+	res := c.Do(context.Background(), &req, true)
+	if res.Outcome != OK || res.OutputTokens != 6 || !res.HasUsage || len(strings.Fields(res.Text)) != 6 || len(res.ITLs) != 0 {
+		t.Fatalf("one chunk of 6 tokens: %+v", res)
+	}
+	if got := eng.requests()[0]; got.Path != "/v1/completions" || got.Body.Prompt == nil || *got.Body.Prompt != "hello there" {
+		t.Fatalf("completion request %+v", got)
+	}
+	// Without usage, output tokens are counted from the text.
+	var buf bytes.Buffer
+	buf.WriteString(": comment\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"ab cd\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\" ef\"}}]}\n\ndata: [DONE]\n\n")
+	var r Result
+	r.Sent = time.Now()
+	err := c.stream(&buf, &r, true)
+	r.E2E = time.Since(r.Sent)
+	if err != nil || r.OutputTokens != 3 || r.Text != "ab cd ef" || len(r.ITLs) != 1 {
+		t.Fatalf("stream without usage: %+v %v", r, err)
+	}
+	if tp, ok := r.TPOT(); !ok || tp < 0 {
+		t.Fatalf("TPOT %v %v", tp, ok)
+	}
+	if err := c.stream(strings.NewReader("data: {oops\n\n"), &Result{}, false); err == nil || !strings.Contains(err.Error(), "malformed SSE chunk") {
+		t.Fatalf("malformed chunk: %v", err)
+	}
+}
+
+func TestReportWriters(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
+	eng := newFakeEngine(t, &fakeEngine{CachedShare: 0.5})
+	c := testClient(t, eng.srv.URL)
+	var prog bytes.Buffer
+	rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 10, out: 4}, Arrival: Arrival{Kind: Poisson, Rate: 200},
+		MaxRequests: 20, SLO: SLO{TTFT: time.Second}, Progress: &prog, ProgressEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(prog.String(), "loadgen") || !strings.Contains(prog.String(), "req/s") {
+		t.Fatalf("progress %q", prog.String())
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ttft", "tpot", "itl", "e2e", "requests", "goodput_requests_per_s", "cached_prompt_share", "send_lag"} {
+		if _, ok := back[k]; !ok {
+			t.Errorf("JSON report lacks %q: %s", k, js.String())
+		}
+	}
+	var tab bytes.Buffer
+	if err := rep.WriteTable(&tab); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"TTFT (ms)", "TPOT (ms)", "20 sent, 20 ok", "prefix cache: 50.0%", "goodput"} {
+		if !strings.Contains(tab.String(), s) {
+			t.Errorf("table lacks %q:\n%s", s, tab.String())
+		}
+	}
+}

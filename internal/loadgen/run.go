@@ -1,0 +1,337 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inferlb/inferlb/internal/workload"
+)
+
+// ArrivalKind selects how requests are started.
+type ArrivalKind int
+
+const (
+	// Poisson starts new requests open loop at exponential gaps of mean 1/Rate.
+	Poisson ArrivalKind = iota
+	// Trace starts them open loop at the workload's own offsets ÷ Speedup.
+	Trace
+	// Closed keeps Concurrency requests in flight: each worker sends its next
+	// request when its last one ends (after the think time, for a session's
+	// next turn).
+	Closed
+)
+
+// ParseArrival parses "poisson", "trace" or "closed".
+func ParseArrival(s string) (ArrivalKind, error) {
+	switch s {
+	case "poisson":
+		return Poisson, nil
+	case "trace":
+		return Trace, nil
+	case "closed":
+		return Closed, nil
+	}
+	return 0, fmt.Errorf("arrival %q: want poisson, trace or closed", s)
+}
+
+func (a ArrivalKind) String() string { return [...]string{"poisson", "trace", "closed"}[a] }
+
+// Arrival is an arrival process.
+type Arrival struct {
+	Kind        ArrivalKind
+	Rate        float64 // Poisson: new requests per second
+	Speedup     float64 // Trace: time compression (2 = twice as fast); default 1
+	Concurrency int     // Closed: requests in flight
+}
+
+// SLO bounds a request must meet to count toward goodput. A zero bound is
+// not checked.
+type SLO struct {
+	TTFT time.Duration
+	TPOT time.Duration
+}
+
+// Config is one load-generation run.
+type Config struct {
+	Client  *Client
+	Source  workload.Source
+	Arrival Arrival
+	// MaxRequests bounds the requests sent (follow-up turns included); 0 is
+	// no bound. Duration bounds the time in which requests are sent; 0 is no
+	// bound. A run needs at least one of them, or a finite workload.
+	MaxRequests int
+	Duration    time.Duration
+	SLO         SLO
+	// Progress receives a progress line every ProgressEvery (default 1 s);
+	// nil prints none.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+	// Seed drives the Poisson process.
+	Seed uint64
+	// OnResult, if set, is called after each request (from its goroutine).
+	OnResult func(*workload.Request, *Result)
+}
+
+// Run sends the workload and returns the report. It returns when every
+// request sent has finished: requests are bounded by Client.Timeout, and
+// cancelling ctx cancels those in flight (they count as cancelled, and the
+// report covers what completed).
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Client == nil || cfg.Source == nil {
+		return nil, errors.New("loadgen: config needs a client and a source")
+	}
+	a := cfg.Arrival
+	switch a.Kind {
+	case Poisson:
+		if !(a.Rate > 0) {
+			return nil, fmt.Errorf("loadgen: poisson arrivals need a rate > 0, got %v", a.Rate)
+		}
+	case Trace:
+		if !cfg.Source.Timed() {
+			return nil, errors.New("loadgen: trace arrivals need a workload with timestamps (this one has none; use poisson or closed)")
+		}
+		if a.Speedup == 0 {
+			a.Speedup = 1
+		}
+		if !(a.Speedup > 0) {
+			return nil, fmt.Errorf("loadgen: speedup must be > 0, got %v", a.Speedup)
+		}
+	case Closed:
+		if a.Concurrency < 1 {
+			return nil, fmt.Errorf("loadgen: closed loop needs a concurrency ≥ 1, got %d", a.Concurrency)
+		}
+	default:
+		return nil, fmt.Errorf("loadgen: unknown arrival kind %d", a.Kind)
+	}
+	if cfg.MaxRequests < 0 || cfg.Duration < 0 {
+		return nil, errors.New("loadgen: max requests and duration must be ≥ 0")
+	}
+	if cfg.MaxRequests == 0 && cfg.Duration == 0 && !cfg.Source.Timed() {
+		return nil, errors.New("loadgen: an endless workload needs a request count or a duration bound")
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = time.Second
+	}
+	r := &runner{cfg: cfg, arr: a, col: newCollector(cfg.SLO)}
+	r.fu, _ = cfg.Source.(workload.FollowUper)
+	return r.run(ctx)
+}
+
+type runner struct {
+	cfg  Config
+	arr  Arrival
+	col  *collector
+	fu   workload.FollowUper
+	ctx  context.Context // cancels in-flight requests
+	stop context.Context // ends sending (duration reached or ctx cancelled)
+
+	start    time.Time
+	deadline time.Time // zero: none
+	issued   atomic.Int64
+	wg       sync.WaitGroup
+	srcMu    sync.Mutex
+}
+
+// reserve claims one request slot; false once the count or time bound is
+// reached or the run is stopping.
+func (r *runner) reserve() bool {
+	if r.stop.Err() != nil {
+		return false
+	}
+	if !r.deadline.IsZero() && !time.Now().Before(r.deadline) {
+		return false
+	}
+	if r.cfg.MaxRequests > 0 && r.issued.Add(1) > int64(r.cfg.MaxRequests) {
+		return false
+	}
+	return true
+}
+
+func (r *runner) next(at time.Duration) (workload.Request, bool) {
+	r.srcMu.Lock()
+	defer r.srcMu.Unlock()
+	return r.cfg.Source.Next(at)
+}
+
+// waitUntil sleeps until t; false if sending must stop first.
+func (r *runner) waitUntil(t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return r.stop.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-r.stop.Done():
+		return false
+	}
+}
+
+func (r *runner) run(ctx context.Context) (*Report, error) {
+	r.ctx = ctx
+	var stopSending context.CancelFunc
+	r.start = time.Now()
+	if r.cfg.Duration > 0 {
+		r.deadline = r.start.Add(r.cfg.Duration)
+		r.stop, stopSending = context.WithDeadline(ctx, r.deadline)
+	} else {
+		r.stop, stopSending = context.WithCancel(ctx)
+	}
+	defer stopSending()
+	r.col.start = r.start
+
+	progDone := make(chan struct{})
+	var progWG sync.WaitGroup
+	if r.cfg.Progress != nil {
+		progWG.Add(1)
+		go func() {
+			defer progWG.Done()
+			t := time.NewTicker(r.cfg.ProgressEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					fmt.Fprintln(r.cfg.Progress, r.col.progress(time.Now()))
+				case <-progDone:
+					return
+				}
+			}
+		}()
+	}
+
+	switch r.arr.Kind {
+	case Poisson:
+		r.openLoop(func(prev time.Duration, rng *rand.Rand) time.Duration {
+			return prev + time.Duration(rng.ExpFloat64()/r.arr.Rate*float64(time.Second))
+		})
+	case Trace:
+		r.openLoop(nil)
+	case Closed:
+		for range r.arr.Concurrency {
+			r.wg.Add(1)
+			go r.worker()
+		}
+	}
+	r.wg.Wait()
+	close(progDone)
+	progWG.Wait()
+	end := time.Now()
+	rep := r.col.report(end)
+	rep.Arrival = r.arr.Kind.String()
+	switch r.arr.Kind {
+	case Poisson:
+		rep.Rate = r.arr.Rate
+	case Trace:
+		rep.Speedup = r.arr.Speedup
+	case Closed:
+		rep.Concurrency = r.arr.Concurrency
+	}
+	rep.Interrupted = ctx.Err() != nil
+	return rep, nil
+}
+
+// openLoop starts requests at scheduled times: gap != nil draws Poisson
+// times; nil uses the workload's offsets ÷ speedup. A producer goroutine
+// builds requests ahead of their time (prompt text can be large), so building
+// them is off the sending path.
+func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration) {
+	type item struct {
+		req workload.Request
+		at  time.Duration
+	}
+	ahead := make(chan item, 256)
+	quit := make(chan struct{})
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(ahead)
+		rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x706f6973736f6e))
+		var at time.Duration
+		for n := 0; r.cfg.MaxRequests == 0 || n < r.cfg.MaxRequests; n++ {
+			if gap != nil {
+				at = gap(at, rng)
+				if r.cfg.Duration > 0 && at >= r.cfg.Duration {
+					return
+				}
+			}
+			req, ok := r.next(at)
+			if !ok {
+				return
+			}
+			if gap == nil {
+				at = time.Duration(float64(req.Offset) / r.arr.Speedup)
+				if r.cfg.Duration > 0 && at >= r.cfg.Duration {
+					return
+				}
+			}
+			select {
+			case ahead <- item{req, at}:
+			case <-quit:
+				return
+			}
+		}
+	}()
+	defer close(quit) // the producer stops when sending stops
+	for it := range ahead {
+		if !r.waitUntil(r.start.Add(it.at)) || !r.reserve() {
+			return
+		}
+		r.wg.Add(1)
+		go func(req workload.Request, at time.Duration) {
+			defer r.wg.Done()
+			r.session(req, r.start.Add(at))
+		}(it.req, it.at)
+	}
+}
+
+// session sends req (scheduled at due) and then its follow-up turns.
+func (r *runner) session(req workload.Request, due time.Time) {
+	for {
+		res := r.send(&req, due)
+		if r.fu == nil || res.Outcome != OK {
+			return
+		}
+		next, ok := r.fu.FollowUp(req, res.Text)
+		if !ok {
+			return
+		}
+		due = time.Now().Add(req.ThinkTime)
+		if !r.waitUntil(due) || !r.reserve() {
+			return
+		}
+		req = next
+	}
+}
+
+func (r *runner) send(req *workload.Request, due time.Time) *Result {
+	r.col.sent(time.Since(due))
+	res := r.cfg.Client.Do(r.ctx, req, r.fu != nil)
+	r.col.done(req, &res)
+	if r.cfg.OnResult != nil {
+		r.cfg.OnResult(req, &res)
+	}
+	return &res
+}
+
+func (r *runner) worker() {
+	defer r.wg.Done()
+	for {
+		if !r.reserve() {
+			return
+		}
+		now := time.Now()
+		req, ok := r.next(now.Sub(r.start))
+		if !ok {
+			return
+		}
+		r.session(req, now)
+	}
+}
