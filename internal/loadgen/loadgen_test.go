@@ -185,7 +185,7 @@ func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
 	eng := newFakeEngine(t, &fakeEngine{})
 	c := testClient(t, eng.srv.URL)
 	span := rows[len(rows)-1].Time.Sub(rows[0].Time)
-	speedup := span.Seconds() / 0.5 // replay in half a second
+	speedup := span.Seconds() / 0.5            // replay in half a second
 	sentAt := make([]time.Duration, len(rows)) // each index written once
 	rep, err := Run(context.Background(), Config{Client: c, Source: src, Arrival: Arrival{Kind: Trace, Speedup: speedup},
 		OnResult: func(req *workload.Request, res *Result) {

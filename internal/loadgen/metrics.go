@@ -108,10 +108,10 @@ func (c *collector) done(req *workload.Request, res *Result) {
 	c.lastDone = now
 	c.all.add(req, res, c.slo)
 	if req.Priority != "" {
-		c.group("priority=" + req.Priority).add(req, res, c.slo)
+		c.group("priority="+req.Priority).add(req, res, c.slo)
 	}
 	if req.Region != "" {
-		c.group("region=" + req.Region).add(req, res, c.slo)
+		c.group("region="+req.Region).add(req, res, c.slo)
 	}
 	if res.Err != nil && res.Outcome != Cancelled {
 		msg := res.Err.Error()
