@@ -381,6 +381,12 @@ func (l *listener) Token(r *model.Request, t time.Duration) {
 		st.first = t
 		st.cached = r.CachedTokens
 	}
+	if r.Generated >= r.MaxTokens {
+		// The last token: publish the end with it, so the handler never
+		// sends the last token without its finish_reason.
+		st.done = true
+		st.reason = r.EndReason
+	}
 	st.mu.Unlock()
 	st.signal()
 }
