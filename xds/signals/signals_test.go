@@ -1,0 +1,244 @@
+package signals
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lni/goutils/leaktest"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+)
+
+// vllmText is /metrics in vLLM's format (two label sets for the gauges, as
+// with data parallelism).
+func vllmText(running, waiting, kv float64, success, ttftSum, ttftCount float64) string {
+	return fmt.Sprintf(`# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} %g
+vllm:num_requests_running{engine="1",model_name="m"} 0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} %g
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} %g
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 400
+# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} %g
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} %g
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} %g
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 1
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} %g
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} %g
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} %g
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.1
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 10
+`, running, waiting, kv, success, success*200, success*100, ttftCount, ttftSum, ttftCount)
+}
+
+func TestParseMetrics(t *testing.T) {
+	m, err := ParseMetrics(strings.NewReader(vllmText(5, 2, 0.25, 10, 1.5, 10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Running != 5 || m.Waiting != 2 || m.KVUsage != 0.25 || m.Success != 10 || m.TTFTCount != 10 || m.TTFTSum != 1.5 ||
+		m.PrefixHits != 400 || m.PrefixQueries != 1000 || m.ITLCount != 10 || m.PromptTokens != 2000 {
+		t.Fatalf("parsed %+v", m)
+	}
+}
+
+func TestParseMetricsErrors(t *testing.T) {
+	for name, tc := range map[string]struct{ text, want string }{
+		"not vllm":  {"# TYPE up gauge\nup 1\n", "missing vllm:kv_cache_usage_perc, vllm:num_requests_running, vllm:num_requests_waiting"},
+		"garbage":   {"vllm:num_requests_running{ 1\n", "parse metrics"},
+		"negative":  {"vllm:num_requests_running -1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n", "vllm:num_requests_running is -1"},
+		"empty":     {"", "missing"},
+		"wrongtype": {"# TYPE vllm:time_to_first_token_seconds gauge\nvllm:time_to_first_token_seconds 1\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n", ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m, err := ParseMetrics(strings.NewReader(tc.text))
+			if tc.want == "" {
+				if err != nil || !math.IsNaN(m.TTFTCount) {
+					t.Fatalf("err %v, ttft count %v (want NaN: absent as a histogram)", err, m.TTFTCount)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzParseMetrics(f *testing.F) {
+	f.Add(vllmText(5, 2, 0.25, 10, 1.5, 10))
+	f.Add("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n")
+	f.Add("# TYPE x histogram\nx_bucket{le=\"+Inf\"} 1\nx_sum 1\nx_count 1\n")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := ParseMetrics(strings.NewReader(s))
+		if err == nil && (m.Running < 0 || m.Waiting < 0 || m.KVUsage < 0) {
+			t.Fatalf("accepted negative gauges: %+v", m)
+		}
+	})
+}
+
+func TestScrapeConcurrentWithTimeouts(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	var healthy atomic.Bool
+	healthy.Store(true)
+	block := make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, vllmText(3, 0, 0.1, 5, 0.5, 5)) })
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	ok := httptest.NewServer(mux)
+	defer ok.Close()
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	}))
+	defer hang.Close()
+	defer close(block)
+	s := &Scraper{Timeout: 200 * time.Millisecond}
+	addr := func(u string) string { return strings.TrimPrefix(u, "http://") }
+	start := time.Now()
+	out := s.ScrapeAll(context.Background(), []Target{{"a", addr(ok.URL)}, {"h", addr(hang.URL)}, {"x", "127.0.0.1:1"}})
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("scrape took %v despite 200ms timeouts", el)
+	}
+	if !out[0].Healthy || out[0].MetricsErr != nil || out[0].Metrics.Running != 3 {
+		t.Errorf("ok engine: %+v", out[0])
+	}
+	if out[1].Healthy || out[1].MetricsErr == nil {
+		t.Errorf("hanging engine: %+v", out[1])
+	}
+	if out[2].Healthy || out[2].HealthErr == nil {
+		t.Errorf("refused engine: %+v", out[2])
+	}
+	healthy.Store(false)
+	if s := s.Scrape(context.Background(), Target{"a", addr(ok.URL)}); s.Healthy || !strings.Contains(s.HealthErr.Error(), "503") {
+		t.Errorf("503 health: %+v", s)
+	}
+}
+
+func TestTrackerSmoothingStalenessAndRates(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tr := NewTracker(TrackerOptions{Smoothing: 2 * time.Second, StaleAfter: 3 * time.Second}, []string{"e"})
+	if got := tr.Engines(t0)[0].Status(); got != New {
+		t.Fatalf("before any scrape: %v", got)
+	}
+	parse := func(s string) Metrics {
+		m, err := ParseMetrics(strings.NewReader(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if !tr.Observe(Sample{ID: "e", At: t0, Healthy: true, Metrics: parse(vllmText(10, 0, 0.1, 100, 10, 100))}) {
+		t.Error("first sample did not report a state change")
+	}
+	// One second later: 20 requests finished with a mean TTFT of 50 ms.
+	tr.Observe(Sample{ID: "e", At: t0.Add(time.Second), Healthy: true, Metrics: parse(vllmText(10, 0, 0.1, 120, 11, 120))})
+	e := tr.Engines(t0.Add(time.Second))[0]
+	if e.Status() != Up || math.Abs(e.TTFTMs-50) > 1e-9 || math.Abs(e.RequestsPerS-20) > 1e-9 {
+		t.Fatalf("after two samples: %+v", e)
+	}
+	// Running jumps to 30; smoothing absorbs 1−e^(−1/2) of the step.
+	tr.Observe(Sample{ID: "e", At: t0.Add(2 * time.Second), Healthy: true, Metrics: parse(vllmText(30, 0, 0.1, 120, 11, 120))})
+	e = tr.Engines(t0.Add(2 * time.Second))[0]
+	if want := 10 + 20*(1-math.Exp(-0.5)); math.Abs(e.Running-want) > 1e-9 {
+		t.Errorf("smoothed running %v, want %v", e.Running, want)
+	}
+	// Metrics fail but health passes: stale after 3 s, never idle.
+	changed := tr.Observe(Sample{ID: "e", At: t0.Add(6 * time.Second), Healthy: true, MetricsErr: fmt.Errorf("timeout")})
+	e = tr.Engines(t0.Add(6 * time.Second))[0]
+	if !changed || e.Status() != Stale || e.Running == 0 {
+		t.Errorf("stale: changed=%v %+v", changed, e)
+	}
+	if !tr.Observe(Sample{ID: "e", At: t0.Add(7 * time.Second), Healthy: false}) {
+		t.Error("health failure is not a change")
+	}
+	if got := tr.Engines(t0.Add(7 * time.Second))[0].Status(); got != Down {
+		t.Errorf("state %v, want down", got)
+	}
+	// A restarted engine (counters reset) does not produce negative rates.
+	tr.Observe(Sample{ID: "e", At: t0.Add(8 * time.Second), Healthy: true, Metrics: parse(vllmText(1, 0, 0, 1, 0.01, 1))})
+	tr.Observe(Sample{ID: "e", At: t0.Add(9 * time.Second), Healthy: true, Metrics: parse(vllmText(1, 0, 0, 3, 0.03, 3))})
+	if e := tr.Engines(t0.Add(9 * time.Second))[0]; e.RequestsPerS < 0 || e.Status() != Up {
+		t.Errorf("after restart: %+v", e)
+	}
+}
+
+func TestIntake(t *testing.T) {
+	now := time.Unix(5000, 0)
+	in := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
+		Priorities: []string{"p", "q"}, Now: func() time.Time { return now }})
+	rep := func(req, shed uint64) *policyv1.ReportRequest {
+		return &policyv1.ReportRequest{NodeId: "fe", Instance: "i1",
+			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
+			Demand:  []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: req, Shed: shed, PromptTokens: req * 100, OutputTokens: req * 50}},
+			Engines: []*policyv1.EngineEvidence{{Address: "10.0.0.1:8000", Responses: 10, Errors: 5, HeaderLatencySumSeconds: 1, HeaderLatencyCount: 10}}}
+	}
+	for i := 0; i < 10; i++ {
+		if err := in.Report(context.Background(), rep(20, 2)); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(time.Second)
+	}
+	d, ev := in.Snapshot(now.Add(-time.Second)) // the window [now−11s, now−1s] holds all ten
+	got := d[DemandKey{"fe", "c", "p"}]
+	if math.Abs(got.RequestsPerS-20) > 1e-9 || math.Abs(got.ShedPerS-2) > 1e-9 || got.PromptTokens != 100 || got.OutputTokens != 50 {
+		t.Errorf("demand %+v, want 20 req/s, 2 shed/s, 100/50 tokens", got)
+	}
+	e := ev["10.0.0.1:8000"]
+	if e.ErrorRate() != 0.5 || math.Abs(e.HeaderLatencyMs-100) > 1e-9 {
+		t.Errorf("evidence %+v", e)
+	}
+	// Old reports leave the window.
+	d, _ = in.Snapshot(now.Add(30 * time.Second))
+	if len(d) != 0 {
+		t.Errorf("demand after the window: %v", d)
+	}
+	for name, tc := range map[string]struct {
+		mut  func(r *policyv1.ReportRequest)
+		want string
+	}{
+		"node":     {func(r *policyv1.ReportRequest) { r.NodeId = "zz" }, `node_id "zz" is not a frontend`},
+		"class":    {func(r *policyv1.ReportRequest) { r.Demand[0].Class = "k" }, `demand[0].class "k"`},
+		"priority": {func(r *policyv1.ReportRequest) { r.Demand[0].Priority = "k" }, `demand[0].priority "k"`},
+		"shed":     {func(r *policyv1.ReportRequest) { r.Demand[0].Shed = 99 }, "shed 99 > requests 20"},
+		"errors":   {func(r *policyv1.ReportRequest) { r.Engines[0].Errors = 11 }, "errors 11 > responses 10"},
+		"interval": {func(r *policyv1.ReportRequest) { r.IntervalEnd = r.IntervalStart }, "is not after interval_start"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := rep(20, 2)
+			tc.mut(r)
+			if err := in.Report(context.Background(), r); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if st := in.Status(); st.Rejected != 6 || st.Accepted != 10 {
+		t.Errorf("status %+v", st)
+	}
+}
