@@ -239,7 +239,7 @@ func (s *Server) serveStream(w http.ResponseWriter, hr *http.Request, rw *respon
 		}
 		if n >= 1 && !rw.lagged {
 			rw.lagged = true
-			s.lags.add(time.Since(s.realAt(first)))
+			s.lags.add(false, time.Since(s.realAt(first)))
 		}
 		if done {
 			return

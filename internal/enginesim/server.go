@@ -338,28 +338,38 @@ func (s *Server) drive() {
 
 // lagRecorder keeps the first samples of the simulator's timing error.
 type lagRecorder struct {
-	mu      sync.Mutex
-	samples []time.Duration
+	mu            sync.Mutex
+	engine, flush []time.Duration
 }
 
 const maxLagSamples = 1 << 20
 
-func (l *lagRecorder) add(d time.Duration) {
+func (l *lagRecorder) add(engine bool, d time.Duration) {
 	l.mu.Lock()
-	if len(l.samples) < maxLagSamples {
-		l.samples = append(l.samples, d)
+	p := &l.flush
+	if engine {
+		p = &l.engine
+	}
+	if len(*p) < maxLagSamples {
+		*p = append(*p, d)
 	}
 	l.mu.Unlock()
 }
 
-// TimingLags returns and clears the recorded timing errors: for each
-// streamed first token, the wall-clock time it was written and flushed minus
-// the time the model intended (epoch + simulated first-token time × scale).
-func (s *Server) TimingLags() []time.Duration {
+// TimingLags are the simulator's timing errors for first tokens, in real
+// time: how much later than intended (epoch + simulated time × scale) the
+// engine's driver produced the token (Engine), and the handler wrote and
+// flushed it to the client's connection (Flush; streams only).
+type TimingLags struct {
+	Engine, Flush []time.Duration
+}
+
+// TimingLags returns and clears the recorded timing errors.
+func (s *Server) TimingLags() TimingLags {
 	s.lags.mu.Lock()
 	defer s.lags.mu.Unlock()
-	out := s.lags.samples
-	s.lags.samples = nil
+	out := TimingLags{Engine: s.lags.engine, Flush: s.lags.flush}
+	s.lags.engine, s.lags.flush = nil, nil
 	return out
 }
 
@@ -370,6 +380,7 @@ func (l *listener) Token(r *model.Request, t time.Duration) {
 	st := r.Tag.(*stream)
 	s := (*Server)(l)
 	if r.Generated == 1 {
+		s.lags.add(true, time.Since(s.realAt(t)))
 		s.metrics.ttft.Observe((t - r.Arrival).Seconds())
 	} else {
 		s.metrics.itl.Observe((t - st.last).Seconds())

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -226,29 +227,31 @@ func TestPrefixCacheAcrossTurns(t *testing.T) {
 
 // TestTTFTFollowsProfile: idle, TTFT is overhead + one prefill step; with B
 // sequences decoding it is overhead + the rest of the step in flight + a
-// step with B decodes and the prefill. Tolerance: the client-side TTFT may
-// exceed the prediction by up to 25 ms (HTTP and timer scheduling) and fall
-// short by at most 2 ms.
+// step with B decodes and the prefill. Tolerance: the client-side TTFT (the
+// fastest of three probes) may exceed the prediction by up to 30 ms (HTTP,
+// timers, a loaded machine) and fall short by at most 2 ms.
 func TestTTFTFollowsProfile(t *testing.T) {
 	defer leaktest.AfterTest(t)()
 	s := start(t, Options{TimeScale: 1})
 	defer s.Close()
 	cfg := ConfigFromProfile(testProfile)
 	const L = 500 // prompt words: prompt is L+2 tokens
-	probe := func(i int) time.Duration {
-		res := streamChat(t, s, chatBody("m", "probe", text("p"+string(rune('a'+i)), L), 2, true), nil)
-		return res.firstTok
+	// Noise (HTTP, timers, other processes) only adds latency, so the
+	// fastest of three probes estimates the model's TTFT.
+	probe := func(k int) time.Duration {
+		best := time.Hour
+		for i := range 3 {
+			res := streamChat(t, s, chatBody("m", "probe", text(fmt.Sprintf("p%d_%d_", k, i), L), 2, true), nil)
+			best = min(best, res.firstTok)
+		}
+		return best
 	}
 	overhead := cfg.Overhead()
 	idleWant := overhead + cfg.StepDuration(0, L+2)
-	const slack, under = 25 * time.Millisecond, 2 * time.Millisecond
-	var idle []time.Duration
-	for i := range 3 {
-		got := probe(i)
-		idle = append(idle, got)
-		if got < idleWant-under || got > idleWant+slack {
-			t.Errorf("idle TTFT %v, want %v (+%v)", got, idleWant, slack)
-		}
+	const slack, under = 30 * time.Millisecond, 2 * time.Millisecond
+	idle := probe(0)
+	if idle < idleWant-under || idle > idleWant+slack {
+		t.Errorf("idle TTFT %v, want %v (+%v)", idle, idleWant, slack)
 	}
 
 	// Load: B long streams decoding.
@@ -290,14 +293,12 @@ func TestTTFTFollowsProfile(t *testing.T) {
 	step := cfg.StepDuration(B, 0)
 	loadLo := overhead + cfg.StepDuration(B, L+2)
 	loadHi := loadLo + step
-	for i := range 3 {
-		got := probe(10 + i)
-		if got < loadLo-under || got > loadHi+slack {
-			t.Errorf("TTFT under load %v, want in [%v, %v] (+%v)", got, loadLo, loadHi, slack)
-		}
-		if got <= idle[i] {
-			t.Errorf("TTFT under load %v not above idle %v", got, idle[i])
-		}
+	got := probe(1)
+	if got < loadLo-under || got > loadHi+slack {
+		t.Errorf("TTFT under load %v, want in [%v, %v] (+%v)", got, loadLo, loadHi, slack)
+	}
+	if got <= idle {
+		t.Errorf("TTFT under load %v not above idle %v", got, idle)
 	}
 	cancel()
 	wg.Wait()
@@ -457,9 +458,9 @@ func TestFaults(t *testing.T) {
 
 	t.Run("slowdown", func(t *testing.T) {
 		body := func(i int) []byte { return chatBody("m", "s", text("s"+string(rune('a'+i)), 300), 2, true) }
-		base := streamChat(t, s, body(0), nil).firstTok
+		base := min(streamChat(t, s, body(0), nil).firstTok, streamChat(t, s, body(1), nil).firstTok)
 		admin(`{"slowdown":4}`)
-		slow := streamChat(t, s, body(1), nil).firstTok
+		slow := min(streamChat(t, s, body(2), nil).firstTok, streamChat(t, s, body(3), nil).firstTok)
 		admin(`{}`)
 		// Steps take 4×: TTFT = overhead + 4·step, about 3.3× here.
 		if slow < 2*base {
