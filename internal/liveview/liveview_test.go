@@ -1,0 +1,154 @@
+package liveview
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lni/goutils/leaktest"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/internal/envoytest"
+)
+
+// A real Envoy with a static weighted cluster over two simulated engines:
+// the view shows the weights Envoy holds (3:1), the traffic each engine got,
+// and the engines' own load and TTFT from their vLLM metrics.
+func TestViewShowsEnvoyWeightsAndEngineLoad(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	spec, err := fleet.Load("../../examples/fleet-minimal.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl, err := enginesim.StartFleet(ctx, spec, enginesim.FleetOptions{AnyPort: true, TimeScale: 0.05, DefaultMaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	e1, e2 := fl.Server("engine-1"), fl.Server("engine-2")
+
+	port := envoytest.FreePort(t)
+	host := func(s *enginesim.Server, w int) string {
+		h, p, _ := strings.Cut(s.Addr(), ":")
+		return fmt.Sprintf("{endpoint: {address: {socket_address: {address: %s, port_value: %s}}}, load_balancing_weight: %d}", h, p, w)
+	}
+	env := envoytest.Start(t, envoytest.Options{Bootstrap: fmt.Sprintf(`
+static_resources:
+  listeners:
+  - name: l
+    address: { socket_address: { address: 127.0.0.1, port_value: %d } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: t
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{ match: { prefix: "/" }, route: { cluster: engines } }]
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
+  clusters:
+  - name: engines
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: engines
+      endpoints: [{ lb_endpoints: [%s, %s] }]
+`, port, host(e1, 3), host(e2, 1))})
+	defer env.Stop() // before leaktest's check, which runs ahead of t.Cleanup
+
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	c := &Collector{Client: hc, Fleet: spec, EnvoyAdmin: map[string]string{"frontend-local": env.AdminURL},
+		EngineURL: map[string]string{"engine-1": e1.URL(), "engine-2": e2.URL()}}
+	first, err := c.Collect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	for i := 0; i < n; i++ {
+		body := fmt.Sprintf(`{"model":"llama-3.1-8b","max_tokens":2,"messages":[{"role":"user","content":"hello number %d"}]}`, i)
+		resp, err := hc.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	// Envoy's host counters are updated as responses complete; poll.
+	var v View
+	err = envoytest.Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
+		cur, err := c.Collect(ctx)
+		if err != nil {
+			return err
+		}
+		v = c.Build(first, cur)
+		got := 0.0
+		for _, fs := range cur.Frontends {
+			for _, hs := range fs.Hosts {
+				for _, h := range hs {
+					got += h.RqTotal
+				}
+			}
+		}
+		if got < n {
+			return fmt.Errorf("envoy counted %v of %d requests", got, n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]EngineRow{}
+	for _, r := range v.Engines {
+		rows[r.ID] = r
+	}
+	if w := rows["engine-1"].WeightShare["frontend-local"]; math.Abs(w-0.75) > 1e-9 {
+		t.Errorf("engine-1 weight share %v, want 0.75", w)
+	}
+	if w := rows["engine-2"].WeightShare["frontend-local"]; math.Abs(w-0.25) > 1e-9 {
+		t.Errorf("engine-2 weight share %v, want 0.25", w)
+	}
+	t1, t2 := rows["engine-1"].TrafficShare["frontend-local"], rows["engine-2"].TrafficShare["frontend-local"]
+	if math.Abs(t1+t2-1) > 1e-9 || t1 <= t2 {
+		t.Errorf("traffic shares %v + %v: want a sum of 1, engine-1 above engine-2 (weights 3:1, round robin)", t1, t2)
+	}
+	for id, r := range rows {
+		if !r.Up || math.IsNaN(r.TTFTMs) || r.TTFTMs <= 0 {
+			t.Errorf("%s: up %v, ttft %v ms: want up with a positive mean TTFT", id, r.Up, r.TTFTMs)
+		}
+	}
+	var buf bytes.Buffer
+	Render(&buf, v)
+	for _, want := range []string{"engine-1", "engine-2", "frontend-local", "75%", "25%"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("rendered view lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
+func TestParseEngineMetricsRejectsGarbage(t *testing.T) {
+	if _, err := ParseEngineMetrics([]byte("vllm:num_requests_running{ 1\n")); err == nil {
+		t.Fatal("want a parse error")
+	}
+}
+
+func TestParseEnvoyClustersRejectsGarbage(t *testing.T) {
+	if _, err := ParseEnvoyClusters([]byte("{not json")); err == nil {
+		t.Fatal("want a parse error")
+	}
+}
