@@ -1,0 +1,148 @@
+package extproc
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// classState is the runtime state of one class at this instance; it
+// survives policy swaps.
+type classState struct {
+	inflight atomic.Int64
+
+	mu     sync.Mutex
+	tokens float64 // retry budget, in retries
+}
+
+// Admission constants (documented in docs/extproc.md).
+const (
+	// localReserve is the share of a class's local in-flight limit kept for
+	// more important traffic: the least important level is refused at
+	// (1 − localReserve) of the limit, level 0 only at the limit itself,
+	// levels between linearly.
+	localReserve = 0.2
+	// retryBurst is the most retries the budget holds (and its start).
+	retryBurst = 10.0
+	// Utilization knee and ceiling for the retry budget: full budget up to
+	// retryKnee, none from retryCeiling on, linear between.
+	retryKnee    = 0.7
+	retryCeiling = 0.95
+)
+
+// shedUnit maps an affinity-key hash to [0,1) with a finalizer independent
+// of the hash Envoy's Maglev uses, so shedding does not correlate with the
+// engine a key maps to.
+func shedUnit(h uint64) float64 {
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	h ^= h >> 31
+	return float64(h>>11) / (1 << 53)
+}
+
+type shedReason uint8
+
+const (
+	admitted shedReason = iota
+	shedPolicy
+	shedLocal
+)
+
+func (r shedReason) String() string {
+	switch r {
+	case shedPolicy:
+		return "shed_policy"
+	case shedLocal:
+		return "shed_local"
+	}
+	return "admitted"
+}
+
+// admit decides admission and, when admitted, counts the request in flight
+// (the caller must call release once).
+func (p *Policy) admit(c *Class, level uint32, keyHash uint64) shedReason {
+	if f := c.ShedFraction(level); f > 0 && shedUnit(keyHash) < f {
+		return shedPolicy
+	}
+	n := c.state.inflight.Add(1)
+	if c.InflightLimit > 0 {
+		limit := float64(c.InflightLimit)
+		if p.maxLevel > 0 {
+			limit *= 1 - localReserve*float64(level)/float64(p.maxLevel)
+		}
+		if float64(n) > limit {
+			c.state.inflight.Add(-1)
+			return shedLocal
+		}
+	}
+	return admitted
+}
+
+func (c *Class) release() { c.state.inflight.Add(-1) }
+
+// sheds reports whether the class sheds any traffic under this policy.
+func (c *Class) sheds() bool {
+	for _, f := range c.shed {
+		if f > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// utilization is the larger of the optimizer's prediction and the local
+// in-flight ratio.
+func (c *Class) utilization() float64 {
+	u := c.Utilization
+	if c.InflightLimit > 0 {
+		u = max(u, float64(c.state.inflight.Load())/float64(c.InflightLimit))
+	}
+	return u
+}
+
+// retryScale is the budget's share at utilization u.
+func retryScale(u float64) float64 {
+	switch {
+	case u <= retryKnee:
+		return 1
+	case u >= retryCeiling:
+		return 0
+	}
+	return (retryCeiling - u) / (retryCeiling - retryKnee)
+}
+
+// grantRetries credits the class's retry budget for one request and grants
+// this request up to MaxRetries retries from it. The budget earns
+// RetryFraction × retryScale(utilization) retries per request, holds at
+// most retryBurst × retryScale, and pays nothing while the class sheds.
+// Granted retries are reserved; refund returns the unused ones.
+func (c *Class) grantRetries() int {
+	if c.MaxRetries == 0 || c.RetryFraction == 0 || c.sheds() {
+		return 0
+	}
+	scale := retryScale(c.utilization())
+	if scale == 0 {
+		return 0
+	}
+	s := c.state
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokens = min(s.tokens+c.RetryFraction*scale, retryBurst*scale)
+	k := min(c.MaxRetries, int(s.tokens))
+	s.tokens -= float64(k)
+	return k
+}
+
+// refund returns n unused retries to the budget.
+func (c *Class) refund(n int) {
+	if n <= 0 {
+		return
+	}
+	s := c.state
+	s.mu.Lock()
+	s.tokens = min(s.tokens+float64(n), retryBurst)
+	s.mu.Unlock()
+}
+
+func newClassState() *classState { return &classState{tokens: retryBurst} }

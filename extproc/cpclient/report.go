@@ -1,0 +1,120 @@
+package cpclient
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+)
+
+// Reporter sends one ReportRequest per interval. A report that could not be
+// sent is merged into the next one (counts add up), for at most MaxBacklog;
+// older evidence is dropped as stale.
+type Reporter struct {
+	Conn             grpc.ClientConnInterface
+	NodeID, Instance string
+	// Interval between reports (default 1 s).
+	Interval time.Duration
+	// MaxBacklog bounds how long unsent observations are kept (default 30 s).
+	MaxBacklog time.Duration
+	// Flush returns the interval's observations and starts a new interval
+	// (extproc.Observer.Flush).
+	Flush func(now time.Time) *policyv1.ReportRequest
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Sent, if set, is called after each successful report (tests, metrics).
+	Sent func(*policyv1.ReportRequest)
+
+	pending *policyv1.ReportRequest
+}
+
+// Run reports until ctx is cancelled, then sends a last report.
+func (r *Reporter) Run(ctx context.Context) error {
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	if r.Interval <= 0 {
+		r.Interval = time.Second
+	}
+	if r.MaxBacklog <= 0 {
+		r.MaxBacklog = 30 * time.Second
+	}
+	client := policyv1.NewReportsClient(r.Conn)
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			r.once(fctx, client, time.Now())
+			cancel()
+			return nil
+		case now := <-t.C:
+			cctx, cancel := context.WithTimeout(ctx, r.Interval)
+			r.once(cctx, client, now)
+			cancel()
+		}
+	}
+}
+
+func (r *Reporter) once(ctx context.Context, client policyv1.ReportsClient, now time.Time) {
+	rep := r.Flush(now)
+	rep.NodeId, rep.Instance = r.NodeID, r.Instance
+	if r.pending != nil {
+		if now.Sub(r.pending.GetIntervalStart().AsTime()) > r.MaxBacklog {
+			r.Logger.Warn("dropping unsent report backlog", "since", r.pending.GetIntervalStart().AsTime())
+		} else {
+			rep = Merge(r.pending, rep)
+		}
+		r.pending = nil
+	}
+	if len(rep.Demand) == 0 && len(rep.Engines) == 0 {
+		return // nothing seen: a heartbeat would carry no information
+	}
+	if _, err := client.Report(ctx, rep); err != nil {
+		r.Logger.Warn("report failed; will merge into the next", "err", err)
+		r.pending = rep
+		return
+	}
+	if r.Sent != nil {
+		r.Sent(rep)
+	}
+}
+
+// Merge adds b's counts to a's (a's interval start, b's end) and returns it.
+func Merge(a, b *policyv1.ReportRequest) *policyv1.ReportRequest {
+	out := &policyv1.ReportRequest{NodeId: b.NodeId, Instance: b.Instance, IntervalStart: a.IntervalStart, IntervalEnd: b.IntervalEnd}
+	type dk struct{ c, p string }
+	dm := map[dk]*policyv1.DemandSample{}
+	for _, d := range append(append([]*policyv1.DemandSample(nil), a.Demand...), b.Demand...) {
+		k := dk{d.Class, d.Priority}
+		if x := dm[k]; x != nil {
+			x.Requests += d.Requests
+			x.Shed += d.Shed
+			x.PromptTokens += d.PromptTokens
+			x.OutputTokens += d.OutputTokens
+			continue
+		}
+		c := &policyv1.DemandSample{Class: d.Class, Priority: d.Priority, Requests: d.Requests, Shed: d.Shed, PromptTokens: d.PromptTokens, OutputTokens: d.OutputTokens}
+		dm[k] = c
+		out.Demand = append(out.Demand, c)
+	}
+	em := map[string]*policyv1.EngineEvidence{}
+	for _, e := range append(append([]*policyv1.EngineEvidence(nil), a.Engines...), b.Engines...) {
+		if x := em[e.Address]; x != nil {
+			x.Responses += e.Responses
+			x.Errors += e.Errors
+			x.HeaderLatencySumSeconds += e.HeaderLatencySumSeconds
+			x.HeaderLatencyCount += e.HeaderLatencyCount
+			continue
+		}
+		c := &policyv1.EngineEvidence{Address: e.Address, EngineId: e.EngineId, Responses: e.Responses, Errors: e.Errors,
+			HeaderLatencySumSeconds: e.HeaderLatencySumSeconds, HeaderLatencyCount: e.HeaderLatencyCount}
+		em[e.Address] = c
+		out.Engines = append(out.Engines, c)
+	}
+	return out
+}

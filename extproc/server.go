@@ -1,0 +1,538 @@
+// Package extproc is inferlb's Envoy external processor: it sits in each
+// frontend Envoy's request path and decides, from local state only, which
+// eligibility class (Envoy cluster) serves a request, the cache-affinity key
+// the route hashes on, whether the request is admitted or shed, and how many
+// retries it may use. On the response path it observes which engine served,
+// the status and the time to response headers, and reports that evidence and
+// the demand it saw to the control plane. See docs/extproc.md.
+//
+// The hot path reads an immutable Policy through an atomic pointer; a new
+// RoutingPolicy from the control plane (package extproc/cpclient) replaces it
+// whole.
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/inferlb/inferlb/api/headers"
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
+)
+
+// DefaultBodyLimit is the largest request body accepted (and the value the
+// bootstrap gives Envoy's buffer limits): 4 MiB, room for a ~1M-character
+// prompt. Larger bodies get 413.
+const DefaultBodyLimit = 4 << 20
+
+// Options configure a Server.
+type Options struct {
+	// BodyLimit is the largest request body in bytes (default DefaultBodyLimit).
+	BodyLimit int
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the server's metrics (default: a new registry).
+	Registry *prometheus.Registry
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Server is the ext_proc gRPC service.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	opt    Options
+	log    *slog.Logger
+	m      *metrics
+	obs    *Observer
+	policy atomic.Pointer[Policy]
+
+	statesMu sync.Mutex
+	states   map[string]*classState
+
+	anon atomic.Uint64 // keys for requests with nothing to hash
+}
+
+// New returns a Server without a policy: until SetPolicy succeeds every
+// request is answered 503.
+func New(opt Options) *Server {
+	if opt.BodyLimit <= 0 {
+		opt.BodyLimit = DefaultBodyLimit
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.Registry == nil {
+		opt.Registry = prometheus.NewRegistry()
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	return &Server{
+		opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), obs: NewObserver(opt.Now()),
+		states: map[string]*classState{},
+	}
+}
+
+// Register adds the service to a gRPC server.
+func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, s) }
+
+// Registry returns the metrics registry.
+func (s *Server) Registry() *prometheus.Registry { return s.opt.Registry }
+
+// Observer returns the demand and evidence accumulator (the reports client
+// flushes it).
+func (s *Server) Observer() *Observer { return s.obs }
+
+// Policy returns the policy in force (nil before the first).
+func (s *Server) Policy() *Policy { return s.policy.Load() }
+
+// SetPolicy compiles and installs a RoutingPolicy. On error the old policy
+// stays in force.
+func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
+	s.statesMu.Lock()
+	defer s.statesMu.Unlock()
+	p, err := Compile(rp, func(name string) *classState {
+		st := s.states[name]
+		if st == nil {
+			st = newClassState()
+			s.states[name] = st
+		}
+		return st
+	})
+	if err != nil {
+		s.m.policyUpdates.WithLabelValues("rejected").Inc()
+		return err
+	}
+	old := s.policy.Swap(p)
+	s.m.policyUpdates.WithLabelValues("applied").Inc()
+	if old != nil {
+		s.m.policyInfo.DeleteLabelValues(old.Version)
+	}
+	s.m.policyInfo.WithLabelValues(p.Version).Set(1)
+	s.log.Info("routing policy applied", "version", p.Version, "classes", len(p.classes), "node", p.NodeID)
+	return nil
+}
+
+// phase is where a request is in its ext_proc stream.
+type phase uint8
+
+const (
+	phaseRequestHeaders phase = iota // waiting for request headers
+	phaseRequestBody                 // headers seen, waiting for the buffered body
+	phaseRouted                      // decision sent, waiting for response headers
+	phaseObserved                    // response headers seen; nothing more to do
+	phaseAnswered                    // an ImmediateResponse ended the request
+)
+
+func (p phase) String() string {
+	return [...]string{"request_headers", "request_body", "routed", "observed", "answered"}[p]
+}
+
+// stream is one HTTP request's state.
+type stream struct {
+	phase   phase
+	start   time.Time
+	kind    body.Kind
+	remove  []string // client-supplied headers to strip
+	session string
+	prioHdr string
+	resid   string
+	// decision
+	class   *Class
+	policy  *Policy
+	granted int
+	prio    string
+	br      body.Request
+}
+
+// Process serves one ext_proc stream: one HTTP request and its response.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+	st := &stream{}
+	defer s.finish(st)
+	for {
+		req, err := srv.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		}
+		resp, err := s.step(st, req)
+		if err != nil {
+			s.log.Warn("ext_proc protocol error", "phase", st.phase.String(), "err", err)
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		if resp == nil { // observability-mode message: no answer expected
+			continue
+		}
+		if err := srv.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// finish releases what an admitted request held.
+func (s *Server) finish(st *stream) {
+	if st.class != nil {
+		st.class.release()
+		s.m.inflight.WithLabelValues(st.class.Name).Dec()
+	}
+}
+
+// step advances the state machine by one message.
+func (s *Server) step(st *stream, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	if req.GetObservabilityMode() {
+		return nil, nil
+	}
+	switch v := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if st.phase != phaseRequestHeaders {
+			return nil, fmt.Errorf("request headers in phase %s", st.phase)
+		}
+		return s.onRequestHeaders(st, v.RequestHeaders), nil
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if st.phase != phaseRequestBody {
+			return nil, fmt.Errorf("request body in phase %s", st.phase)
+		}
+		if !v.RequestBody.GetEndOfStream() {
+			return nil, errors.New("request body arrived in chunks; configure request_body_mode BUFFERED")
+		}
+		return s.onRequestBody(st, v.RequestBody.GetBody()), nil
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		if st.phase == phaseRequestHeaders {
+			return nil, fmt.Errorf("response headers in phase %s", st.phase)
+		}
+		// Also after an Envoy local reply (e.g. its own 413) in phase
+		// request_body; only routed requests are observed.
+		return s.onResponseHeaders(st, v.ResponseHeaders), nil
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}, nil
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}, nil
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}, nil
+	}
+	return nil, fmt.Errorf("unexpected message %T", req.Request)
+}
+
+func headerValue(h *corev3.HeaderValue) string {
+	if len(h.RawValue) > 0 {
+		return string(h.RawValue)
+	}
+	return h.Value
+}
+
+// isUntrusted reports whether a client-supplied request header must go:
+// inferlb's internal headers and Envoy's x-envoy-* request controls
+// (retries, timeouts), which only inferlb may set.
+func isUntrusted(k string) bool {
+	return strings.HasPrefix(k, headers.InternalPrefix) || strings.HasPrefix(k, "x-envoy-")
+}
+
+func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	st.start = s.opt.Now()
+	var method, path string
+	contentLength := -1
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		k := hv.Key
+		switch {
+		case k == ":method":
+			method = headerValue(hv)
+		case k == ":path":
+			path = headerValue(hv)
+		case k == "content-length":
+			if n, err := strconv.Atoi(headerValue(hv)); err == nil {
+				contentLength = n
+			}
+		case k == headers.SessionID:
+			st.session = headerValue(hv)
+		case k == headers.Priority:
+			st.prioHdr = headerValue(hv)
+		case k == headers.Residency:
+			st.resid = headerValue(hv)
+		case isUntrusted(k):
+			st.remove = append(st.remove, k)
+		}
+	}
+	if q := strings.IndexByte(path, '?'); q >= 0 {
+		path = path[:q]
+	}
+	switch path {
+	case "/v1/chat/completions":
+		st.kind = body.Chat
+	case "/v1/completions":
+		st.kind = body.Completion
+	default:
+		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "unknown_url",
+			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions.", method, path), reason: "unknown_path"})
+	}
+	if method != "POST" {
+		return s.reject(st, &apiError{status: 405, typ: "invalid_request_error", code: "method_not_allowed",
+			message: fmt.Sprintf("Method %s not allowed for %s; use POST.", method, path), reason: "method"})
+	}
+	if contentLength > s.opt.BodyLimit {
+		return s.reject(st, tooLarge(contentLength, s.opt.BodyLimit))
+	}
+	if h.GetEndOfStream() {
+		return s.reject(st, badRequest("missing_body", "", "The request has no body; expected a JSON object."))
+	}
+	st.phase = phaseRequestBody
+	// Nothing to change yet: the decision needs the body, and goes with the
+	// body response (allowed for BUFFERED bodies), headers included.
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+}
+
+func tooLarge(n, limit int) *apiError {
+	return &apiError{status: 413, typ: "invalid_request_error", code: "request_too_large",
+		message: fmt.Sprintf("Request body of %d bytes exceeds the limit of %d bytes.", n, limit), reason: "too_large"}
+}
+
+func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingResponse {
+	t0 := time.Now()
+	defer func() { s.m.decisionTime.Observe(time.Since(t0).Seconds()) }()
+	s.m.bodyBytes.Observe(float64(len(b)))
+	if len(b) > s.opt.BodyLimit {
+		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
+	}
+	p := s.policy.Load()
+	if p == nil {
+		return s.reject(st, &apiError{status: 503, typ: "service_unavailable", code: "no_routing_decision",
+			message: "The load balancer cannot route requests right now (no routing decision available); retry shortly.", retryAfter: 1, reason: "no_policy"})
+	}
+	if err := body.Parse(b, st.kind, &st.br); err != nil {
+		var fe *body.FieldError
+		if errors.As(err, &fe) {
+			return s.reject(st, badRequest("invalid_field", fe.Field, "Invalid request: "+err.Error()+"."))
+		}
+		return s.reject(st, badRequest("invalid_json", "", "We could not parse the JSON body of your request: "+err.Error()+"."))
+	}
+	br := &st.br
+	level, prio := p.defaultLevel, p.defaultPriority
+	if st.prioHdr != "" {
+		l, ok := p.priorities[st.prioHdr]
+		if !ok {
+			return s.reject(st, badRequest("invalid_priority", headers.Priority,
+				fmt.Sprintf("Unknown priority %q in header %s; known: %s.", st.prioHdr, headers.Priority, strings.Join(p.priorityNames(), ", "))))
+		}
+		level, prio = l, st.prioHdr
+	}
+	need := br.PromptTokens + max(br.MaxTokens, 0)
+	c, rerr := p.Route(br.Model, st.resid, need)
+	switch rerr {
+	case errUnknownModel:
+		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
+			message: fmt.Sprintf("The model %q does not exist or is not served here.", br.Model), reason: "unknown_model"})
+	case errResidency:
+		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
+			message: fmt.Sprintf("The model %q is not served in data-residency zone %q (header %s).", br.Model, st.resid, headers.Residency), reason: "residency"})
+	}
+	keyHash, _ := affinityKey(st.session, br)
+	if keyHash == 0 {
+		keyHash = mix(s.anon.Add(1))
+	}
+	outcome := p.admit(c, level, keyHash)
+	s.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, max(br.MaxTokens, 0))
+	s.m.decisions.WithLabelValues(c.Name, prio, outcome.String()).Inc()
+	if outcome != admitted {
+		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
+		if outcome == shedLocal {
+			msg = fmt.Sprintf("Too many requests in flight for %s at this frontend; retry after the indicated delay.", c.Name)
+		}
+		return s.reject(st, &apiError{status: 429, typ: "rate_limit_exceeded", code: "overloaded", message: msg,
+			retryAfter: 1, reason: outcome.String()})
+	}
+	st.class, st.policy, st.prio = c, p, prio
+	s.m.inflight.WithLabelValues(c.Name).Inc()
+	st.granted = c.grantRetries()
+	if st.granted > 0 {
+		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(st.granted))
+	}
+	st.phase = phaseRouted
+
+	set := make([]*corev3.HeaderValueOption, 0, 6)
+	set = append(set,
+		setHeader(headers.Cluster, c.Cluster),
+		setHeader(headers.AffinityKey, hex16(keyHash)),
+		setHeader(headers.Class, c.Name),
+		setHeader(headers.PriorityLevel, strconv.Itoa(int(level))),
+		setHeader(headers.EnvoyMaxRetries, strconv.Itoa(st.granted)),
+	)
+	if p.Region != "" {
+		set = append(set, setHeader(headers.SourceRegion, p.Region))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{
+			HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: removeUnset(st.remove)},
+			ClearRouteCache: true,
+		},
+	}}}
+}
+
+// removeUnset drops from the strip list the headers the decision sets
+// anyway (set overwrites them), so one mutation never both sets and removes.
+func removeUnset(rm []string) []string {
+	out := rm[:0]
+	for _, k := range rm {
+		switch k {
+		case headers.Cluster, headers.AffinityKey, headers.Class, headers.PriorityLevel, headers.EnvoyMaxRetries, headers.SourceRegion:
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
+func (p *Policy) priorityNames() []string {
+	var out []string
+	for _, n := range p.levelNames {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// affinityKey applies the documented rule: explicit session header, then
+// prompt_cache_key, then user, then the stable-prefix hash. It returns 0
+// when there is nothing to key on.
+func affinityKey(session string, br *body.Request) (uint64, string) {
+	switch {
+	case session != "":
+		return keyHash('s', session), "session"
+	case br.PromptCacheKey != "":
+		return keyHash('p', br.PromptCacheKey), "prompt_cache_key"
+	case br.User != "":
+		return keyHash('u', br.User), "user"
+	case br.HasPrefix:
+		return mix(br.PrefixHash ^ 0x68), "prefix"
+	}
+	return 0, ""
+}
+
+func keyHash(tag byte, v string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte{tag, 0})
+	h.Write([]byte(v))
+	return mix(h.Sum64())
+}
+
+// mix is a 64-bit finalizer (splitmix64), so keys spread over the whole range.
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
+func hex16(v uint64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[v&15]
+		v >>= 4
+	}
+	return string(b[:])
+}
+
+func setHeader(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// reject ends the request with an OpenAI-format error.
+func (s *Server) reject(st *stream, e *apiError) *extprocv3.ProcessingResponse {
+	st.phase = phaseAnswered
+	s.m.rejected.WithLabelValues(e.statusText(), e.reason).Inc()
+	set := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
+	if e.retryAfter > 0 {
+		set = append(set, setHeader("retry-after", strconv.Itoa(e.retryAfter)))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(e.status)},
+		Headers: &extprocv3.HeaderMutation{SetHeaders: set},
+		Body:    e.body(),
+		Details: "inferlb_" + e.reason,
+	}}}
+}
+
+// onResponseHeaders records evidence and strips the internal response
+// headers (which engine served; how many attempts it took).
+func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	var upstream string
+	code, attempts := 0, 0
+	var remove []string
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.Key {
+		case ":status":
+			code, _ = strconv.Atoi(headerValue(hv))
+		case headers.UpstreamHost:
+			upstream = headerValue(hv)
+			remove = append(remove, hv.Key)
+		case "x-envoy-attempt-count":
+			attempts, _ = strconv.Atoi(headerValue(hv))
+			remove = append(remove, hv.Key)
+		}
+	}
+	if st.phase == phaseRouted {
+		st.phase = phaseObserved
+		lat := s.opt.Now().Sub(st.start)
+		failed := code >= 500
+		engine := upstream
+		if upstream != "" {
+			id := st.policy.EngineID(upstream)
+			if id != "" {
+				engine = id
+			}
+			s.obs.Response(upstream, id, failed, lat)
+		} else {
+			engine = "none"
+		}
+		s.m.responses.WithLabelValues(engine, codeClass(code)).Inc()
+		s.m.headerLatency.Observe(lat.Seconds())
+		if attempts > 0 && st.granted > 0 {
+			st.class.refund(st.granted - (attempts - 1))
+			st.granted = 0
+		}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: remove}},
+	}}}
+}
+
+func codeClass(code int) string {
+	switch {
+	case code >= 500:
+		return "5xx"
+	case code >= 400:
+		return "4xx"
+	case code >= 200 && code < 400:
+		return "2xx"
+	}
+	return "other"
+}
