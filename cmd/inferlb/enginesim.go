@@ -102,6 +102,9 @@ Standalone mode serves one engine; its profile comes from the fleet's
 				}
 			} else {
 				prof.GPU, prof.Model = gpu, modelName
+				if prof.GPU == "" {
+					prof.GPU = "flags"
+				}
 				o.Profile = prof
 			}
 			o.TimeScale, o.Seed, o.DefaultMaxTokens, o.MaxBodyBytes, o.Logger = timeScale, seed, defaultMaxTokens, maxBody, log
