@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/xds/translate"
+)
+
+func init() {
+	d := controlplane.DefaultRunConfig()
+	var (
+		fleetPath string
+		lbPolicy  string
+		allocator string
+		logLevel  string
+	)
+	cmd := &cobra.Command{
+		Use:   "control-plane --fleet FILE",
+		Short: "Run the xDS control plane: engine signals and demand in, per-frontend weights out",
+		Long: `control-plane scrapes every engine of the fleet (/metrics in vLLM's names and
+/health), takes demand reports from the ext_proc services (gRPC Reports), runs
+the optimizer every --interval (and at once when an engine's health changes),
+and publishes per frontend node, over ADS (state of the world and delta) on
+--xds-listen:
+
+  CDS  one cluster per eligibility class (inferlb_<class>), Maglev or ring hash
+       with bounded loads, active health checks, outlier detection
+  EDS  endpoint weights = that frontend's optimal share (integers >= 1;
+       engines with no share at priority 1)
+  RoutingPolicy (custom type, resource name = node id) for ext_proc: class
+       table, shed fractions by priority, retry allowance
+
+Envoy keeps its last config while the control plane is away. --state-file
+keeps the published weights across restarts so a restarted control plane
+republishes the same weights instead of starting cold.
+
+The admin HTTP server (--admin-listen, localhost by default) serves /weights,
+/explain, /signals, /xds (ACK/NACK per node), /metrics, /healthz and /readyz.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if fleetPath == "" {
+				return fmt.Errorf("--fleet is required")
+			}
+			spec, err := fleet.Load(fleetPath)
+			if err != nil {
+				return err
+			}
+			d.Fleet, d.Logger = spec, log
+			switch lbPolicy {
+			case "maglev":
+				d.Cycle.Translate.LBPolicy = translate.Maglev
+			case "ring_hash":
+				d.Cycle.Translate.LBPolicy = translate.RingHash
+			default:
+				return fmt.Errorf("--lb-policy: want maglev or ring_hash, got %q", lbPolicy)
+			}
+			switch allocator {
+			case "optimizer":
+				d.Allocator = controlplane.OptimizerAllocator{}
+			case "proportional":
+				d.Allocator = controlplane.ProportionalAllocator{}
+			default:
+				return fmt.Errorf("--allocator: want optimizer or proportional, got %q", allocator)
+			}
+			r, err := controlplane.NewRunner(d)
+			if err != nil {
+				return err
+			}
+			return r.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&fleetPath, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml")
+	f.StringVar(&d.XDSListen, "xds-listen", d.XDSListen, "gRPC address for ADS and Reports")
+	f.StringVar(&d.AdminListen, "admin-listen", d.AdminListen, "admin HTTP address (keep it on localhost)")
+	f.DurationVar(&d.Interval, "interval", d.Interval, "control cycle period")
+	f.DurationVar(&d.ScrapeInterval, "scrape-interval", d.ScrapeInterval, "engine /metrics and /health scrape period")
+	f.DurationVar(&d.ScrapeTimeout, "scrape-timeout", d.ScrapeTimeout, "timeout of each scrape request")
+	f.DurationVar(&d.StaleAfter, "stale-after", d.StaleAfter, "an engine without good metrics this long is stale (unknown)")
+	f.DurationVar(&d.Smoothing, "smoothing", d.Smoothing, "EWMA time constant of engine signals")
+	f.DurationVar(&d.DemandWindow, "demand-window", d.DemandWindow, "window over which reported demand is averaged")
+	f.DurationVar(&d.Warmup, "warmup", d.Warmup, "wait this long (scrapes and reports) before the first publication")
+	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
+	f.StringVar(&allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
+	f.StringVar(&lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")
+	f.Uint32Var(&d.Cycle.Translate.HashBalanceFactor, "hash-balance-factor", d.Cycle.Translate.HashBalanceFactor, "bounded-load factor in percent (>= 100, 0 = off)")
+	f.Uint64Var(&d.Cycle.Translate.MaglevTableSize, "maglev-table-size", d.Cycle.Translate.MaglevTableSize, "Maglev table size (a prime)")
+	f.Uint32Var(&d.Cycle.Translate.WeightScale, "weight-scale", d.Cycle.Translate.WeightScale, "Envoy weight of a share of 1.0")
+	f.DurationVar(&d.Cycle.Translate.HealthCheck.Interval, "health-check-interval", d.Cycle.Translate.HealthCheck.Interval, "Envoy active health check interval")
+	f.DurationVar(&d.Cycle.Translate.HealthCheck.Timeout, "health-check-timeout", d.Cycle.Translate.HealthCheck.Timeout, "Envoy active health check timeout")
+	f.Uint32Var(&d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "health-check-unhealthy-threshold", d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "failed checks before Envoy marks a host unhealthy")
+	f.Float64Var(&d.Cycle.Headroom, "headroom", d.Cycle.Headroom, "planned utilization cap of available capacity, in (0, 1)")
+	f.Float64Var(&d.Cycle.StabilityMs, "stability-ms", d.Cycle.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
+	f.Float64Var(&d.Cycle.DeadbandTV, "deadband", d.Cycle.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
+	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of outlier penalties after recovery")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	rootCmd.AddCommand(cmd)
+}

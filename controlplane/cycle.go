@@ -1,0 +1,729 @@
+// Package controlplane is inferlb's control loop: each cycle it turns
+// engine signals and demand into per-frontend xDS resources.
+//
+// Controller holds the cycle's logic and nothing else: no clock, no
+// goroutines, no network. Step takes the time and the inputs (smoothed
+// engine signals, demand, per-engine evidence) and returns the resources to
+// publish. The same Controller therefore runs in real time under Runner
+// (runner.go: scraping, the Reports intake, the xDS server, the admin HTTP
+// server) and in virtual time inside a fleet simulator.
+//
+// One cycle:
+//
+//  1. Engine view: health from /health and staleness (stale = unknown,
+//     weighted by UnknownHealth, never idle); observed utilization from
+//     token rates; background load = observed − what we planned to send.
+//  2. Outlier penalties: observed TTFT/TBOT against the engine's own
+//     profile at its observed load, and error rates from ext_proc evidence;
+//     a penalty rises at once and decays with PenaltyHalfLife on recovery.
+//  3. The allocator (the optimizer) with the published weights as Last, so
+//     its stability term charges moving traffic away from warm KV caches.
+//  4. Deadband: per (frontend, class), new weights replace the published
+//     ones only when the total-variation distance reaches DeadbandTV or an
+//     eligible engine's health changed; at steady demand nothing moves.
+//  5. Translation (package xds/translate) of every node; nodes whose
+//     content changed are returned for publication.
+package controlplane
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/optimizer"
+	"github.com/inferlb/inferlb/xds/signals"
+	"github.com/inferlb/inferlb/xds/translate"
+)
+
+// Config is the cycle's tuning. Start from DefaultConfig.
+type Config struct {
+	Translate translate.Options
+	// Headroom caps planned utilization of available capacity (0, 1).
+	Headroom float64
+	// StabilityMs: the cost the optimizer charges per moved request (a cold
+	// KV cache).
+	StabilityMs float64
+	// DeadbandTV: smallest total-variation change of a (frontend, class)'s
+	// weights worth publishing.
+	DeadbandTV float64
+	// ShedDeadband: smallest change of a shed fraction worth publishing.
+	ShedDeadband float64
+	// IdleDemandPerS is the demand assumed for a (frontend, class) with no
+	// reported demand, so it still gets weights (where its first requests
+	// should go).
+	IdleDemandPerS float64
+	// UnknownHealth scales the capacity of a stale engine (0..1).
+	UnknownHealth float64
+	Penalty       PenaltyOptions
+	// RetryBudget is the retry share when utilization is low; it falls
+	// linearly to 0 between 50% and 100% utilization and is 0 while
+	// shedding. MaxRetries per request while the budget is positive.
+	RetryBudget float64
+	MaxRetries  uint32
+}
+
+// PenaltyOptions shape outlier penalties.
+type PenaltyOptions struct {
+	// LatencyTolerance: observed/predicted latency ratios up to 1+this are
+	// normal. Above, the penalty grows by 1 per LatencyScale of ratio.
+	LatencyTolerance, LatencyScale float64
+	// ErrorTolerance: error rates up to this are normal; above, the
+	// penalty grows by 1 per ErrorScale of error rate.
+	ErrorTolerance, ErrorScale float64
+	// MinSamples: fewer first tokens (or responses) in an interval are no
+	// evidence.
+	MinSamples float64
+	// Max caps a penalty (an engine keeps some traffic to show recovery).
+	Max float64
+	// HalfLife of the decay once the evidence is gone.
+	HalfLife time.Duration
+}
+
+// DefaultConfig is the production tuning.
+func DefaultConfig() Config {
+	return Config{
+		Translate:      translate.DefaultOptions(),
+		Headroom:       0.85,
+		StabilityMs:    30,
+		DeadbandTV:     0.03,
+		ShedDeadband:   0.01,
+		IdleDemandPerS: 0.05,
+		UnknownHealth:  0.5,
+		Penalty: PenaltyOptions{LatencyTolerance: 0.5, LatencyScale: 2, ErrorTolerance: 0.02, ErrorScale: 0.5,
+			MinSamples: 3, Max: 0.9, HalfLife: 30 * time.Second},
+		RetryBudget: 0.2,
+		MaxRetries:  2,
+	}
+}
+
+// Validate checks the config.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(f string, v any, why string) { errs = append(errs, fmt.Errorf("%s: %s, got %v", f, why, v)) }
+	if err := c.Translate.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if !(c.Headroom > 0 && c.Headroom < 1) {
+		bad("headroom", c.Headroom, "must be in (0, 1)")
+	}
+	if !(c.StabilityMs >= 0) {
+		bad("stability_ms", c.StabilityMs, "must be ≥ 0")
+	}
+	if !(c.DeadbandTV >= 0 && c.DeadbandTV < 1) {
+		bad("deadband_tv", c.DeadbandTV, "must be in [0, 1)")
+	}
+	if !(c.ShedDeadband >= 0 && c.ShedDeadband < 1) {
+		bad("shed_deadband", c.ShedDeadband, "must be in [0, 1)")
+	}
+	if !(c.IdleDemandPerS > 0) {
+		bad("idle_demand_per_s", c.IdleDemandPerS, "must be > 0")
+	}
+	if !(c.UnknownHealth >= 0 && c.UnknownHealth <= 1) {
+		bad("unknown_health", c.UnknownHealth, "must be in [0, 1]")
+	}
+	p := c.Penalty
+	if !(p.LatencyScale > 0 && p.ErrorScale > 0 && p.LatencyTolerance >= 0 && p.ErrorTolerance >= 0 && p.MinSamples >= 0) {
+		bad("penalty", fmt.Sprintf("%+v", p), "scales must be > 0 and tolerances ≥ 0")
+	}
+	if !(p.Max >= 0 && p.Max < 1) {
+		bad("penalty.max", p.Max, "must be in [0, 1)")
+	}
+	if p.HalfLife <= 0 {
+		bad("penalty.half_life", p.HalfLife, "must be positive")
+	}
+	if !(c.RetryBudget >= 0 && c.RetryBudget <= 1) {
+		bad("retry_budget", c.RetryBudget, "must be in [0, 1]")
+	}
+	return errors.Join(errs...)
+}
+
+// Inputs are one cycle's observations.
+type Inputs struct {
+	Now      time.Time
+	Engines  []signals.Engine
+	Demand   map[signals.DemandKey]signals.DemandRate
+	Evidence map[string]signals.Evidence // by engine address
+}
+
+// EngineView is what the cycle concluded about an engine (admin view).
+type EngineView struct {
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	Health string `json:"health"`
+	// HealthFactor and BackgroundLoad scale capacity for the optimizer.
+	HealthFactor   float64 `json:"health_factor"`
+	BackgroundLoad float64 `json:"background_load"`
+	// ObservedUtilization is work per second over replica capacity.
+	ObservedUtilization float64 `json:"observed_utilization"`
+	PlannedUtilization  float64 `json:"planned_utilization"`
+	// Residuals: observed / predicted at the observed load (0: no evidence).
+	TTFTResidual float64 `json:"ttft_residual"`
+	TBOTResidual float64 `json:"tbot_residual"`
+	ErrorRate    float64 `json:"error_rate"`
+	Penalty      float64 `json:"penalty"`
+	PenaltyWhy   string  `json:"penalty_why,omitempty"`
+}
+
+// ClassDecision is one (frontend, class)'s outcome.
+type ClassDecision struct {
+	Class string `json:"class"`
+	// Weights are the published shares; Proposed the allocator's.
+	Weights  map[string]float64 `json:"weights"`
+	Proposed map[string]float64 `json:"proposed"`
+	// Held: the deadband kept the published weights.
+	Held        bool               `json:"held"`
+	TVDistance  float64            `json:"tv_distance"`
+	Shed        map[string]float64 `json:"shed_by_priority,omitempty"`
+	Explain     []optimizer.Weight `json:"explanations,omitempty"`
+	Demand      float64            `json:"demand_per_s"`
+	Flow        *optimizer.Flow    `json:"-"`
+	EnvoyW      map[string]uint32  `json:"envoy_weights"`
+	Priority    map[string]uint32  `json:"envoy_priority"`
+	Health      map[string]string  `json:"engine_health"`
+	Utilization float64            `json:"utilization"`
+	shedLevels  map[uint32]float64
+	util        float64 // published utilization; -1 unknown
+}
+
+// NodeDecision is one frontend's outcome.
+type NodeDecision struct {
+	NodeID    string                    `json:"node_id"`
+	Classes   map[string]*ClassDecision `json:"classes"`
+	Resources *translate.Resources      `json:"-"`
+	Changed   bool                      `json:"changed"`
+}
+
+// Result is one cycle's outcome.
+type Result struct {
+	At        time.Time                `json:"at"`
+	Allocator string                   `json:"allocator"`
+	Fallback  string                   `json:"fallback_reason,omitempty"`
+	Objective float64                  `json:"objective"`
+	Engines   []EngineView             `json:"engines"`
+	Nodes     map[string]*NodeDecision `json:"nodes"`
+	// Publish lists the nodes whose resources changed, to publish.
+	Publish []*translate.Resources `json:"-"`
+}
+
+// Controller is the cycle's state: penalties, what was published, the last
+// solution. Not safe for concurrent use; one loop owns it.
+type Controller struct {
+	cfg      Config
+	spec     *fleet.Spec
+	alloc    Allocator
+	fallback Allocator
+	profiles map[string]optimizer.Profile
+	problem  problemFrame
+
+	penalties map[string]float64
+	lastStep  time.Time
+	published map[string]*NodeDecision
+	planned   map[string]float64 // engine → planned load (ref req/s)
+	version   int64
+}
+
+type problemFrame struct {
+	frontends  []fleet.Frontend
+	classes    []fleet.Class
+	engines    []fleet.Engine
+	priorities []fleet.Priority
+	byAddr     map[string]string
+	eligible   map[string][]int
+	rtt        [][]float64
+}
+
+// NewController builds a controller for a validated fleet.
+func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("control plane config: %w", err)
+	}
+	if alloc == nil {
+		alloc = OptimizerAllocator{}
+	}
+	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
+		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{},
+		published: map[string]*NodeDecision{}, planned: map[string]float64{}}
+	f := &c.problem
+	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
+	f.priorities = slices.Clone(spec.Priorities)
+	slices.SortFunc(f.priorities, func(a, b fleet.Priority) int { return cmp.Compare(a.Level, b.Level) })
+	if len(f.frontends) == 0 || len(f.engines) == 0 || len(f.classes) == 0 || len(f.priorities) == 0 {
+		return nil, fmt.Errorf("control plane: fleet %q needs frontends, engines, classes and priorities (has %d, %d, %d, %d)",
+			spec.Name, len(f.frontends), len(f.engines), len(f.classes), len(f.priorities))
+	}
+	refP, refO := f.classes[0].MeanPromptTokens, f.classes[0].MeanOutputTokens
+	f.byAddr = map[string]string{}
+	idx := map[string]int{}
+	for j, e := range f.engines {
+		idx[e.ID] = j
+		f.byAddr[e.Address] = e.ID
+		fp, ok := spec.ProfileOf(e)
+		if !ok {
+			return nil, fmt.Errorf("control plane: engine %s: no profile for gpu %q model %q", e.ID, e.GPU, e.Model)
+		}
+		p, err := optimizer.NewProfile(optimizer.StepModel{PrefillTokensPerS: fp.PrefillTokensPerS, OverheadMs: fp.OverheadMs,
+			DecodeStepMs: fp.DecodeStepMs, DecodeStepPerSeqMs: fp.DecodeStepPerSeqMs, MaxRunning: fp.MaxRunning,
+			KVCapacityTokens: fp.KVCapacityTokens}, refP, refO)
+		if err != nil {
+			return nil, fmt.Errorf("control plane: engine %s profile: %w", e.ID, err)
+		}
+		if fp.CapacityRPS > 0 {
+			p = p.WithCapacity(fp.CapacityRPS)
+		}
+		c.profiles[e.ID] = p
+	}
+	f.eligible = map[string][]int{}
+	for _, cl := range f.classes {
+		for _, e := range spec.EligibleEngines(cl.Name) {
+			f.eligible[cl.Name] = append(f.eligible[cl.Name], idx[e.ID])
+		}
+	}
+	f.rtt = make([][]float64, len(f.frontends))
+	for i, fe := range f.frontends {
+		f.rtt[i] = make([]float64, len(f.engines))
+		for j, e := range f.engines {
+			ms, ok := spec.RTTMs(fe.Region, e.Region)
+			if !ok {
+				return nil, fmt.Errorf("control plane: no round trip between %s and %s", fe.Region, e.Region)
+			}
+			f.rtt[i][j] = ms
+		}
+	}
+	return c, nil
+}
+
+// Seed sets the published weights (e.g. from a state file written by a
+// previous process), so the first cycle holds them unless the deadband is
+// crossed, and the translation reproduces the same versions.
+func (c *Controller) Seed(weights map[string]map[string]map[string]float64, version int64) {
+	for node, classes := range weights {
+		nd := &NodeDecision{NodeID: node, Classes: map[string]*ClassDecision{}}
+		for cl, w := range classes {
+			nd.Classes[cl] = &ClassDecision{Class: cl, Weights: w, util: -1}
+		}
+		c.published[node] = nd
+	}
+	c.version = max(c.version, version)
+}
+
+// Published returns the published weights: node → class → engine → share.
+func (c *Controller) Published() map[string]map[string]map[string]float64 {
+	out := map[string]map[string]map[string]float64{}
+	for n, nd := range c.published {
+		out[n] = map[string]map[string]float64{}
+		for cl, d := range nd.Classes {
+			out[n][cl] = d.Weights
+		}
+	}
+	return out
+}
+
+// Version is the last policy version issued.
+func (c *Controller) Version() int64 { return c.version }
+
+func (c *Controller) healthOf(s signals.State) (translate.Health, float64) {
+	switch s {
+	case signals.Up:
+		return translate.Healthy, 1
+	case signals.Down:
+		return translate.Unhealthy, 0
+	}
+	return translate.Unknown, c.cfg.UnknownHealth
+}
+
+// Step runs one cycle.
+func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
+	f := &c.problem
+	res := &Result{At: in.Now, Nodes: map[string]*NodeDecision{}, Allocator: fmt.Sprintf("%T", c.alloc)}
+	sig := map[string]signals.Engine{}
+	for _, e := range in.Engines {
+		sig[e.ID] = e
+	}
+	dt := time.Duration(0)
+	if !c.lastStep.IsZero() {
+		dt = in.Now.Sub(c.lastStep)
+	}
+	c.lastStep = in.Now
+	decay := 1.0
+	if dt > 0 {
+		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
+	}
+	evidence := map[string]signals.Evidence{}
+	for addr, ev := range in.Evidence {
+		if id, ok := f.byAddr[addr]; ok {
+			evidence[id] = ev
+		}
+	}
+
+	// 1–2. Engine views and penalties.
+	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs}
+	health := map[string]translate.Health{}
+	for _, e := range f.engines {
+		s, ok := sig[e.ID]
+		state := signals.New
+		if ok {
+			state = s.Status()
+		}
+		h, hf := c.healthOf(state)
+		health[e.ID] = h
+		prof := c.profiles[e.ID]
+		reps := float64(max(e.Replicas, 1))
+		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
+		if state == signals.Up {
+			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*prof.OutputTokenSec
+			v.ObservedUtilization = work / reps
+			if s.Waiting >= 1 {
+				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
+			}
+			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
+			v.BackgroundLoad = clamp(v.ObservedUtilization-v.PlannedUtilization, 0, 0.95)
+			if s.TTFTSamples >= c.cfg.Penalty.MinSamples && s.RequestsPerS > 0 && !math.IsNaN(s.TTFTMs) {
+				prompt := s.PromptTokensPerS / s.RequestsPerS
+				output := s.GenerationTokPerS / s.RequestsPerS
+				u := math.Min(v.ObservedUtilization, 0.98)
+				pt, pb := prof.Latency(prompt, output, u)
+				if pt > 0 {
+					v.TTFTResidual = s.TTFTMs / pt
+				}
+				if pb > 0 && !math.IsNaN(s.TBOTMs) {
+					v.TBOTResidual = s.TBOTMs / pb
+				}
+			}
+		}
+		po := c.cfg.Penalty
+		target, why := 0.0, ""
+		if r := math.Max(v.TTFTResidual, v.TBOTResidual); r > 1+po.LatencyTolerance {
+			target = (r - 1 - po.LatencyTolerance) / po.LatencyScale
+			why = fmt.Sprintf("latency %.2f× its profile at utilization %.2f", r, v.ObservedUtilization)
+		}
+		if ev, ok := evidence[e.ID]; ok && ev.Responses >= po.MinSamples {
+			v.ErrorRate = ev.ErrorRate()
+			if t := (v.ErrorRate - po.ErrorTolerance) / po.ErrorScale; t > target {
+				target = t
+				why = fmt.Sprintf("%.0f%% errors over %.0f responses", 100*v.ErrorRate, ev.Responses)
+			}
+		}
+		target = clamp(target, 0, po.Max)
+		pen := c.penalties[e.ID] * decay
+		if target >= pen {
+			pen = target
+		} else if pen > 0 {
+			why = "recovering (decaying)"
+		}
+		if pen < 1e-3 {
+			pen = 0
+		}
+		c.penalties[e.ID] = pen
+		v.Penalty, v.PenaltyWhy = pen, why
+		if pen == 0 {
+			v.PenaltyWhy = ""
+		}
+		res.Engines = append(res.Engines, v)
+		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: prof, Replicas: reps, ReadyReplicas: reps,
+			Health: hf * (1 - v.BackgroundLoad), Penalty: pen})
+	}
+
+	// 3. The problem and the allocator.
+	for _, pr := range f.priorities {
+		p.Priorities = append(p.Priorities, optimizer.Priority{Name: pr.Name, ShedCost: pr.ShedCost})
+	}
+	for _, cl := range f.classes {
+		p.Classes = append(p.Classes, optimizer.Class{ID: cl.Name, PromptTokens: cl.MeanPromptTokens,
+			OutputTokens: cl.MeanOutputTokens, Eligible: f.eligible[cl.Name]})
+	}
+	last := &optimizer.Allocation{Weights: map[string]map[string]map[string]float64{}}
+	for i, fe := range f.frontends {
+		p.Frontends = append(p.Frontends, optimizer.Frontend{ID: fe.NodeID})
+		p.RTTMs = append(p.RTTMs, f.rtt[i])
+		row := make([]optimizer.Demand, len(f.classes))
+		for ci, cl := range f.classes {
+			d := optimizer.Demand{RatePerS: make([]float64, len(f.priorities))}
+			var req, pt, ot float64
+			for k, pr := range f.priorities {
+				r := in.Demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				d.RatePerS[k] = r.RequestsPerS
+				req += r.RequestsPerS
+				pt += r.PromptTokens * r.RequestsPerS
+				ot += r.OutputTokens * r.RequestsPerS
+			}
+			if req > 0 {
+				d.PromptTokens, d.OutputTokens = pt/req, ot/req
+			}
+			if req < c.cfg.IdleDemandPerS && len(f.eligible[cl.Name]) > 0 {
+				// No demand reported: plan for a trickle at the middle priority.
+				d.RatePerS[len(f.priorities)/2] += c.cfg.IdleDemandPerS - req
+			}
+			if len(f.eligible[cl.Name]) == 0 {
+				d.RatePerS = make([]float64, len(f.priorities))
+			}
+			row[ci] = d
+		}
+		p.Demand = append(p.Demand, row)
+		if nd := c.published[fe.NodeID]; nd != nil {
+			last.Weights[fe.NodeID] = map[string]map[string]float64{}
+			for cl, cd := range nd.Classes {
+				last.Weights[fe.NodeID][cl] = cd.Weights
+			}
+		}
+	}
+	if len(last.Weights) > 0 {
+		p.Last = last
+	}
+	sol, err := c.alloc.Allocate(ctx, p)
+	if err != nil {
+		res.Fallback = err.Error()
+		res.Allocator = fmt.Sprintf("%T", c.fallback)
+		sol, err = c.fallback.Allocate(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("cycle: allocator failed and so did the fallback: %w", err)
+		}
+	}
+	res.Objective = sol.Objective
+	engUtil := map[string]float64{}
+	for _, er := range sol.Engines {
+		engUtil[er.ID] = er.Utilization
+	}
+
+	// 4–5. Deadband and translation per node.
+	levelOf := map[string]uint32{}
+	var prios []translate.Priority
+	for _, pr := range f.priorities {
+		levelOf[pr.Name] = uint32(pr.Level)
+		prios = append(prios, translate.Priority{Name: pr.Name, Level: uint32(pr.Level)})
+	}
+	defaultPriority := f.priorities[len(f.priorities)/2].Name
+	nextVersion := max(c.version+1, in.Now.UnixMilli())
+	planned := map[string]float64{}
+	for _, fe := range f.frontends {
+		prev := c.published[fe.NodeID]
+		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
+		tn := translate.Node{NodeID: fe.NodeID, Region: fe.Region, Engines: map[string]translate.Engine{},
+			Priorities: prios, DefaultPriority: defaultPriority, GeneratedAt: in.Now}
+		for _, cl := range f.classes {
+			flow := sol.Flow(fe.NodeID, cl.Name)
+			cd := &ClassDecision{Class: cl.Name, Proposed: map[string]float64{}, Shed: map[string]float64{},
+				shedLevels: map[uint32]float64{}, Health: map[string]string{}}
+			for _, j := range f.eligible[cl.Name] {
+				id := f.engines[j].ID
+				cd.Proposed[id] = 0
+				cd.Health[id] = health[id].String()
+			}
+			shedding := false
+			util := 0.0
+			if flow != nil {
+				cd.Flow, cd.Demand, cd.Explain = flow, flow.DemandPerS, flow.Weights
+				for _, w := range flow.Weights {
+					cd.Proposed[w.Engine] = w.Weight
+					util += w.Weight * engUtil[w.Engine]
+				}
+				for _, s := range flow.Shed {
+					if s.Fraction > 0 {
+						cd.Shed[s.Priority] = s.Fraction
+						cd.shedLevels[levelOf[s.Priority]] = s.Fraction
+						shedding = true
+					}
+				}
+			}
+			cd.Weights = cd.Proposed
+			var prevCD *ClassDecision
+			if prev != nil {
+				prevCD = prev.Classes[cl.Name]
+			}
+			if prevCD != nil && prevCD.Weights != nil {
+				cd.TVDistance = tv(prevCD.Weights, cd.Proposed)
+				healthMoved := false
+				for id, h := range cd.Health {
+					if prevCD.Health != nil && prevCD.Health[id] != h {
+						healthMoved = true
+					}
+					// Seeded from a state file (no health known): only an
+					// engine that carries weight and is not healthy counts.
+					if prevCD.Health == nil && prevCD.Weights[id] > 0 && h != translate.Healthy.String() {
+						healthMoved = true
+					}
+				}
+				shedMoved := false
+				for lvl := range unionKeys(prevCD.shedLevels, cd.shedLevels) {
+					if math.Abs(prevCD.shedLevels[lvl]-cd.shedLevels[lvl]) >= c.cfg.ShedDeadband {
+						shedMoved = true
+					}
+				}
+				if !healthMoved && cd.TVDistance < c.cfg.DeadbandTV && sameSupport(prevCD.Weights, cd.Proposed) {
+					cd.Weights, cd.Held = prevCD.Weights, true
+				}
+				if !shedMoved && prevCD.shedLevels != nil {
+					cd.shedLevels, cd.Shed = prevCD.shedLevels, prevCD.Shed
+					shedding = len(cd.shedLevels) > 0
+				}
+			}
+			util = round2(util)
+			if prevCD != nil && prevCD.util >= 0 && math.Abs(prevCD.util-util) < 0.05 {
+				util = prevCD.util // utilization jitter is not worth a policy push
+			}
+			cd.util = util
+			if cd.Held {
+				w := map[string]float64{}
+				for id := range cd.Proposed {
+					w[id] = 0
+				}
+				for id, v := range cd.Weights {
+					if _, ok := w[id]; ok {
+						w[id] = v
+					}
+				}
+				cd.Weights = w
+			}
+			budget := round2(c.cfg.RetryBudget * clamp((1-util)/0.5, 0, 1))
+			if shedding {
+				budget = 0
+			}
+			retries := c.cfg.MaxRetries
+			if budget == 0 {
+				retries = 0
+			}
+			inflight := 0
+			for _, j := range f.eligible[cl.Name] {
+				e := f.engines[j]
+				if fp, ok := c.spec.ProfileOf(e); ok {
+					inflight += 2 * fp.MaxRunning * max(e.Replicas, 1)
+				}
+			}
+			tc := translate.Class{Name: cl.Name, Model: cl.Model, Residency: cl.Residency,
+				MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
+				Weights: cd.Weights, ShedByLevel: cd.shedLevels, RetryBudgetFraction: budget,
+				MaxRetries: retries, LocalInflightLimit: uint32(inflight), Utilization: util}
+			cd.Utilization = util
+			for id := range cd.Weights {
+				e, _ := c.spec.EngineByID(id)
+				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id]}
+				planned[id] += cd.Weights[id] * cd.Demand * c.workRatio(id, flow, cl)
+			}
+			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)
+			cd.Priority = map[string]uint32{}
+			anyW := false
+			for _, w := range cd.EnvoyW {
+				anyW = anyW || w > 0
+			}
+			for id, w := range cd.EnvoyW {
+				if w == 0 {
+					cd.EnvoyW[id] = 1
+					if anyW {
+						cd.Priority[id] = 1
+					}
+				}
+			}
+			nd.Classes[cl.Name] = cd
+			tn.Classes = append(tn.Classes, tc)
+		}
+		// The policy version only moves when the decision changed.
+		tn.PolicyVersion = strconv.FormatInt(nextVersion, 10)
+		r, err := translate.Translate(tn, c.cfg.Translate)
+		if err != nil {
+			return nil, fmt.Errorf("cycle: %w", err)
+		}
+		if prev != nil && prev.Resources != nil && prev.Resources.PolicyHash == r.PolicyHash &&
+			prev.Resources.EndpointVersion == r.EndpointVersion && prev.Resources.ClusterVersion == r.ClusterVersion {
+			nd.Resources = prev.Resources // unchanged: keep the old version stamp
+		} else {
+			nd.Resources, nd.Changed = r, true
+			res.Publish = append(res.Publish, r)
+		}
+		res.Nodes[fe.NodeID] = nd
+	}
+	if len(res.Publish) > 0 {
+		c.version = nextVersion
+	}
+	c.published = res.Nodes
+	c.planned = planned
+	return res, nil
+}
+
+// workRatio converts a flow's requests into the engine's reference requests.
+func (c *Controller) workRatio(id string, flow *optimizer.Flow, cl fleet.Class) float64 {
+	p := c.profiles[id]
+	prompt, output := cl.MeanPromptTokens, cl.MeanOutputTokens
+	ref := p.RefPromptTokens*p.PromptTokenSec + p.RefOutputTokens*p.OutputTokenSec
+	if ref <= 0 {
+		return 1
+	}
+	return (prompt*p.PromptTokenSec + output*p.OutputTokenSec) / ref
+}
+
+func (c *Controller) maxContext(cl fleet.Class) int {
+	best := 0
+	for _, e := range c.spec.EligibleEngines(cl.Name) {
+		fp, ok := c.spec.ProfileOf(e)
+		if !ok {
+			continue
+		}
+		mc := fp.MaxContextTokens
+		if mc == 0 {
+			if m, ok := c.spec.ModelByName(e.Model); ok {
+				mc = m.MaxContextTokens
+			}
+		}
+		best = max(best, mc)
+	}
+	return best
+}
+
+func clamp(v, lo, hi float64) float64 {
+	if math.IsNaN(v) {
+		return lo
+	}
+	return math.Max(lo, math.Min(hi, v))
+}
+
+func round2(v float64) float64 { return math.Round(v*100) / 100 }
+
+// tv is the total-variation distance between two weight vectors, each
+// normalized to sum 1.
+func tv(a, b map[string]float64) float64 {
+	na, nb := norm(a), norm(b)
+	d := 0.0
+	for k := range unionKeys(na, nb) {
+		d += math.Abs(na[k] - nb[k])
+	}
+	return d / 2
+}
+
+func norm(a map[string]float64) map[string]float64 {
+	s := 0.0
+	for _, v := range a {
+		s += v
+	}
+	out := make(map[string]float64, len(a))
+	for k, v := range a {
+		if s > 0 {
+			out[k] = v / s
+		}
+	}
+	return out
+}
+
+// sameSupport: the same engines have a positive share in both.
+func sameSupport(a, b map[string]float64) bool {
+	for k := range unionKeys(a, b) {
+		if (a[k] > 1e-3) != (b[k] > 1e-3) {
+			return false
+		}
+	}
+	return true
+}
+
+func unionKeys[K comparable, V any](a, b map[K]V) map[K]bool {
+	out := map[K]bool{}
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
+}

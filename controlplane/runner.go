@@ -1,0 +1,524 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/xds/server"
+	"github.com/inferlb/inferlb/xds/signals"
+)
+
+// RunConfig configures a Runner.
+type RunConfig struct {
+	Fleet *fleet.Spec
+	Cycle Config
+	// XDSListen is the gRPC address (ADS + Reports); AdminListen the admin
+	// HTTP address (localhost by default).
+	XDSListen, AdminListen string
+	// Interval is the control cycle period; a health change runs a cycle at
+	// once. ScrapeInterval is the engine scrape period; ScrapeTimeout
+	// bounds each request.
+	Interval, ScrapeInterval, ScrapeTimeout time.Duration
+	// StaleAfter marks an engine's metrics stale; Smoothing is the EWMA
+	// time constant; DemandWindow the Reports window.
+	StaleAfter, Smoothing, DemandWindow time.Duration
+	// Warmup delays the first publication so that the first cycle sees one
+	// full scrape round and the demand reports of a demand window's worth
+	// of time (a restarted control plane must not publish from nothing).
+	Warmup time.Duration
+	// StateFile, if set, keeps the published weights across restarts.
+	StateFile string
+	Allocator Allocator
+	Logger    *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultRunConfig has production periods.
+func DefaultRunConfig() RunConfig {
+	return RunConfig{
+		Cycle: DefaultConfig(), XDSListen: "127.0.0.1:18000", AdminListen: "127.0.0.1:18080",
+		Interval: 5 * time.Second, ScrapeInterval: time.Second, ScrapeTimeout: 800 * time.Millisecond,
+		StaleAfter: 5 * time.Second, Smoothing: 3 * time.Second, DemandWindow: 10 * time.Second,
+		Warmup: 3 * time.Second,
+	}
+}
+
+// Runner runs the control plane: scraping, intake, cycles, the xDS server
+// and the admin HTTP server, all from one root context.
+type Runner struct {
+	cfg     RunConfig
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	ctrl    *Controller
+	srv     *server.Server
+	intake  *signals.Intake
+	scraper *signals.Scraper
+	targets []signals.Target
+	kick    chan struct{}
+
+	mu                 sync.Mutex
+	tracker            *signals.Tracker
+	last               *Result
+	cycles             int
+	ready              bool
+	xdsAddr, adminAddr string
+	started            chan struct{}
+
+	m struct {
+		cycles       *prometheus.CounterVec
+		cycleSeconds prometheus.Histogram
+		penalty      *prometheus.GaugeVec
+		up           *prometheus.GaugeVec
+		age          *prometheus.GaugeVec
+		held         prometheus.Counter
+	}
+}
+
+// NewRunner validates the config and builds the runner.
+func NewRunner(cfg RunConfig) (*Runner, error) {
+	if cfg.Fleet == nil {
+		return nil, errors.New("control plane: no fleet")
+	}
+	for name, d := range map[string]time.Duration{"interval": cfg.Interval, "scrape_interval": cfg.ScrapeInterval,
+		"scrape_timeout": cfg.ScrapeTimeout, "stale_after": cfg.StaleAfter, "demand_window": cfg.DemandWindow} {
+		if d <= 0 {
+			return nil, fmt.Errorf("control plane: %s must be positive, got %v", name, d)
+		}
+	}
+	if cfg.Warmup < 0 || cfg.Smoothing < 0 {
+		return nil, fmt.Errorf("control plane: warmup and smoothing must be ≥ 0, got %v and %v", cfg.Warmup, cfg.Smoothing)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	lg := cfg.Logger
+	if lg == nil {
+		lg = slog.Default()
+	}
+	ctrl, err := NewController(cfg.Fleet, cfg.Cycle, cfg.Allocator)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{})}
+	var nodes, classes, prios, ids []string
+	for _, f := range cfg.Fleet.Frontends {
+		nodes = append(nodes, f.NodeID)
+	}
+	for _, c := range cfg.Fleet.Classes {
+		classes = append(classes, c.Name)
+	}
+	for _, p := range cfg.Fleet.Priorities {
+		prios = append(prios, p.Name)
+	}
+	for _, e := range cfg.Fleet.Engines {
+		ids = append(ids, e.ID)
+		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address})
+	}
+	r.intake = signals.NewIntake(signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now})
+	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter}, ids)
+	r.scraper = &signals.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
+		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
+	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake,
+		VersionPrefix: fmt.Sprintf("p%d-", cfg.Now().UnixMilli())})
+	if err != nil {
+		return nil, err
+	}
+	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.m.cycles = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_cycles_total", Help: "Control cycles by outcome (published, unchanged, fallback, error)."}, []string{"outcome"})
+	r.m.cycleSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_cycle_seconds", Help: "Duration of a control cycle's logic (signals to resources).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
+	r.m.penalty = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_penalty", Help: "Outlier penalty per engine (share of capacity removed)."}, []string{"engine"})
+	r.m.up = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_state", Help: "1 for the engine's current state (up, down, stale, new)."}, []string{"engine", "state"})
+	r.m.age = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_signal_age_seconds", Help: "Age of the engine's last good metrics scrape."}, []string{"engine"})
+	r.m.held = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_deadband_holds_total", Help: "(frontend, class) weight changes held back by the deadband."})
+	r.reg.MustRegister(r.m.cycles, r.m.cycleSeconds, r.m.penalty, r.m.up, r.m.age, r.m.held)
+	if cfg.StateFile != "" {
+		if err := r.loadState(); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Registry is the runner's own metrics registry.
+func (r *Runner) Registry() *prometheus.Registry { return r.reg }
+
+// Server is the xDS server.
+func (r *Runner) Server() *server.Server { return r.srv }
+
+// Addrs returns the bound xDS and admin addresses once Run has bound them.
+func (r *Runner) Addrs(ctx context.Context) (xds, admin string, err error) {
+	select {
+	case <-r.started:
+	case <-ctx.Done():
+		return "", "", ctx.Err()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.xdsAddr, r.adminAddr, nil
+}
+
+// Last returns the last cycle's result (nil before the first).
+func (r *Runner) Last() *Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
+// Run serves until ctx is cancelled, then shuts everything down and
+// returns. Envoy keeps its last configuration meanwhile.
+func (r *Runner) Run(ctx context.Context) error {
+	xl, err := net.Listen("tcp", r.cfg.XDSListen)
+	if err != nil {
+		return fmt.Errorf("control plane: xds listen: %w", err)
+	}
+	al, err := net.Listen("tcp", r.cfg.AdminListen)
+	if err != nil {
+		xl.Close()
+		return fmt.Errorf("control plane: admin listen: %w", err)
+	}
+	r.mu.Lock()
+	r.xdsAddr, r.adminAddr = xl.Addr().String(), al.Addr().String()
+	r.mu.Unlock()
+	close(r.started)
+	r.log.Info("control plane serving", "xds", r.xdsAddr, "admin", r.adminAddr, "fleet", r.cfg.Fleet.Name,
+		"engines", len(r.targets), "interval", r.cfg.Interval)
+
+	g, ctx := newGroup(ctx)
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+	g.Go(func() error { return r.srv.Serve(xl) })
+	g.Go(func() error {
+		if err := admin.Serve(al); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		r.srv.Stop()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return admin.Shutdown(sctx)
+	})
+	g.Go(func() error { r.scrapeLoop(ctx); return nil })
+	g.Go(func() error { r.cycleLoop(ctx); return nil })
+	err = g.Wait()
+	r.log.Info("control plane stopped")
+	return err
+}
+
+func (r *Runner) scrapeLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ScrapeInterval)
+	defer t.Stop()
+	for {
+		samples := r.scraper.ScrapeAll(ctx, r.targets)
+		if ctx.Err() != nil {
+			return
+		}
+		changed := false
+		r.mu.Lock()
+		for _, s := range samples {
+			if r.tracker.Observe(s) {
+				changed = true
+				r.log.Info("engine state changed", "engine", s.ID, "healthy", s.Healthy, "health_err", s.HealthErr, "metrics_err", s.MetricsErr)
+			}
+		}
+		r.mu.Unlock()
+		if changed {
+			select {
+			case r.kick <- struct{}{}:
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Runner) cycleLoop(ctx context.Context) {
+	start := r.cfg.Now()
+	warm := time.NewTimer(r.cfg.Warmup)
+	defer warm.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-warm.C:
+	}
+	r.log.Info("warm-up done", "after", r.cfg.Now().Sub(start))
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		r.cycle(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.kick:
+		}
+	}
+}
+
+func (r *Runner) cycle(ctx context.Context) {
+	now := r.cfg.Now()
+	dem, ev := r.intake.Snapshot(now)
+	r.mu.Lock()
+	engines := r.tracker.Engines(now)
+	r.mu.Unlock()
+	t0 := time.Now()
+	res, err := r.ctrl.Step(ctx, Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev})
+	r.m.cycleSeconds.Observe(time.Since(t0).Seconds())
+	if err != nil {
+		r.m.cycles.WithLabelValues("error").Inc()
+		r.log.Error("control cycle failed", "err", err)
+		return
+	}
+	if res.Fallback != "" {
+		r.m.cycles.WithLabelValues("fallback").Inc()
+		r.log.Warn("optimizer failed; capacity-proportional fallback used", "err", res.Fallback)
+	}
+	for _, rs := range res.Publish {
+		if err := r.srv.Publish(ctx, rs); err != nil {
+			r.log.Error("publish failed", "node", rs.NodeID, "err", err)
+		}
+	}
+	outcome := "unchanged"
+	if len(res.Publish) > 0 {
+		outcome = "published"
+		if r.cfg.StateFile != "" {
+			if err := r.saveState(); err != nil {
+				r.log.Error("state file", "err", err)
+			}
+		}
+	}
+	r.m.cycles.WithLabelValues(outcome).Inc()
+	for _, nd := range res.Nodes {
+		for _, cd := range nd.Classes {
+			if cd.Held && cd.TVDistance > 0 {
+				r.m.held.Inc()
+			}
+		}
+	}
+	for _, e := range engines {
+		r.m.age.WithLabelValues(e.ID).Set(e.AgeSeconds)
+		for _, st := range []signals.State{signals.Up, signals.Down, signals.Stale, signals.New} {
+			v := 0.0
+			if e.Status() == st {
+				v = 1
+			}
+			r.m.up.WithLabelValues(e.ID, st.String()).Set(v)
+		}
+	}
+	for _, v := range res.Engines {
+		r.m.penalty.WithLabelValues(v.ID).Set(v.Penalty)
+	}
+	r.mu.Lock()
+	r.last, r.ready = res, true
+	r.cycles++
+	r.mu.Unlock()
+}
+
+type stateFile struct {
+	Version int64                                    `json:"version"`
+	Weights map[string]map[string]map[string]float64 `json:"weights"`
+}
+
+func (r *Runner) loadState() error {
+	b, err := os.ReadFile(r.cfg.StateFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("control plane state: %w", err)
+	}
+	var st stateFile
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("control plane state %s: %w", r.cfg.StateFile, err)
+	}
+	r.ctrl.Seed(st.Weights, st.Version)
+	r.log.Info("published weights restored", "file", r.cfg.StateFile, "version", st.Version)
+	return nil
+}
+
+func (r *Runner) saveState() error {
+	b, err := json.MarshalIndent(stateFile{Version: r.ctrl.Version(), Weights: r.ctrl.Published()}, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := r.cfg.StateFile + ".tmp"
+	if err := os.MkdirAll(filepath.Dir(r.cfg.StateFile), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, r.cfg.StateFile)
+}
+
+// Kick runs a cycle as soon as possible (tests, admin).
+func (r *Runner) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Runner) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	writeJSON := func(w http.ResponseWriter, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(v); err != nil {
+			r.log.Warn("admin encode", "err", err)
+		}
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		r.mu.Lock()
+		ready := r.ready
+		r.mu.Unlock()
+		if !ready {
+			http.Error(w, "warming up: no cycle yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("GET /weights", func(w http.ResponseWriter, req *http.Request) {
+		res := r.Last()
+		if res == nil {
+			http.Error(w, "no cycle yet", http.StatusServiceUnavailable)
+			return
+		}
+		type cls struct {
+			Weights  map[string]float64 `json:"weights"`
+			Envoy    map[string]uint32  `json:"envoy_weights"`
+			Priority map[string]uint32  `json:"envoy_priority"`
+			Health   map[string]string  `json:"engine_health"`
+			Held     bool               `json:"held_by_deadband"`
+			TV       float64            `json:"tv_distance_proposed"`
+			Shed     map[string]float64 `json:"shed_by_priority,omitempty"`
+		}
+		out := map[string]any{}
+		for n, nd := range res.Nodes {
+			if q := req.URL.Query().Get("node"); q != "" && q != n {
+				continue
+			}
+			m := map[string]cls{}
+			for c, cd := range nd.Classes {
+				m[c] = cls{cd.Weights, cd.EnvoyW, cd.Priority, cd.Health, cd.Held, cd.TVDistance, cd.Shed}
+			}
+			out[n] = map[string]any{"classes": m, "cluster_version": nd.Resources.ClusterVersion,
+				"endpoint_version": nd.Resources.EndpointVersion, "policy_version": nd.Resources.Policy.GetVersion()}
+		}
+		writeJSON(w, map[string]any{"at": res.At, "nodes": out})
+	})
+	mux.HandleFunc("GET /signals", func(w http.ResponseWriter, _ *http.Request) {
+		now := r.cfg.Now()
+		r.mu.Lock()
+		eng := r.tracker.Engines(now)
+		r.mu.Unlock()
+		dem, ev := r.intake.Snapshot(now)
+		demand := map[string]signals.DemandRate{}
+		for k, v := range dem {
+			demand[k.Node+"/"+k.Class+"/"+k.Priority] = v
+		}
+		var views []EngineView
+		if res := r.Last(); res != nil {
+			views = res.Engines
+		}
+		writeJSON(w, map[string]any{"at": now, "engines": eng, "cycle_view": views, "demand": demand,
+			"evidence": ev, "intake": r.intake.Status()})
+	})
+	mux.HandleFunc("GET /explain", func(w http.ResponseWriter, req *http.Request) {
+		res := r.Last()
+		if res == nil {
+			http.Error(w, "no cycle yet", http.StatusServiceUnavailable)
+			return
+		}
+		node, class := req.URL.Query().Get("node"), req.URL.Query().Get("class")
+		out := map[string]any{}
+		for n, nd := range res.Nodes {
+			if node != "" && node != n {
+				continue
+			}
+			m := map[string]any{}
+			for c, cd := range nd.Classes {
+				if class != "" && class != c {
+					continue
+				}
+				m[c] = map[string]any{"demand_per_s": cd.Demand, "weights": cd.Weights, "held_by_deadband": cd.Held,
+					"proposed": cd.Proposed, "explanations": cd.Explain, "flow": cd.Flow}
+			}
+			out[n] = m
+		}
+		if node != "" && len(out) == 0 {
+			http.Error(w, fmt.Sprintf("unknown node %q", node), http.StatusNotFound)
+			return
+		}
+		writeJSON(w, map[string]any{"at": res.At, "allocator": res.Allocator, "fallback_reason": res.Fallback,
+			"objective": res.Objective, "nodes": out})
+	})
+	mux.HandleFunc("GET /xds", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, map[string]any{"nodes": r.srv.Status()})
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `inferlb control plane
+  /weights[?node=N]          published weights per node and class (shares, Envoy integers, priorities)
+  /explain[?node=N&class=C]  the optimizer's terms behind every weight
+  /signals                   engine signals, the cycle's engine view (penalties), demand, evidence
+  /xds                       per node: published, ACKed and NACKed versions, streams
+  /metrics                   Prometheus metrics
+  /healthz /readyz
+`)
+	})
+	return mux
+}
+
+// group runs goroutines that all end when the first fails or ctx ends.
+type group struct {
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+	once   sync.Once
+	err    error
+}
+
+func newGroup(ctx context.Context) (*group, context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	return &group{cancel: cancel}, ctx
+}
+
+func (g *group) Go(f func() error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := f(); err != nil {
+			g.once.Do(func() { g.err = err })
+			g.cancel()
+		}
+	}()
+}
+
+func (g *group) Wait() error {
+	g.wg.Wait()
+	g.cancel()
+	return g.err
+}
