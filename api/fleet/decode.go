@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -99,24 +101,23 @@ func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
 		}
-		return nil, nil, []*FieldError{{Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+		return nil, nil, yamlErrors(err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		line := extra.Line
 		if err != nil {
-			return nil, nil, []*FieldError{{Msg: "invalid YAML after the first document: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+			return nil, nil, yamlErrors(err)
 		}
-		return nil, nil, []*FieldError{{Msg: "more than one YAML document; a spec is one document", Line: line}}
+		return nil, nil, []*FieldError{{Msg: "more than one YAML document; a spec is one document", Line: extra.Line}}
 	}
 	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
 		return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
 	}
-	w := &walker{lines: map[string]int{}}
+	w := &walker{lines: map[string]int{}, active: map[*yaml.Node]bool{}}
 	doc := root.Content[0]
 	w.walk(doc, reflect.TypeFor[specDoc](), "")
-	if w.nodes > maxNodes {
-		return nil, w.lines, w.errs
+	if w.nodes > maxNodes || slices.ContainsFunc(w.errs, func(e *FieldError) bool { return strings.HasPrefix(e.Msg, "alias *") }) {
+		return nil, w.lines, w.errs // do not let the decoder expand it
 	}
 	// Decode even if the walk found problems, so that validation can report
 	// the rest of the spec too: yaml.v3 skips unknown keys and leaves values
@@ -126,16 +127,39 @@ func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
 		var te *yaml.TypeError
 		if !errors.As(err, &te) || len(w.errs) == 0 {
 			// Not a kind problem the walk saw: alias limits, mostly.
-			return nil, w.lines, append(w.errs, &FieldError{Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")})
+			return nil, w.lines, append(w.errs, yamlErrors(err)...)
 		}
 	}
 	return &d, w.lines, w.errs
 }
 
 type walker struct {
-	errs  []*FieldError
-	lines map[string]int
-	nodes int
+	errs   []*FieldError
+	lines  map[string]int
+	nodes  int
+	active map[*yaml.Node]bool // anchors being expanded, to refuse cycles
+}
+
+// spend counts a visited node; past maxNodes it reports once and says stop.
+func (w *walker) spend(path string, n *yaml.Node) bool {
+	w.nodes++
+	if w.nodes == maxNodes+1 {
+		w.errorf(pathOr(path), n, "spec too complex: more than %d YAML nodes after expanding aliases", maxNodes)
+	}
+	return w.nodes <= maxNodes
+}
+
+// deref follows an alias. ok is false (and the problem reported) for an
+// alias to a node being expanded: YAML anchors must not contain themselves.
+func (w *walker) deref(n *yaml.Node, path string) (target *yaml.Node, ok bool) {
+	if n.Kind != yaml.AliasNode {
+		return n, true
+	}
+	if n.Alias == nil || w.active[n.Alias] {
+		w.errorf(pathOr(path), n, "alias *%s refers to a value that contains it", n.Value)
+		return nil, false
+	}
+	return n.Alias, true
 }
 
 func (w *walker) errorf(path string, n *yaml.Node, format string, args ...any) {
@@ -175,17 +199,17 @@ func fieldIndex(t reflect.Type) map[string]int {
 }
 
 func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
-	if w.nodes++; w.nodes > maxNodes {
-		if w.nodes == maxNodes+1 {
-			w.errorf(path, n, "spec too complex: more than %d YAML nodes after expanding aliases", maxNodes)
-		}
+	if !w.spend(path, n) {
 		return
 	}
-	for n.Kind == yaml.AliasNode {
-		if n.Alias == nil {
+	if n.Kind == yaml.AliasNode {
+		target, ok := w.deref(n, path)
+		if !ok {
 			return
 		}
-		n = n.Alias
+		w.active[target] = true
+		defer delete(w.active, target)
+		n = target
 	}
 	if _, seen := w.lines[path]; !seen {
 		w.lines[path] = n.Line
@@ -258,25 +282,32 @@ func (w *walker) walkMapping(n *yaml.Node, t reflect.Type, path string, fields m
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind == yaml.ScalarNode && k.Value == "<<" && (k.Tag == "" || k.Tag == "!" || k.ShortTag() == "!!merge") {
 			// Merge key: the merged mapping(s) hold keys of this struct.
-			for v.Kind == yaml.AliasNode && v.Alias != nil {
-				v = v.Alias
-			}
 			merged := []*yaml.Node{v}
-			if v.Kind == yaml.SequenceNode {
+			if v, ok := w.deref(v, path); !ok {
+				continue
+			} else if v.Kind == yaml.SequenceNode {
 				merged = v.Content
 			}
 			for _, m := range merged {
-				for m.Kind == yaml.AliasNode && m.Alias != nil {
-					m = m.Alias
+				if !w.spend(path, m) {
+					return
+				}
+				alias := m.Kind == yaml.AliasNode
+				m, ok := w.deref(m, path)
+				if !ok {
+					continue
 				}
 				if m.Kind != yaml.MappingNode {
 					w.errorf(pathOr(path), m, "merge key << must refer to a mapping, got %s", kindName(m))
 					continue
 				}
-				if w.nodes++; w.nodes > maxNodes {
-					return
+				if alias {
+					w.active[m] = true
 				}
 				w.walkMapping(m, t, path, fields)
+				if alias {
+					delete(w.active, m)
+				}
 			}
 			continue
 		}
@@ -317,4 +348,29 @@ func lineOf(lines map[string]int, path string) int {
 		path = path[:i]
 	}
 	return 0
+}
+
+// yamlErrors turns a yaml.v3 error into one FieldError per problem, each
+// with its line: "yaml: line 3: msg" and the lines of an "unmarshal errors"
+// list alike.
+func yamlErrors(err error) []*FieldError {
+	msgs := []string{strings.TrimPrefix(err.Error(), "yaml: ")}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	}
+	out := make([]*FieldError, 0, len(msgs))
+	for _, m := range msgs {
+		fe := &FieldError{}
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(m), "line "); ok {
+			if n, msg, ok := strings.Cut(rest, ": "); ok {
+				if line, err := strconv.Atoi(n); err == nil {
+					fe.Line, m = line, msg
+				}
+			}
+		}
+		fe.Msg = "invalid YAML: " + m
+		out = append(out, fe)
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -63,4 +64,8 @@ func TestExample3Region(t *testing.T) {
 	if len(s.EligibleEngines("general")) != 12 || len(s.EligibleEngines("eu")) != 4 || len(s.EligibleEngines("long-context")) != gpus["H100"] {
 		t.Errorf("eligible: general %d, eu %d, long-context %d", len(s.EligibleEngines("general")), len(s.EligibleEngines("eu")), len(s.EligibleEngines("long-context")))
 	}
+}
+
+func readExample(name string) ([]byte, error) {
+	return os.ReadFile(filepath.Join("..", "..", "examples", name))
 }

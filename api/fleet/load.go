@@ -52,6 +52,9 @@ func Parse(data []byte) (*Spec, error) {
 	}
 	d, lines, errs := decode(data)
 	if d == nil {
+		if len(errs) == 0 { // decode always explains; be safe regardless
+			errs = []*FieldError{{Msg: "invalid spec"}}
+		}
 		return nil, join(errs)
 	}
 	setDefaults(d)

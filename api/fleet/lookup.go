@@ -27,8 +27,10 @@ func (s *Spec) index() *index {
 func (s *Spec) RTTMs(fromRegion, toRegion string) (ms float64, ok bool) {
 	ix := s.index()
 	if fromRegion == toRegion {
-		_, known := ix.regions[fromRegion]
-		return ix.sameRTTMs, known
+		if _, known := ix.regions[fromRegion]; !known {
+			return 0, false
+		}
+		return ix.sameRTTMs, true
 	}
 	ms, ok = ix.rttMs[pair(fromRegion, toRegion)]
 	return ms, ok

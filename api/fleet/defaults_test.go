@@ -1,0 +1,137 @@
+package fleet
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestDefaults covers setDefaults branch by branch: an omitted field gets its
+// default; a given one, even a wrong one, is kept for validate to judge.
+func TestDefaults(t *testing.T) {
+	cases := []struct {
+		name string
+		in   specDoc
+		want func(d *specDoc) any // the part of the result to compare
+		exp  any
+	}{
+		{"same-region RTT omitted",
+			specDoc{}, func(d *specDoc) any { return *d.Network.SameRegionRTTMs }, 1.0},
+		{"same-region RTT given (even negative) is kept",
+			specDoc{Network: networkDoc{SameRegionRTTMs: ptr(-2.0)}}, func(d *specDoc) any { return *d.Network.SameRegionRTTMs }, -2.0},
+		{"profile optional fields omitted",
+			specDoc{Profiles: []profileDoc{{}}}, func(d *specDoc) any {
+				p := d.Profiles[0]
+				return [4]any{*p.OverheadMs, *p.MaxRunning, *p.MaxBatchedTokens, *p.BlockSize}
+			}, [4]any{0.0, 256, 8192, 16}},
+		{"profile optional fields given are kept",
+			specDoc{Profiles: []profileDoc{{OverheadMs: ptr(-1.0), MaxRunning: ptr(0), MaxBatchedTokens: ptr(7), BlockSize: ptr(0)}}}, func(d *specDoc) any {
+				p := d.Profiles[0]
+				return [4]any{*p.OverheadMs, *p.MaxRunning, *p.MaxBatchedTokens, *p.BlockSize}
+			}, [4]any{-1.0, 0, 7, 0}},
+		{"profile required fields stay omitted",
+			specDoc{Profiles: []profileDoc{{}}}, func(d *specDoc) any {
+				p := d.Profiles[0]
+				return [6]bool{p.PrefillTokensPerS == nil, p.DecodeStepMs == nil, p.DecodeStepPerSeqMs == nil, p.KVCapacityTokens == nil, p.MaxContextTokens == nil, p.CapacityRPS == nil}
+			}, [6]bool{true, true, true, true, true, true}},
+		{"classes omitted: one per named model, name made safe",
+			specDoc{Models: []modelDoc{{Name: "m"}, {Name: ""}, {Name: "org/model:v1"}}}, func(d *specDoc) any {
+				var out []string
+				for _, c := range *d.Classes {
+					out = append(out, c.Name+"="+c.Model)
+				}
+				return strings.Join(out, " ")
+			}, "m=m org-model-v1=org/model:v1"},
+		{"classes given empty stay empty",
+			specDoc{Models: []modelDoc{{Name: "m"}}, Classes: &[]classDoc{}}, func(d *specDoc) any { return len(*d.Classes) }, 0},
+		{"class optional fields omitted",
+			specDoc{Classes: &[]classDoc{{}}}, func(d *specDoc) any {
+				c := (*d.Classes)[0]
+				return [3]any{*c.MinContextTokens, *c.MeanPromptTokens, *c.MeanOutputTokens}
+			}, [3]any{0, 200.0, 200.0}},
+		{"long-context class: mean prompt half its minimum context",
+			specDoc{Classes: &[]classDoc{{MinContextTokens: ptr(65536)}}}, func(d *specDoc) any {
+				return *(*d.Classes)[0].MeanPromptTokens
+			}, 32768.0},
+		{"short minimum context keeps the 200-token prompt",
+			specDoc{Classes: &[]classDoc{{MinContextTokens: ptr(100)}}}, func(d *specDoc) any {
+				return *(*d.Classes)[0].MeanPromptTokens
+			}, 200.0},
+		{"class fields given are kept",
+			specDoc{Classes: &[]classDoc{{MinContextTokens: ptr(-1), MeanPromptTokens: ptr(0.0), MeanOutputTokens: ptr(-3.0)}}}, func(d *specDoc) any {
+				c := (*d.Classes)[0]
+				return [3]any{*c.MinContextTokens, *c.MeanPromptTokens, *c.MeanOutputTokens}
+			}, [3]any{-1, 0.0, -3.0}},
+		{"priorities omitted: one default",
+			specDoc{}, func(d *specDoc) any { return *d.Priorities }, []priorityDoc{{Name: "default", Level: ptr(0), ShedCost: ptr(10000.0)}}},
+		{"priorities given empty stay empty",
+			specDoc{Priorities: &[]priorityDoc{}}, func(d *specDoc) any { return len(*d.Priorities) }, 0},
+		{"priority fields are not defaulted",
+			specDoc{Priorities: &[]priorityDoc{{Name: "p"}}}, func(d *specDoc) any {
+				p := (*d.Priorities)[0]
+				return [2]bool{p.Level == nil, p.ShedCost == nil}
+			}, [2]bool{true, true}},
+		{"frontend node id omitted: its name",
+			specDoc{Frontends: []Frontend{{Name: "f"}}}, func(d *specDoc) any { return d.Frontends[0].NodeID }, "f"},
+		{"frontend node id given is kept",
+			specDoc{Frontends: []Frontend{{Name: "f", NodeID: "n"}}}, func(d *specDoc) any { return d.Frontends[0].NodeID }, "n"},
+		{"engine replicas omitted: 1",
+			specDoc{Engines: []engineDoc{{}}}, func(d *specDoc) any { return *d.Engines[0].Replicas }, 1},
+		{"engine replicas given (0) is kept",
+			specDoc{Engines: []engineDoc{{Replicas: ptr(0)}}}, func(d *specDoc) any { return *d.Engines[0].Replicas }, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.in
+			setDefaults(&d)
+			if got := tc.want(&d); !reflect.DeepEqual(got, tc.exp) {
+				t.Errorf("got %#v, want %#v", got, tc.exp)
+			}
+		})
+	}
+}
+
+// TestOmittedVersusWrong: the same field omitted parses, given as 0 fails.
+func TestOmittedVersusWrong(t *testing.T) {
+	s, err := Parse([]byte(edit(t, "replicas: 2, ", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.EngineByID("e4"); e.Replicas != 1 {
+		t.Errorf("omitted replicas = %d, want 1", e.Replicas)
+	}
+	if _, err := Parse([]byte(edit(t, "replicas: 2", "replicas: 0"))); err == nil {
+		t.Error("replicas: 0 accepted")
+	}
+	// A YAML null counts as omitted.
+	if _, err := Parse([]byte(edit(t, "replicas: 2", "replicas: ~"))); err != nil {
+		t.Errorf("replicas: ~ : %v", err)
+	}
+}
+
+// TestDocTagsMatchSpec keeps the document types' YAML keys equal to Spec's.
+func TestDocTagsMatchSpec(t *testing.T) {
+	pairs := []struct{ doc, spec reflect.Type }{
+		{reflect.TypeFor[specDoc](), reflect.TypeFor[Spec]()},
+		{reflect.TypeFor[networkDoc](), reflect.TypeFor[Network]()},
+		{reflect.TypeFor[linkDoc](), reflect.TypeFor[Link]()},
+		{reflect.TypeFor[modelDoc](), reflect.TypeFor[Model]()},
+		{reflect.TypeFor[profileDoc](), reflect.TypeFor[Profile]()},
+		{reflect.TypeFor[classDoc](), reflect.TypeFor[Class]()},
+		{reflect.TypeFor[priorityDoc](), reflect.TypeFor[Priority]()},
+		{reflect.TypeFor[engineDoc](), reflect.TypeFor[Engine]()},
+	}
+	for _, p := range pairs {
+		d, s := fieldIndex(p.doc), fieldIndex(p.spec)
+		for k := range s {
+			if _, ok := d[k]; !ok {
+				t.Errorf("%v has key %q, %v does not", p.spec, k, p.doc)
+			}
+		}
+		for k := range d {
+			if _, ok := s[k]; !ok {
+				t.Errorf("%v has key %q, %v does not", p.doc, k, p.spec)
+			}
+		}
+	}
+}
