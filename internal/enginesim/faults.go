@@ -10,8 +10,6 @@ import (
 	"net"
 	"net/http"
 	"time"
-
-	"github.com/inferlb/inferlb/internal/enginesim/model"
 )
 
 // Faults are the run-time faults of one engine.
@@ -74,8 +72,7 @@ func (s *Server) SetFaults(f Faults) error {
 		return errors.New("enginesim: engine closed")
 	}
 	now := s.vnow()
-	_ = s.eng.SetSlowdown(f.Slowdown)
-	s.eng.SetHang(f.Hang, now)
+	s.eng.setFaults(f.Slowdown, f.Hang, now)
 	wasCrashed := s.crashed
 	s.faults = f
 	s.mu.Unlock()
@@ -159,9 +156,8 @@ func (s *Server) Restart() error {
 		ln.Close()
 		return errors.New("enginesim: engine closed")
 	}
-	s.eng, _ = model.New(s.cfg, (*listener)(s))
-	_ = s.eng.SetSlowdown(s.faults.Slowdown)
-	s.eng.SetHang(s.faults.Hang, s.vnow())
+	s.eng, _ = newReplicaSet(s.opts.Replicas, s.cfg, (*listener)(s))
+	s.eng.setFaults(s.faults.Slowdown, s.faults.Hang, s.vnow())
 	s.faults.Crash = false
 	s.faults.RestartAfterS = 0
 	s.mu.Unlock()

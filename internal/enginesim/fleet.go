@@ -66,7 +66,7 @@ func EngineOptions(spec *fleet.Spec, id string) (Options, error) {
 	}
 	return Options{
 		Listen: e.Address, ID: e.ID, Model: e.Model, Region: e.Region, Profile: p,
-		MaxContextTokens: maxCtx, Fleet: spec,
+		MaxContextTokens: maxCtx, Fleet: spec, Replicas: e.Replicas,
 	}, nil
 }
 

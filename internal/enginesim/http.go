@@ -137,7 +137,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	}
 	s.nextID++
 	id := s.nextID
-	err = s.eng.Submit(mr, s.vnow())
+	st.replica, err = s.eng.submit(mr, s.vnow())
 	crashCh := s.crashCh
 	s.mu.Unlock()
 	if err != nil {
@@ -182,7 +182,7 @@ func (s *Server) networkDelay(w http.ResponseWriter, hr *http.Request) bool {
 // abort ends mr after its client left or the engine crashed.
 func (s *Server) abort(mr *model.Request) {
 	s.mu.Lock()
-	s.eng.Abort(mr, s.vnow())
+	s.eng.abort(mr, mr.Tag.(*stream).replica, s.vnow())
 	s.mu.Unlock()
 	s.wake()
 }

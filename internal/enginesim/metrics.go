@@ -30,7 +30,7 @@ func newMetrics(s *Server) *metrics {
 		return func() float64 {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			return f(s.eng.Stats())
+			return f(s.eng.stats())
 		}
 	}
 	gauge := func(name, help string, f func(model.Stats) float64) {
@@ -65,7 +65,7 @@ func newMetrics(s *Server) *metrics {
 			"model_name":             s.opts.Model,
 			"engine":                 "0",
 			"block_size":             strconv.Itoa(s.cfg.BlockSize),
-			"num_gpu_blocks":         strconv.Itoa(s.cfg.KVCapacityTokens / s.cfg.BlockSize),
+			"num_gpu_blocks":         strconv.Itoa(s.opts.Replicas * (s.cfg.KVCapacityTokens / s.cfg.BlockSize)),
 			"enable_prefix_caching":  "True",
 			"cache_dtype":            "auto",
 			"gpu_memory_utilization": "0.9",

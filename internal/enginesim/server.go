@@ -43,6 +43,9 @@ type Options struct {
 	// Model is the served model name (required): requests for another
 	// model get 404, and it is the model_name label of every metric.
 	Model string
+	// Replicas is the number of identical replicas behind the address
+	// (fleet.Engine.Replicas); default 1. Metrics and Stats sum them.
+	Replicas int
 	// Region is the engine's region, for network-distance emulation.
 	Region string
 	// Profile is the engine's latency profile (required). Zero
@@ -110,7 +113,7 @@ type Server struct {
 	done   chan struct{} // closed when shutdown has finished
 
 	mu        sync.Mutex // guards the fields below and the engine
-	eng       *model.Engine
+	eng       *replicaSet
 	faults    Faults
 	rng       *rand.Rand
 	nextID    uint64
@@ -148,6 +151,12 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	if opts.DefaultMaxTokens < 1 {
 		return nil, fmt.Errorf("enginesim: default max tokens must be at least 1, got %d", opts.DefaultMaxTokens)
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	if opts.Replicas < 1 {
+		return nil, fmt.Errorf("enginesim: replicas must be at least 1, got %d", opts.Replicas)
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 4 << 20
@@ -198,7 +207,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	s.faults.Slowdown = 1
 	s.ctx, s.cancel = context.WithCancel(ctx)
-	s.eng, _ = model.New(cfg, (*listener)(s))
+	if s.eng, err = newReplicaSet(opts.Replicas, cfg, (*listener)(s)); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("enginesim: %w", err)
+	}
 	s.metrics = newMetrics(s)
 	s.serve(ln)
 	s.wg.Add(1)
@@ -233,11 +245,12 @@ func (s *Server) Model() string { return s.opts.Model }
 // Registry is the engine's own Prometheus registry (what /metrics serves).
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// Stats returns the scheduler's current state and counters.
+// Stats returns the scheduler's current state and counters (summed over
+// replicas).
 func (s *Server) Stats() model.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.eng.Stats()
+	return s.eng.stats()
 }
 
 // Close stops the engine: the listener closes, streams in flight end, and
@@ -319,8 +332,8 @@ func (s *Server) drive() {
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		s.eng.Advance(s.vnow())
-		next, ok := s.eng.NextEvent()
+		s.eng.advance(s.vnow())
+		next, ok := s.eng.nextEvent()
 		s.mu.Unlock()
 		if ok {
 			timer.Reset(time.Until(s.realAt(next)))
@@ -420,8 +433,9 @@ func (l *listener) Finished(r *model.Request, t time.Duration) {
 // stream is a request's state shared between the model (via the listener,
 // under s.mu) and its HTTP handler.
 type stream struct {
-	notify chan struct{}
-	last   time.Duration // previous token time; listener only
+	notify  chan struct{}
+	replica int           // index of the replica serving it; set under Server.mu
+	last    time.Duration // previous token time; listener only
 
 	mu     sync.Mutex
 	n      int

@@ -701,3 +701,39 @@ func TestOpenAIPythonClient(t *testing.T) {
 		t.Errorf("unknown model: %+v", got.UnknownModel)
 	}
 }
+
+// TestReplicas: two replicas behind one address run two requests at once
+// with one running slot each; a third waits; metrics sum the replicas.
+func TestReplicas(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	p := testProfile
+	p.MaxRunning = 1
+	s := start(t, Options{TimeScale: 0.2, Replicas: 2, Profile: p})
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var bodies []io.Closer
+	for i := range 3 {
+		resp, _ := post(t, ctx, s.URL()+"/v1/chat/completions", chatBody("m", "r", text(fmt.Sprintf("r%d_", i), 50), 1000, true), nil)
+		bodies = append(bodies, resp.Body)
+	}
+	eventually(t, 5*time.Second, "two running, one waiting", func() bool {
+		st := s.Stats()
+		return st.Running == 2 && st.Waiting == 1
+	})
+	mf := scrape(t, s)
+	if got := value(t, mf, "vllm:num_requests_running", nil); got != 2 {
+		t.Errorf("running %v", got)
+	}
+	if got := value(t, mf, "vllm:cache_config_info", map[string]string{"num_gpu_blocks": "25000"}); got != 1 {
+		t.Errorf("cache_config_info %v", got)
+	}
+	// Each running request holds ceil((53+1000)/16) = 66 blocks of 25000.
+	if got := value(t, mf, "vllm:kv_cache_usage_perc", nil); got != 132.0/25000 {
+		t.Errorf("kv usage %v, want %v", got, 132.0/25000)
+	}
+	for _, b := range bodies {
+		b.Close()
+	}
+	eventually(t, 5*time.Second, "all aborted", func() bool { st := s.Stats(); return st.Running+st.Waiting == 0 })
+}
