@@ -253,6 +253,9 @@ func (c *Client) Do(ctx context.Context, r *workload.Request, keepText bool) Res
 	if err != nil {
 		return c.fail(ctx, rctx, res, err)
 	}
+	// Read to the end of the body (past [DONE], the chunked terminator), or
+	// the transport closes the connection instead of reusing it.
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	return res
 }
 

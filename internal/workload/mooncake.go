@@ -120,6 +120,10 @@ type MooncakeOptions struct {
 	BlockTokens int
 	// Seed varies the text of every block (0 is a valid seed).
 	Seed uint64
+	// MaxOutputTokens caps every request's output length (0: the trace's
+	// own). Outputs never enter a Mooncake prompt, so a cap keeps the prefix
+	// structure while shortening a replay that studies the prefix cache.
+	MaxOutputTokens int
 }
 
 // Mooncake replays Mooncake rows as requests. Each hash id becomes a fixed
@@ -143,6 +147,9 @@ func NewMooncake(rows []MooncakeRow, opt MooncakeOptions) (*Mooncake, error) {
 	}
 	if opt.Format != Chat && opt.Format != Completion {
 		return nil, fmt.Errorf("mooncake: unknown format %d", opt.Format)
+	}
+	if opt.MaxOutputTokens < 0 {
+		return nil, fmt.Errorf("mooncake: max output tokens %d is negative", opt.MaxOutputTokens)
 	}
 	return &Mooncake{rows: rows, opt: opt}, nil
 }
@@ -180,6 +187,9 @@ func (m *Mooncake) Request(i int) Request {
 		Offset:    time.Duration(row.Timestamp-m.rows[0].Timestamp) * time.Millisecond,
 		MaxTokens: row.OutputLength, // outputs never enter the prefix cache: not scaled
 		HashIDs:   row.HashIDs,
+	}
+	if m.opt.MaxOutputTokens > 0 {
+		r.MaxTokens = min(r.MaxTokens, m.opt.MaxOutputTokens)
 	}
 	singlePrompt(&r, m.opt.Format, m.scaled(row.InputLength), func(words int) string {
 		return m.text(i, row.HashIDs, words)

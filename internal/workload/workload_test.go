@@ -115,6 +115,12 @@ func TestMooncakeBlockScaleKeepsStructure(t *testing.T) {
 			t.Fatalf("row %d: %d tokens, want %d", i, r.PromptTokens, want)
 		}
 	}
+	capped, _ := NewMooncake(rows, MooncakeOptions{MaxOutputTokens: 2})
+	for _, r := range Slice(capped, len(rows)) {
+		if r.MaxTokens > 2 {
+			t.Fatalf("max output tokens 2, request asks %d", r.MaxTokens)
+		}
+	}
 	if _, err := NewMooncake(rows, MooncakeOptions{BlockTokens: 513}); err == nil {
 		t.Fatal("block tokens 513 accepted")
 	}
