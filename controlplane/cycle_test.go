@@ -1,0 +1,276 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/xds/signals"
+)
+
+// testFleetYAML is two regions 60 ms apart, a frontend and two H100
+// engines in each.
+func testFleetYAML(addrs [4]string) string {
+	return fmt.Sprintf(`name: test
+regions: [{name: east, residency: us}, {name: west, residency: us}]
+network: {same_region_rtt_ms: 1, links: [{a: east, b: west, rtt_ms: 60}]}
+frontends:
+  - {name: fe-east, region: east, node_id: fe-east}
+  - {name: fe-west, region: west, node_id: fe-west}
+models: [{name: m, max_context_tokens: 8192}]
+profiles:
+  - {gpu: H100, model: m, prefill_tokens_per_s: 25000, overhead_ms: 10, decode_step_ms: 6.5, decode_step_per_seq_ms: 0.055, kv_capacity_tokens: 450000}
+classes: [{name: chat, model: m, mean_prompt_tokens: 200, mean_output_tokens: 200}]
+priorities: [{name: high, level: 0, shed_cost: 10000}, {name: low, level: 1, shed_cost: 100}]
+engines:
+  - {id: e-east-1, address: %q, region: east, gpu: H100, model: m}
+  - {id: e-east-2, address: %q, region: east, gpu: H100, model: m}
+  - {id: e-west-1, address: %q, region: west, gpu: H100, model: m}
+  - {id: e-west-2, address: %q, region: west, gpu: H100, model: m}
+`, addrs[0], addrs[1], addrs[2], addrs[3])
+}
+
+func testFleet(t testing.TB) *fleet.Spec {
+	t.Helper()
+	s, err := fleet.Parse([]byte(testFleetYAML([4]string{"127.0.0.1:19001", "127.0.0.1:19002", "127.0.0.1:19003", "127.0.0.1:19004"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// fake describes an engine's last second.
+type fake struct {
+	down       bool
+	reqPerS    float64
+	promptTokS float64
+	genTokS    float64
+	ttftMs     float64
+	tbotMs     float64
+}
+
+// engines runs a tracker over two synthetic scrapes one second apart.
+func engines(now time.Time, f map[string]fake) []signals.Engine {
+	ids := []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"}
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
+	for _, id := range ids {
+		x := f[id]
+		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true})
+		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5}
+		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
+		m1 := m0
+		m1.Success += x.reqPerS
+		m1.PromptTokens += x.promptTokS
+		m1.GenTokens += x.genTokS
+		m1.TTFTCount += x.reqPerS
+		m1.TTFTSum += x.reqPerS * x.ttftMs / 1000
+		m1.ITLCount += x.genTokS
+		m1.ITLSum += x.genTokS * x.tbotMs / 1000
+		tr.Observe(signals.Sample{ID: id, At: now, Healthy: !x.down, Metrics: m1})
+	}
+	return tr.Engines(now)
+}
+
+func demand(east, west float64) map[signals.DemandKey]signals.DemandRate {
+	return map[signals.DemandKey]signals.DemandRate{
+		{Node: "fe-east", Class: "chat", Priority: "high"}: {RequestsPerS: east, PromptTokens: 200, OutputTokens: 200},
+		{Node: "fe-west", Class: "chat", Priority: "high"}: {RequestsPerS: west, PromptTokens: 200, OutputTokens: 200},
+	}
+}
+
+func share(r *Result, node string, ids ...string) float64 {
+	s := 0.0
+	for _, id := range ids {
+		s += r.Nodes[node].Classes["chat"].Weights[id]
+	}
+	return s
+}
+
+func TestCycleRegionalWeightsAndDeadband(t *testing.T) {
+	c, err := NewController(testFleet(t), DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Publish) != 2 || r.Fallback != "" {
+		t.Fatalf("first cycle published %d nodes (fallback %q)", len(r.Publish), r.Fallback)
+	}
+	east, west := share(r, "fe-east", "e-east-1", "e-east-2"), share(r, "fe-west", "e-west-1", "e-west-2")
+	t.Logf("fe-east keeps %.3f in east, fe-west keeps %.3f in west", east, west)
+	if east < 0.5 || west < 0.5 {
+		t.Errorf("frontends do not prefer their own region: east %.3f, west %.3f", east, west)
+	}
+	if r.Nodes["fe-east"].Resources.EndpointVersion == r.Nodes["fe-west"].Resources.EndpointVersion {
+		t.Error("both nodes got the same EDS")
+	}
+	// Steady demand, small jitter: nothing is republished.
+	for i := 1; i <= 5; i++ {
+		now = now.Add(5 * time.Second)
+		j := 1 + 0.01*float64(i%2)
+		r, err = c.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40*j, 20*j)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Publish) != 0 {
+			t.Fatalf("cycle %d republished at steady demand: tv %.4f", i, r.Nodes[r.Publish[0].NodeID].Classes["chat"].TVDistance)
+		}
+	}
+	// An engine going down is out at once, everywhere.
+	now = now.Add(time.Second)
+	r, err = c.Step(ctx, Inputs{Now: now, Engines: engines(now, map[string]fake{"e-east-1": {down: true}}), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Publish) != 2 {
+		t.Fatalf("health change published %d nodes", len(r.Publish))
+	}
+	for _, n := range []string{"fe-east", "fe-west"} {
+		if w := share(r, n, "e-east-1"); w != 0 {
+			t.Errorf("%s still sends %.3f to the down engine", n, w)
+		}
+	}
+}
+
+func TestCyclePenaltyFromOwnProfileDecays(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Penalty.HalfLife = 10 * time.Second
+	c, err := NewController(testFleet(t), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	normal := func(ttft float64) map[string]fake {
+		m := map[string]fake{}
+		for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
+			m[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: 30, tbotMs: 8}
+		}
+		x := m["e-east-1"]
+		x.ttftMs = ttft
+		m["e-east-1"] = x
+		return m
+	}
+	r0, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, normal(30)), Demand: demand(40, 20)})
+	base := share(r0, "fe-east", "e-east-1")
+	if v := view(r0, "e-east-1"); v.Penalty != 0 {
+		t.Fatalf("penalty %v on a normal engine (residual %.2f)", v.Penalty, v.TTFTResidual)
+	}
+	now = now.Add(5 * time.Second)
+	r1, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, normal(300)), Demand: demand(40, 20)})
+	v := view(r1, "e-east-1")
+	t.Logf("slow engine: residual %.2f penalty %.2f (%s); share %.3f → %.3f", v.TTFTResidual, v.Penalty, v.PenaltyWhy, base, share(r1, "fe-east", "e-east-1"))
+	if v.Penalty < 0.5 || share(r1, "fe-east", "e-east-1") >= base {
+		t.Fatalf("a 10× slower engine: penalty %.2f, share %.3f (was %.3f)", v.Penalty, share(r1, "fe-east", "e-east-1"), base)
+	}
+	// Recovery: the penalty halves every half-life.
+	p1 := v.Penalty
+	now = now.Add(10 * time.Second)
+	r2, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, normal(30)), Demand: demand(40, 20)})
+	if p2 := view(r2, "e-east-1").Penalty; math.Abs(p2-p1/2) > 1e-6 {
+		t.Errorf("penalty after one half-life %.4f, want %.4f", p2, p1/2)
+	}
+	// Errors reported by ext_proc count too.
+	now = now.Add(time.Second)
+	r3, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, normal(30)), Demand: demand(40, 20),
+		Evidence: map[string]signals.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 50}}})
+	if v := view(r3, "e-east-2"); v.Penalty < 0.8 || v.ErrorRate != 0.5 {
+		t.Errorf("50%% errors: %+v", v)
+	}
+}
+
+func TestCycleBackgroundLoadShiftsWeight(t *testing.T) {
+	c, err := NewController(testFleet(t), DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	r0, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20)})
+	base := share(r0, "fe-east", "e-east-1")
+	// Someone else loads e-east-1 to ~90% of its capacity.
+	now = now.Add(5 * time.Second)
+	hot := map[string]fake{"e-east-1": {reqPerS: 37, promptTokS: 7400, genTokS: 7400, ttftMs: 40, tbotMs: 10}}
+	r1, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, hot), Demand: demand(40, 20)})
+	v := view(r1, "e-east-1")
+	t.Logf("loaded engine: observed %.2f planned %.2f background %.2f; share %.3f → %.3f", v.ObservedUtilization, v.PlannedUtilization, v.BackgroundLoad, base, share(r1, "fe-east", "e-east-1"))
+	if share(r1, "fe-east", "e-east-1") > base-0.1 {
+		t.Errorf("loaded engine keeps its share: %.3f (was %.3f)", share(r1, "fe-east", "e-east-1"), base)
+	}
+}
+
+func TestCycleSeedHoldsPublishedWeights(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	a, _ := NewController(testFleet(t), DefaultConfig(), nil)
+	ra, err := a.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A restarted control plane, seeded from the state file, sees slightly
+	// different demand and still publishes the very same EDS.
+	b, _ := NewController(testFleet(t), DefaultConfig(), nil)
+	b.Seed(a.Published(), a.Version())
+	now = now.Add(30 * time.Second)
+	rb, err := b.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: demand(41, 19.5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"fe-east", "fe-west"} {
+		if ra.Nodes[n].Resources.EndpointVersion != rb.Nodes[n].Resources.EndpointVersion {
+			t.Errorf("%s: EDS version %s after restart, was %s", n, rb.Nodes[n].Resources.EndpointVersion, ra.Nodes[n].Resources.EndpointVersion)
+		}
+	}
+}
+
+func TestProportionalFallback(t *testing.T) {
+	c, err := NewController(testFleet(t), DefaultConfig(), ProportionalAllocator{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, map[string]fake{"e-west-2": {down: true}}), Demand: demand(10, 10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"e-east-1", "e-east-2", "e-west-1"} {
+		if w := share(r, "fe-east", id); math.Abs(w-1.0/3) > 1e-9 {
+			t.Errorf("%s share %v, want 1/3", id, w)
+		}
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Headroom = 1.2
+	cfg.Translate.MaglevTableSize = 100
+	_, err := NewController(testFleet(t), cfg, nil)
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	for _, want := range []string{"headroom: must be in (0, 1), got 1.2", "maglev_table_size"} {
+		if !contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(sub) == 0 || (len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub)))
+}
+
+func view(r *Result, id string) EngineView {
+	for _, v := range r.Engines {
+		if v.ID == id {
+			return v
+		}
+	}
+	return EngineView{}
+}
