@@ -3,10 +3,14 @@
 // eligibility classes served, the engines, and the latency profile of each
 // (GPU type, model) pair. It is the one input every inferlb component shares.
 //
-// A spec is read with Parse or Load, which go through three steps, in the
-// style of grpc-go's balancer configs: defaults (fill fields the user may omit,
-// never overwriting a value that was given), validate (every error names the
-// field path and the bad value), normalize (sort, index, derive lookups).
+// A spec is read with Parse or Load, which decode the YAML (unknown keys are
+// errors) and then go through three steps, in the style of grpc-go's balancer
+// configs: defaults (fill fields the user omitted, never overwriting a value
+// that was given), validate (collect every problem, each naming the field
+// path and the bad value), normalize (effective values, derived fields, lookup
+// indexes). New does the same for a Spec built in Go. The lookups (RTT,
+// EligibleEngines, Classify, ProfileOf, FrontendByNodeID, EngineByID, ...)
+// are safe for concurrent use. docs/fleet-spec.md documents every key.
 package fleet
 
 // Spec is a fleet spec. Field names are the YAML keys; docs/fleet-spec.md
