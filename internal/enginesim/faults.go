@@ -178,6 +178,28 @@ type faultsJSON struct {
 	RestartAfterS float64  `json:"restart_after_s"`
 }
 
+// parseFaults decodes and validates an admin faults body.
+func parseFaults(body []byte) (Faults, error) {
+	var fj faultsJSON
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&fj); err != nil {
+		return Faults{}, fmt.Errorf("invalid faults JSON: %w", err)
+	}
+	if dec.More() {
+		return Faults{}, errors.New("invalid faults JSON: data after the top-level value")
+	}
+	f := Faults{ErrorRate: fj.ErrorRate, Slowdown: 1, Hang: fj.Hang, HealthFail: fj.HealthFail,
+		Crash: fj.Crash, RestartAfterS: fj.RestartAfterS}
+	if fj.Slowdown != nil {
+		f.Slowdown = *fj.Slowdown
+	}
+	if err := f.validate(); err != nil {
+		return Faults{}, err
+	}
+	return f, nil
+}
+
 func (s *Server) getFaults(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, 200, s.Faults())
 }
@@ -196,19 +218,8 @@ func (s *Server) postFaults(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: 413, typ: "RequestEntityTooLarge", message: err.Error()})
 		return
 	}
-	var fj faultsJSON
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&fj); err != nil {
-		writeError(w, badRequest("invalid faults JSON: %v", err))
-		return
-	}
-	f := Faults{ErrorRate: fj.ErrorRate, Slowdown: 1, Hang: fj.Hang, HealthFail: fj.HealthFail,
-		Crash: fj.Crash, RestartAfterS: fj.RestartAfterS}
-	if fj.Slowdown != nil {
-		f.Slowdown = *fj.Slowdown
-	}
-	if err := f.validate(); err != nil {
+	f, err := parseFaults(body)
+	if err != nil {
 		writeError(w, badRequest("%v", err))
 		return
 	}

@@ -59,3 +59,20 @@ func TestParseRequestFields(t *testing.T) {
 		t.Errorf("stream_options without stream: %v", err)
 	}
 }
+
+// FuzzParseFaults: an admin body either gives valid faults or an error.
+func FuzzParseFaults(f *testing.F) {
+	for _, s := range []string{`{}`, `{"error_rate":0.5}`, `{"slowdown":3,"hang":true}`, `{"crash":true,"restart_after_s":2}`,
+		`{"health_fail":true}`, `{"slowdown":0}`, `{"error_rate":-1}`, `{"bogus":1}`, `{"restart_after_s":1}`, `{} {}`, `null`, ``} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fl, err := parseFaults(body)
+		if err != nil {
+			return
+		}
+		if fl.validate() != nil {
+			t.Fatalf("invalid faults accepted: %+v", fl)
+		}
+	})
+}
