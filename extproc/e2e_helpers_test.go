@@ -23,7 +23,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
-	"github.com/inferlb/inferlb/extproc/internal/testcp"
+	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
@@ -85,7 +85,7 @@ func (e *engine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://")
 type rig struct {
 	t       *testing.T
 	engines []*engine
-	cp      *testcp.ControlPlane
+	cp      *cpfake.ControlPlane
 	ext     *extproc.Server
 	envoy   *envoytest.Envoy
 	url     string
@@ -138,7 +138,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	r := &rig{t: t}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	var eps []testcp.Endpoint
+	var eps []cpfake.Endpoint
 	for i := 0; i < o.engines; i++ {
 		e := newEngine(t, fmt.Sprintf("e%d", i))
 		r.engines = append(r.engines, e)
@@ -146,13 +146,13 @@ func startRig(t *testing.T, o rigOptions) *rig {
 		if i < len(o.weights) {
 			w = o.weights[i]
 		}
-		eps = append(eps, testcp.Endpoint{Addr: e.addr(), Weight: w})
+		eps = append(eps, cpfake.Endpoint{Addr: e.addr(), Weight: w})
 	}
 	other := newEngine(t, "qwen0")
-	r.cp = testcp.Start(t, "")
-	if err := r.cp.SetClusters(nodeID, []testcp.Cluster{
+	r.cp = cpfake.Start(t, "")
+	if err := r.cp.SetClusters(nodeID, []cpfake.Cluster{
 		{Name: "class-llama", Endpoints: eps, HashBalanceFactor: o.balance},
-		{Name: "class-qwen", Endpoints: []testcp.Endpoint{{Addr: other.addr(), Weight: 1}}},
+		{Name: "class-qwen", Endpoints: []cpfake.Endpoint{{Addr: other.addr(), Weight: 1}}},
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -412,3 +412,65 @@ func pollFor(d time.Duration, f func() error) error {
 		time.Sleep(20 * time.Millisecond) // polling interval
 	}
 }
+
+// The local in-flight guardrail: with a class limit of 10, the least
+// important priority is refused from 8 in flight (20% reserve), the most
+// important only at 10; requests in flight include those streaming their
+// response (the ext_proc stream lives as long as the HTTP stream).
+func TestLocalInflightLimit(t *testing.T) {
+	noLeaks(t)
+	r := startRig(t, rigOptions{engines: 1, policy: func(p *policyv1.RoutingPolicy) {
+		p.Classes[0].LocalInflightLimit = 10
+	}})
+	hold := make(chan struct{})
+	e := r.engines[0]
+	e.mu.Lock()
+	e.hold = hold
+	e.mu.Unlock()
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.post(chat("s", fmt.Sprintf("held %d", i)), map[string]string{"x-priority": "interactive"})
+		}()
+	}
+	if err := pollFor(10*time.Second, func() error {
+		if n := e.arrived.Load(); n < 8 {
+			return fmt.Errorf("%d of 8 in flight", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if res := r.post(chat("s", "batch 9th"), map[string]string{"x-priority": "batch"}); res.status != 429 {
+		t.Fatalf("batch at 8 in flight of 10: %d, want 429", res.status)
+	}
+	if m, _, _ := openAIError(t, r.post(chat("s", "batch 9th"), map[string]string{"x-priority": "batch"}).body); !strings.Contains(m, "Too many requests in flight") {
+		t.Fatalf("message %q", m)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.post(chat("s", "interactive 9th"), map[string]string{"x-priority": "interactive"})
+	}()
+	if err := pollFor(10*time.Second, func() error {
+		if n := e.arrived.Load(); n < 9 {
+			return fmt.Errorf("%d of 9 in flight", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("interactive at 8 of 10 was not admitted: %v", err)
+	}
+	close(hold)
+	wg.Wait()
+	// Released: in flight drops back (streams closed) and batch is admitted.
+	if err := pollFor(5*time.Second, func() error {
+		if res := r.post(chat("s", "batch after"), map[string]string{"x-priority": "batch"}); res.status != 200 {
+			return fmt.Errorf("status %d", res.status)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,6 +1,7 @@
 package body
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/bits"
 )
@@ -415,12 +416,21 @@ func (p *parser) hashContent(h uint64, span [2]int) uint64 {
 	raw := p.b[span[0]:span[1]]
 	switch raw[0] {
 	case '"':
-		n := 0
-		walkString(raw[1:len(raw)-1], func(c byte) bool {
-			h = (h ^ uint64(c)) * fnvPrime
-			n++
-			return n < PrefixBytes
-		})
+		text := raw[1 : len(raw)-1]
+		head := text[:min(len(text), PrefixBytes)]
+		if bytes.IndexByte(head, '\\') < 0 {
+			// No escape in the hashed part: its raw bytes are its text.
+			for _, c := range head {
+				h = (h ^ uint64(c)) * fnvPrime
+			}
+		} else {
+			n := 0
+			walkString(text, func(c byte) bool {
+				h = (h ^ uint64(c)) * fnvPrime
+				n++
+				return n < PrefixBytes
+			})
+		}
 		// A string hashes like a one-part array of text.
 		return (h ^ 0xfe) * fnvPrime
 	case '[':

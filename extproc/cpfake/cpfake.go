@@ -1,9 +1,10 @@
-// Package testcp is a small xDS control plane for extproc's tests, built on
-// go-control-plane's caches and server (real gRPC on loopback): CDS/EDS for
-// the class clusters (Maglev with hash_balance_factor) from a SnapshotCache,
-// RoutingPolicy from a LinearCache, and a Reports service that records what
-// it receives.
-package testcp
+// Package cpfake is a small stand-in control plane for extproc's tests and
+// `inferlb bench extproc`, built on go-control-plane's caches and server
+// (real gRPC on loopback): CDS/EDS for class clusters (Maglev with
+// hash_balance_factor) from a SnapshotCache, RoutingPolicy from a
+// LinearCache (both over one ADS server), and a Reports service that records
+// what it receives. The real control plane is `inferlb control-plane`.
+package cpfake
 
 import (
 	"context"
@@ -48,13 +49,14 @@ type Cluster struct {
 
 // ControlPlane is a running test control plane.
 type ControlPlane struct {
-	Addr   string
-	snap   cachev3.SnapshotCache
-	policy *cachev3.LinearCache
-	grpc   *grpc.Server
-	lis    net.Listener
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	Addr     string
+	snap     cachev3.SnapshotCache
+	policy   *cachev3.LinearCache
+	grpc     *grpc.Server
+	lis      net.Listener
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
 
 	mu      sync.Mutex
 	reports []*policyv1.ReportRequest
@@ -77,6 +79,16 @@ func (r *reports) Report(_ context.Context, req *policyv1.ReportRequest) (*polic
 // the same address) and stops when the test ends.
 func Start(t testing.TB, addr string) *ControlPlane {
 	t.Helper()
+	cp, err := New(addr)
+	if err != nil {
+		t.Fatalf("cpfake: %v", err)
+	}
+	t.Cleanup(cp.Stop)
+	return cp
+}
+
+// New serves on addr ("" = a free loopback port) until Stop.
+func New(addr string) (*ControlPlane, error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -89,7 +101,7 @@ func Start(t testing.TB, addr string) *ControlPlane {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
-		t.Fatalf("testcp: listen: %v", err)
+		return nil, fmt.Errorf("listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cp := &ControlPlane{
@@ -119,15 +131,16 @@ func Start(t testing.TB, addr string) *ControlPlane {
 	policyv1.RegisterReportsServer(cp.grpc, &reports{cp: cp})
 	cp.wg.Add(1)
 	go func() { defer cp.wg.Done(); _ = cp.grpc.Serve(lis) }()
-	t.Cleanup(cp.Stop)
-	return cp
+	return cp, nil
 }
 
 // Stop ends the server (idempotent).
 func (cp *ControlPlane) Stop() {
-	cp.cancel()
-	cp.grpc.Stop()
-	cp.wg.Wait()
+	cp.stopOnce.Do(func() {
+		cp.cancel()
+		cp.grpc.Stop()
+		cp.wg.Wait()
+	})
 }
 
 // SetClusters publishes CDS and EDS for a node.
@@ -193,7 +206,7 @@ func (cp *ControlPlane) SetClusters(nodeID string, clusters []Cluster) error {
 		return err
 	}
 	if err := snap.Consistent(); err != nil {
-		return fmt.Errorf("testcp: %w", err)
+		return fmt.Errorf("cpfake: %w", err)
 	}
 	return cp.snap.SetSnapshot(context.Background(), nodeID, snap)
 }

@@ -1,0 +1,642 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/cpfake"
+	"github.com/inferlb/inferlb/internal/envoytest"
+)
+
+// benchCmd groups the project's measurement commands; other components may
+// add their own subcommands to it.
+var benchCmd = &cobra.Command{
+	Use:   "bench",
+	Short: "Measure inferlb components",
+}
+
+type extprocBench struct {
+	duration    time.Duration
+	concurrency []int
+	sizes       []int
+	envoy       bool
+	protocol    bool
+	conns       int
+}
+
+func init() {
+	var (
+		b            extprocBench
+		conc, sizes  string
+		envoyOnly    bool
+		protocolOnly bool
+	)
+	cmd := &cobra.Command{
+		Use:   "extproc",
+		Short: "Benchmark the ext_proc service alone (as Envoy's client) and behind a real Envoy",
+		Long: `bench extproc measures the ext_proc service in two ways, in one run:
+
+1. Protocol: the service runs as a child process; this command plays Envoy's
+   role over the ext_proc gRPC protocol (request headers, buffered body,
+   response headers per request) at each concurrency and body size, and
+   reports decisions/s, latency per decision (whole ext_proc stream) and the
+   service's CPU per decision (from /proc of the child).
+
+2. Envoy (needs the Envoy of scripts/setup.sh): side by side, Envoy alone
+   (proxying straight to an upstream) and Envoy with the ext_proc filter and
+   the envoy-configs frontend bootstrap, same upstream, same load: added
+   p50/p99 latency and the throughput ratio.
+
+Chat bodies are OpenAI chat/completions JSON of the given sizes with distinct
+conversations. The upstream answers at once, so what is measured is the
+balancer's own cost.
+
+  inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if b.concurrency, err = parseInts(conc, "--concurrency"); err != nil {
+				return err
+			}
+			if b.sizes, err = parseInts(sizes, "--sizes"); err != nil {
+				return err
+			}
+			if b.duration <= 0 {
+				return fmt.Errorf("--duration must be positive")
+			}
+			if envoyOnly && protocolOnly {
+				return fmt.Errorf("--envoy-only and --protocol-only exclude each other")
+			}
+			b.protocol, b.envoy = !envoyOnly, !protocolOnly
+			return b.run(cmd.Context(), cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&b.duration, "duration", 3*time.Second, "measuring time per cell")
+	f.StringVar(&conc, "concurrency", "1,16,150", "concurrent requests, comma-separated")
+	f.StringVar(&sizes, "sizes", "8192,225280", "chat body sizes in bytes, comma-separated")
+	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
+	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")
+	f.BoolVar(&protocolOnly, "protocol-only", false, "only the protocol benchmark")
+	benchCmd.AddCommand(cmd)
+	rootCmd.AddCommand(benchCmd)
+}
+
+func parseInts(s, flag string) ([]int, error) {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%s: %q is not a positive integer", flag, p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+const benchNode = "bench-frontend"
+
+func benchPolicy() *policyv1.RoutingPolicy {
+	return &policyv1.RoutingPolicy{
+		NodeId: benchNode, Region: "local", Version: "bench",
+		Priorities:      []*policyv1.Priority{{Name: "interactive", Level: 0}, {Name: "batch", Level: 1}},
+		DefaultPriority: "interactive",
+		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "class-llama", Model: "llama-3-8b",
+			RetryBudgetFraction: 0.1, MaxRetries: 1}},
+	}
+}
+
+// chatBodies returns n distinct chat bodies of about size bytes.
+func chatBodies(size, n int) [][]byte {
+	words := []string{"the", "model", "serves", "tokens", "quickly", "while", "cache", "blocks", "stay", "warm", "across", "turns"}
+	out := make([][]byte, n)
+	for k := 0; k < n; k++ {
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "conversation %d: ", k)
+		for i := 0; sb.Len() < size-220; i++ {
+			sb.WriteString(words[(i*7+k)%len(words)])
+			sb.WriteByte(' ')
+		}
+		out[k] = []byte(fmt.Sprintf(`{"model":"llama-3-8b","stream":true,"max_tokens":128,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":%q}]}`, sb.String()))
+	}
+	return out
+}
+
+// child is the ext_proc service in its own process.
+type child struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan struct{}
+}
+
+func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPlane string) (*child, error) {
+	pf := filepath.Join(dir, "policy.json")
+	pj, _ := protojson.Marshal(benchPolicy())
+	if err := os.WriteFile(pf, pj, 0o644); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	args := []string{"extproc", "--listen", addr, "--http-listen", "", "--policy-file", pf, "--log-level", "warn",
+		"--body-limit", strconv.Itoa(bodyLimit)}
+	if controlPlane != "" {
+		args = append(args, "--control-plane", controlPlane, "--node-id", benchNode)
+	}
+	c := &child{cmd: exec.Command(self, args...), addr: addr, done: make(chan struct{})}
+	c.cmd.Stderr = os.Stderr
+	if err := c.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = c.cmd.Wait(); close(c.done) }()
+	if err := waitTCP(ctx, addr, c.done); err != nil {
+		c.stop()
+		return nil, fmt.Errorf("ext_proc child: %w", err)
+	}
+	return c, nil
+}
+
+func (c *child) stop() {
+	_ = c.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-c.done:
+	case <-time.After(5 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// cpuSeconds returns user+system CPU of a process from /proc.
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	fields := strings.Fields(s[i+2:])
+	// fields[0] is state (field 3); utime is field 14, stime 15.
+	ut, _ := strconv.ParseFloat(fields[11], 64)
+	st, _ := strconv.ParseFloat(fields[12], 64)
+	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func waitTCP(ctx context.Context, addr string, died <-chan struct{}) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-died:
+			return errors.New("process exited")
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+	return fmt.Errorf("%s not accepting connections after 20s", addr)
+}
+
+// latencies collects durations for percentiles.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) { l.mu.Lock(); l.d = append(l.d, d); l.mu.Unlock() }
+
+func (l *latencies) pct(p float64) time.Duration {
+	if len(l.d) == 0 {
+		return 0
+	}
+	sort.Slice(l.d, func(i, j int) bool { return l.d[i] < l.d[j] })
+	return l.d[min(len(l.d)-1, int(p*float64(len(l.d))))]
+}
+
+// closedLoop runs conc workers calling f until d has passed; it returns the
+// number of successful calls, errors and latencies.
+func closedLoop(ctx context.Context, conc int, d time.Duration, f func(worker, i int) error) (ok, bad int64, lat *latencies, firstErr error) {
+	lat = &latencies{}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				t0 := time.Now()
+				if err := f(w, i); err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					atomic.AddInt64(&bad, 1)
+					errOnce.Do(func() { firstErr = err })
+					continue
+				}
+				lat.add(time.Since(t0))
+				atomic.AddInt64(&ok, 1)
+			}
+		}()
+	}
+	wg.Wait()
+	return ok, bad, lat, firstErr
+}
+
+func (b *extprocBench) run(ctx context.Context, out io.Writer) error {
+	dir, err := os.MkdirTemp("", "inferlb-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	maxSize := 0
+	for _, s := range b.sizes {
+		maxSize = max(maxSize, s)
+	}
+	bodyLimit := max(extproc.DefaultBodyLimit, maxSize+4096)
+	if b.protocol {
+		if err := b.runProtocol(ctx, out, dir, bodyLimit); err != nil {
+			return err
+		}
+	}
+	if b.envoy {
+		if err := b.runEnvoy(ctx, out, dir, bodyLimit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
+
+// decide plays Envoy for one request over one ext_proc stream.
+func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byte, session string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.Process(ctx)
+	if err != nil {
+		return err
+	}
+	hdrs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		hv(":method", "POST"), hv(":path", "/v1/chat/completions"),
+		hv("content-length", strconv.Itoa(len(body))), hv("x-session-id", session),
+	}}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}}); err != nil {
+		return err
+	}
+	if _, err := st.Recv(); err != nil {
+		return err
+	}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		return err
+	}
+	r, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	if r.GetRequestBody().GetResponse().GetHeaderMutation() == nil {
+		return fmt.Errorf("no routing decision: %v", r)
+	}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			hv(":status", "200"), hv("x-inferlb-upstream-host", "127.0.0.1:1"), hv("x-envoy-attempt-count", "1")}}}}}); err != nil {
+		return err
+	}
+	if _, err := st.Recv(); err != nil {
+		return err
+	}
+	if err := st.CloseSend(); err != nil {
+		return err
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("stream end: %v", err)
+	}
+	return nil
+}
+
+func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, "")
+	if err != nil {
+		return err
+	}
+	defer ch.stop()
+	var clients []extprocv3.ExternalProcessorClient
+	for i := 0; i < max(1, b.conns); i++ {
+		conn, err := grpc.NewClient(ch.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(bodyLimit+(1<<20))))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		clients = append(clients, extprocv3.NewExternalProcessorClient(conn))
+	}
+	fmt.Fprintf(out, "ext_proc service alone (child pid %d), client playing Envoy over gRPC (%d connections), %v per cell\n",
+		ch.cmd.Process.Pid, len(clients), b.duration)
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "body\tconcurrency\tdecisions/s\tp50 ms\tp99 ms\tCPU ms/decision\tservice cores\terrors\t")
+	for _, size := range b.sizes {
+		bodies := chatBodies(size, 64)
+		// Warm up (connections, allocator, JIT-free but caches).
+		_, _, _, _ = closedLoop(ctx, 4, 300*time.Millisecond, func(w, i int) error {
+			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
+		})
+		for _, c := range b.concurrency {
+			cpu0, _ := cpuSeconds(ch.cmd.Process.Pid)
+			t0 := time.Now()
+			ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
+				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
+			})
+			el := time.Since(t0).Seconds()
+			cpu1, _ := cpuSeconds(ch.cmd.Process.Pid)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if ok == 0 {
+				return fmt.Errorf("no decision succeeded: %v", ferr)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.3f\t%.3f\t%.4f\t%.2f\t%d\t\n", sizeName(size), c, float64(ok)/el,
+				ms(lat.pct(0.5)), ms(lat.pct(0.99)), (cpu1-cpu0)*1000/float64(ok), (cpu1-cpu0)/el, bad)
+			if ferr != nil {
+				fmt.Fprintf(out, "  first error: %v\n", ferr)
+			}
+		}
+	}
+	return tw.Flush()
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func sizeName(n int) string {
+	if n%1024 == 0 {
+		return fmt.Sprintf("%d KB", n/1024)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// envoyProc is an Envoy process run by the benchmark.
+type envoyProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+func startEnvoy(ctx context.Context, dir, name, bootstrap string, port int) (*envoyProc, error) {
+	bin, err := envoytest.Binary()
+	if err != nil {
+		return nil, err
+	}
+	cfg := filepath.Join(dir, name+".yaml")
+	bootstrap += "\nadmin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 0 }\n"
+	if err := os.WriteFile(cfg, []byte(bootstrap), 0o644); err != nil {
+		return nil, err
+	}
+	e := &envoyProc{done: make(chan struct{}), log: filepath.Join(dir, name+".log")}
+	e.cmd = exec.Command(bin, "-c", cfg, "--log-level", "warning", "--log-path", e.log, "--concurrency", "1",
+		"--disable-hot-restart", "--use-dynamic-base-id", "--drain-time-s", "1")
+	if err := e.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = e.cmd.Wait(); close(e.done) }()
+	if err := waitTCP(ctx, fmt.Sprintf("127.0.0.1:%d", port), e.done); err != nil {
+		e.stop()
+		b, _ := os.ReadFile(e.log)
+		return nil, fmt.Errorf("envoy %s: %w\n%s", name, err, b)
+	}
+	return e, nil
+}
+
+func (e *envoyProc) stop() {
+	_ = e.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-e.done:
+	case <-time.After(5 * time.Second):
+		_ = e.cmd.Process.Kill()
+		<-e.done
+	}
+}
+
+// envoyAlone is the baseline: the same listener limits and timeouts, a
+// static cluster to the upstream, hashed on the session id, no ext_proc.
+func envoyAlone(port, upstreamPort, bodyLimit int) string {
+	return fmt.Sprintf(`static_resources:
+  listeners:
+  - name: alone
+    address: { socket_address: { address: 127.0.0.1, port_value: %d } }
+    per_connection_buffer_limit_bytes: %d
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: alone
+          request_timeout: 0s
+          stream_idle_timeout: 300s
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: { prefix: "/" }
+                route:
+                  cluster: upstream
+                  hash_policy: [{ header: { header_name: x-session-id } }]
+                  timeout: 0s
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    type: STATIC
+    lb_policy: MAGLEV
+    connect_timeout: 1s
+    circuit_breakers: { thresholds: [{ max_requests: 100000, max_pending_requests: 100000, max_connections: 100000 }] }
+    load_assignment:
+      cluster_name: upstream
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } } }] }]
+`, port, bodyLimit, upstreamPort)
+}
+
+func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
+	// Upstream: reads the body, answers a small completion at once.
+	ul, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+	us := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("content-type", "application/json")
+		_, _ = w.Write(reply)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = us.Serve(ul) }()
+	defer us.Close()
+	upPort := ul.Addr().(*net.TCPAddr).Port
+
+	cp, err := cpfake.New("")
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	if err := cp.SetClusters(benchNode, []cpfake.Cluster{{Name: "class-llama", HashBalanceFactor: 150,
+		Endpoints: []cpfake.Endpoint{{Addr: ul.Addr().String(), Weight: 1}}}}); err != nil {
+		return err
+	}
+	if err := cp.SetPolicy(benchPolicy()); err != nil {
+		return err
+	}
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, cp.Addr)
+	if err != nil {
+		return err
+	}
+	defer ch.stop()
+	_, xp, _ := net.SplitHostPort(cp.Addr)
+	xdsPort, _ := strconv.Atoi(xp)
+	_, ep, _ := net.SplitHostPort(ch.addr)
+	extPort, _ := strconv.Atoi(ep)
+
+	alonePort, err := freePort()
+	if err != nil {
+		return err
+	}
+	withPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	boot, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: benchNode, Region: "local",
+		ListenPort: withPort, ExtProcPort: extPort, XDSPort: xdsPort, BodyLimit: bodyLimit})
+	if err != nil {
+		return err
+	}
+	alone, err := startEnvoy(ctx, dir, "alone", envoyAlone(alonePort, upPort, bodyLimit), alonePort)
+	if err != nil {
+		return err
+	}
+	defer alone.stop()
+	with, err := startEnvoy(ctx, dir, "with-extproc", boot, withPort)
+	if err != nil {
+		return err
+	}
+	defer with.stop()
+
+	maxConc := 0
+	for _, c := range b.concurrency {
+		maxConc = max(maxConc, c)
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: maxConc, MaxConnsPerHost: 0}}
+	defer hc.CloseIdleConnections()
+	post := func(url string, body []byte, session string) error {
+		req, _ := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
+		req.Header.Set("content-type", "application/json")
+		req.Header.Set("x-session-id", session)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	}
+	aloneURL := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", alonePort)
+	withURL := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", withPort)
+	// Ready when the frontend has its cluster from the control plane.
+	warm := chatBodies(1024, 1)[0]
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if err := post(withURL, warm, "ready"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("envoy with ext_proc not ready: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval
+	}
+
+	fmt.Fprintf(out, "\nEnvoy alone vs Envoy + ext_proc (1 worker each, same upstream answering at once), %v per cell\n", b.duration)
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "body\tconcurrency\talone req/s\t+ext_proc req/s\tratio\talone p50\t+ext_proc p50\tadded p50 ms\talone p99\t+ext_proc p99\tadded p99 ms\text_proc CPU ms/req\terrors\t")
+	for _, size := range b.sizes {
+		bodies := chatBodies(size, 64)
+		for _, c := range b.concurrency {
+			type res struct {
+				rps      float64
+				p50, p99 time.Duration
+				bad      int64
+				err      error
+			}
+			one := func(url string) res {
+				t0 := time.Now()
+				ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
+					return post(url, bodies[(w*131+i)%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
+				})
+				return res{rps: float64(ok) / time.Since(t0).Seconds(), p50: lat.pct(0.5), p99: lat.pct(0.99), bad: bad, err: ferr}
+			}
+			a := one(aloneURL)
+			cpu0, _ := cpuSeconds(ch.cmd.Process.Pid)
+			wres := one(withURL)
+			cpu1, _ := cpuSeconds(ch.cmd.Process.Pid)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			reqs := wres.rps * b.duration.Seconds()
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%d/%d\t\n", sizeName(size), c,
+				a.rps, wres.rps, wres.rps/a.rps, ms(a.p50), ms(wres.p50), ms(wres.p50-a.p50), ms(a.p99), ms(wres.p99), ms(wres.p99-a.p99),
+				(cpu1-cpu0)*1000/max(reqs, 1), a.bad, wres.bad)
+			for _, e := range []error{a.err, wres.err} {
+				if e != nil {
+					slog.Warn("bench request failed", "err", e)
+				}
+			}
+		}
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/service"
+)
+
+func init() {
+	var (
+		cfg                                service.Config
+		logLevel, printBootstrap, fallback string
+		envoyPort                          int
+	)
+	cmd := &cobra.Command{
+		Use:   "extproc",
+		Short: "Serve the ext_proc service in each frontend Envoy's request path",
+		Long: `extproc is inferlb's Envoy external processor (envoy.service.ext_proc.v3).
+For every request Envoy sends it the headers and the buffered body; it answers
+from local state only: the eligibility class (Envoy cluster, route
+cluster_header), the cache-affinity key (route hash_policy), admission
+(priority-aware shedding, 429 + Retry-After) and the retry allowance
+(x-envoy-max-retries). On responses it records which engine served, the status
+and the time to response headers, and reports demand and evidence to the
+control plane about once a second. See docs/extproc.md.
+
+The routing policy (classes, priorities, shed fractions, retry budgets) comes
+from the control plane over ADS (--control-plane, --node-id); --policy-file
+gives one (protobuf JSON RoutingPolicy) to use until the first arrives, or
+alone without a control plane.
+
+  inferlb extproc --control-plane 127.0.0.1:18000 --node-id fe-eu --region eu-west
+  inferlb extproc --policy-file policy.json
+
+Print a frontend Envoy bootstrap that uses this service:
+
+  inferlb extproc --print-bootstrap fail-closed --node-id fe-eu --control-plane 127.0.0.1:18000 --envoy-port 10000`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if cfg.BodyLimit <= 0 {
+				return fmt.Errorf("--body-limit must be positive, got %d", cfg.BodyLimit)
+			}
+			if printBootstrap != "" {
+				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, envoyPort)
+			}
+			return service.Run(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:9002", "ext_proc gRPC address (Envoy connects here)")
+	f.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:9102", "address for /metrics, /healthz and /policy (empty: off)")
+	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports); empty: none")
+	f.StringVar(&cfg.NodeID, "node-id", "", "frontend node id (the RoutingPolicy resource name)")
+	f.StringVar(&cfg.Region, "region", "", "frontend region (sent as node locality)")
+	f.StringVar(&cfg.Instance, "instance", "", "instance name in reports (default host-pid)")
+	f.StringVar(&cfg.PolicyFile, "policy-file", "", "RoutingPolicy in protobuf JSON, in force until the control plane sends one")
+	f.IntVar(&cfg.BodyLimit, "body-limit", extproc.DefaultBodyLimit, "largest request body in bytes (413 beyond); give Envoy the same buffer limit")
+	f.DurationVar(&cfg.ReportInterval, "report-interval", time.Second, "interval between reports to the control plane")
+	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 10*time.Second, "how long open streams may finish on shutdown")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
+	f.IntVar(&envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
+	f.StringVar(&fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
+	rootCmd.AddCommand(cmd)
+}
+
+func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback string, envoyPort int) error {
+	eh, ep, err := splitHostPort(cfg.Listen, "--listen")
+	if err != nil {
+		return err
+	}
+	if cfg.ControlPlane == "" {
+		return fmt.Errorf("--print-bootstrap needs --control-plane (Envoy takes CDS/EDS from it)")
+	}
+	xh, xp, err := splitHostPort(cfg.ControlPlane, "--control-plane")
+	if err != nil {
+		return err
+	}
+	y, err := envoyconfigs.Render(envoyconfigs.Params{
+		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
+		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
+	})
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprint(cmd.OutOrStdout(), y)
+	return err
+}
+
+func splitHostPort(addr, flag string) (string, int, error) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("%s %q: %w", flag, addr, err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n <= 0 || n > 65535 {
+		return "", 0, fmt.Errorf("%s %q: bad port", flag, addr)
+	}
+	return h, n, nil
+}

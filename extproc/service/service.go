@@ -1,0 +1,216 @@
+// Package service runs `inferlb extproc`: the ext_proc gRPC server, the
+// RoutingPolicy subscription and the Reports client to the control plane, and
+// a small HTTP endpoint for metrics, health and the policy in force, all
+// under one context with a graceful shutdown.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/cpclient"
+)
+
+// Config is the service's configuration (the command's flags).
+type Config struct {
+	// Listen is the ext_proc gRPC address Envoy connects to.
+	Listen string
+	// HTTPListen serves /metrics, /healthz and /policy ("" = off).
+	HTTPListen string
+	// ControlPlane is the control plane's gRPC address ("" = none: the
+	// policy file is all there is).
+	ControlPlane string
+	// NodeID and Region: the frontend node this instance serves.
+	NodeID, Region string
+	// Instance names this process in reports (default host-pid).
+	Instance string
+	// PolicyFile is a RoutingPolicy in protobuf JSON, used from start until
+	// the control plane sends one ("" = none: 503 until then).
+	PolicyFile string
+	// BodyLimit is the request body limit in bytes.
+	BodyLimit int
+	// ReportInterval between Reports (default 1 s).
+	ReportInterval time.Duration
+	// ShutdownGrace bounds the graceful stop (default 10 s).
+	ShutdownGrace time.Duration
+	Logger        *slog.Logger
+	// Ready, if set, receives the bound addresses once serving.
+	Ready func(grpcAddr, httpAddr string)
+}
+
+// LoadPolicyFile reads a RoutingPolicy in protobuf JSON.
+func LoadPolicyFile(path string) (*policyv1.RoutingPolicy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	p := &policyv1.RoutingPolicy{}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(b, p); err != nil {
+		return nil, fmt.Errorf("policy file %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// Run serves until ctx is cancelled, then stops gracefully.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Instance == "" {
+		h, _ := os.Hostname()
+		cfg.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	if cfg.ShutdownGrace <= 0 {
+		cfg.ShutdownGrace = 10 * time.Second
+	}
+	if cfg.ControlPlane != "" && cfg.NodeID == "" {
+		return errors.New("--node-id is required with --control-plane")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg})
+	if cfg.PolicyFile != "" {
+		p, err := LoadPolicyFile(cfg.PolicyFile)
+		if err != nil {
+			return err
+		}
+		if err := srv.SetPolicy(p); err != nil {
+			return fmt.Errorf("policy file %s: %w", cfg.PolicyFile, err)
+		}
+	}
+
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer(
+		grpc.MaxRecvMsgSize(cfg.BodyLimit+(1<<20)), // a whole buffered body plus headers
+		grpc.MaxConcurrentStreams(100000),
+		// Whole bodies arrive in one message: windows large enough that a
+		// 220 KB body needs no flow-control round trip.
+		grpc.InitialWindowSize(4<<20),
+		grpc.InitialConnWindowSize(64<<20),
+		grpc.SharedWriteBuffer(true),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	srv.Register(g)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := g.Serve(lis); err != nil {
+			errc <- fmt.Errorf("ext_proc gRPC: %w", err)
+		}
+	}()
+
+	var sub *cpclient.Subscriber
+	if cfg.ControlPlane != "" {
+		conn, err := grpc.NewClient(cfg.ControlPlane, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			g.Stop()
+			wg.Wait()
+			return err
+		}
+		defer conn.Close()
+		sub = &cpclient.Subscriber{Conn: conn, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
+		rep := &cpclient.Reporter{Conn: conn, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
+			Flush: srv.Observer().Flush, Logger: log}
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = sub.Run(ctx) }()
+		go func() { defer wg.Done(); _ = rep.Run(ctx) }()
+	}
+
+	httpAddr := ""
+	var hs *http.Server
+	if cfg.HTTPListen != "" {
+		hl, err := net.Listen("tcp", cfg.HTTPListen)
+		if err != nil {
+			cancel()
+			g.Stop()
+			wg.Wait()
+			return err
+		}
+		httpAddr = hl.Addr().String()
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+			if srv.Policy() == nil {
+				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		mux.HandleFunc("/policy", func(w http.ResponseWriter, _ *http.Request) {
+			p := srv.Policy()
+			if p == nil {
+				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
+				return
+			}
+			w.Header().Set("content-type", "application/json")
+			connected := sub != nil && sub.Connected()
+			fmt.Fprintf(w, "{\"version\":%q,\"node\":%q,\"region\":%q,\"control_plane_connected\":%v,\"classes\":%d}\n",
+				p.Version, p.NodeID, p.Region, connected, len(p.Classes()))
+		})
+		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http: %w", err)
+			}
+		}()
+	}
+	log.Info("ext_proc serving", "grpc", lis.Addr().String(), "http", httpAddr, "control_plane", cfg.ControlPlane, "node", cfg.NodeID)
+	if cfg.Ready != nil {
+		cfg.Ready(lis.Addr().String(), httpAddr)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	cancel()
+	// Graceful: open streams (requests in flight) finish, bounded by the grace.
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(cfg.ShutdownGrace):
+		log.Warn("graceful stop timed out; closing streams")
+		g.Stop()
+		<-done
+	}
+	if hs != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		_ = hs.Shutdown(sctx)
+		scancel()
+	}
+	wg.Wait()
+	log.Info("ext_proc stopped")
+	return runErr
+}
