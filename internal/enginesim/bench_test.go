@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -110,6 +111,25 @@ func cpuTime(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / clkTck, nil
 }
 
+// runqWait sums the time the process's threads spent runnable but waiting
+// for a CPU (/proc/PID/task/*/schedstat, second field): how much other
+// processes starved the simulator.
+func runqWait(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum time.Duration
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			ns, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
+}
+
 // BenchmarkFleet12Engines1000Streams: one process serving 12 engines with
 // 1,000 concurrent streams at ~20 tokens/s each. Reports the simulator
 // process's CPU (cores) and its timing error: for each stream, when the
@@ -150,6 +170,7 @@ func runFleetBench(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	wait0 := runqWait(cmd.Process.Pid)
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -198,6 +219,7 @@ func runFleetBench(b *testing.B) {
 	}
 	wg.Wait()
 	wall := time.Since(t0)
+	wait1 := runqWait(cmd.Process.Pid)
 	cpu1, err := cpuTime(cmd.Process.Pid)
 	if err != nil {
 		b.Fatal(err)
@@ -213,6 +235,7 @@ func runFleetBench(b *testing.B) {
 	}
 	slices.Sort(rates)
 	b.ReportMetric((cpu1-cpu0).Seconds()/wall.Seconds(), "sim-cpu-cores")
+	b.ReportMetric((wait1-wait0).Seconds()/wall.Seconds(), "sim-runq-wait-cores")
 	b.ReportMetric(lag["engine_p50"], "ttft-err-engine-p50-ms")
 	b.ReportMetric(lag["engine_p99"], "ttft-err-engine-p99-ms")
 	b.ReportMetric(lag["flush_p50"], "ttft-err-flush-p50-ms")
