@@ -71,31 +71,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// ConfigFromProfile turns a fleet profile into the model's configuration,
-// filling vLLM's defaults for zero MaxRunning (256), MaxBatchedTokens (8192)
-// and BlockSize (16).
-func ConfigFromProfile(p fleet.Profile) model.Config {
-	c := model.Config{
-		PrefillTokensPerS:  p.PrefillTokensPerS,
-		OverheadMs:         p.OverheadMs,
-		DecodeStepMs:       p.DecodeStepMs,
-		DecodeStepPerSeqMs: p.DecodeStepPerSeqMs,
-		MaxRunning:         p.MaxRunning,
-		MaxBatchedTokens:   p.MaxBatchedTokens,
-		KVCapacityTokens:   p.KVCapacityTokens,
-		BlockSize:          p.BlockSize,
-	}
-	if c.MaxRunning == 0 {
-		c.MaxRunning = 256
-	}
-	if c.MaxBatchedTokens == 0 {
-		c.MaxBatchedTokens = 8192
-	}
-	if c.BlockSize == 0 {
-		c.BlockSize = 16
-	}
-	return c
-}
+// ConfigFromProfile is model.ConfigFromProfile.
+func ConfigFromProfile(p fleet.Profile) model.Config { return model.ConfigFromProfile(p) }
 
 // Server is one running simulated engine.
 type Server struct {

@@ -48,6 +48,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
 )
 
 // Config holds the parameters of one engine. Field meanings follow
@@ -61,6 +63,32 @@ type Config struct {
 	MaxBatchedTokens   int
 	KVCapacityTokens   int
 	BlockSize          int
+}
+
+// ConfigFromProfile turns a fleet profile into an engine configuration,
+// filling vLLM's defaults for zero MaxRunning (256), MaxBatchedTokens (8192)
+// and BlockSize (16). Validate the result.
+func ConfigFromProfile(p fleet.Profile) Config {
+	c := Config{
+		PrefillTokensPerS:  p.PrefillTokensPerS,
+		OverheadMs:         p.OverheadMs,
+		DecodeStepMs:       p.DecodeStepMs,
+		DecodeStepPerSeqMs: p.DecodeStepPerSeqMs,
+		MaxRunning:         p.MaxRunning,
+		MaxBatchedTokens:   p.MaxBatchedTokens,
+		KVCapacityTokens:   p.KVCapacityTokens,
+		BlockSize:          p.BlockSize,
+	}
+	if c.MaxRunning == 0 {
+		c.MaxRunning = 256
+	}
+	if c.MaxBatchedTokens == 0 {
+		c.MaxBatchedTokens = 8192
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	return c
 }
 
 // Validate reports the first invalid field, naming it and its value.

@@ -2,8 +2,11 @@ package model
 
 import (
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
 )
 
 type rec struct {
@@ -370,3 +373,30 @@ type nopListener struct{}
 
 func (nopListener) Token(*Request, time.Duration)    {}
 func (nopListener) Finished(*Request, time.Duration) {}
+
+// TestExampleFleetProfiles: every profile of the example fleets is a valid
+// engine configuration, and its idle TTFT and step times follow the form.
+func TestExampleFleetProfiles(t *testing.T) {
+	for _, f := range []string{"fleet-3region.yaml", "fleet-minimal.yaml"} {
+		spec, err := fleet.Load(filepath.Join("..", "..", "..", "examples", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range spec.Profiles {
+			cfg := ConfigFromProfile(p)
+			if err := cfg.Validate(); err != nil {
+				t.Errorf("%s %s/%s: %v", f, p.GPU, p.Model, err)
+				continue
+			}
+			l := newRec()
+			e, _ := New(cfg, l)
+			r := &Request{Prompt: prompt(1, 1000), MaxTokens: 2}
+			if err := e.Submit(r, 0); err != nil {
+				t.Fatal(err)
+			}
+			run(e, time.Hour)
+			near(t, p.GPU+" idle TTFT", r.FirstToken, cfg.Overhead()+cfg.StepDuration(0, 1000))
+			near(t, p.GPU+" second token", l.tokens[r][1]-l.tokens[r][0], cfg.StepDuration(1, 0))
+		}
+	}
+}
