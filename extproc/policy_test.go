@@ -67,8 +67,8 @@ func TestRouteRule(t *testing.T) {
 		want       string
 		err        routeErr
 	}{
-		{"m", "", 1000, "m-any", 0},      // no residency: prefer classes without one
-		{"m", "eu", 1000, "m-eu", 0},     // residency must match
+		{"m", "", 1000, "m-any", 0},  // no residency: prefer classes without one
+		{"m", "eu", 1000, "m-eu", 0}, // residency must match
 		{"m", "us", 1000, "", errResidency},
 		{"x", "", 10, "", errUnknownModel},
 	}
