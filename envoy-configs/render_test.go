@@ -1,0 +1,61 @@
+package envoyconfigs_test
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/lni/goutils/leaktest"
+
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc/cpfake"
+	"github.com/inferlb/inferlb/internal/envoytest"
+)
+
+// Both variants load into a real Envoy (ports templated), which then holds
+// the frontend listener with the ext_proc filter in the configured failure
+// mode. Behaviour (routing, failure modes) is tested in package extproc.
+func TestVariantsLoadInEnvoy(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	cp := cpfake.Start(t, "")
+	if err := cp.SetClusters("fe-test", []cpfake.Cluster{{Name: "class-a", HashBalanceFactor: 150,
+		Endpoints: []cpfake.Endpoint{{Addr: "127.0.0.1:9", Weight: 1}}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, p, _ := net.SplitHostPort(cp.Addr)
+	xdsPort, _ := strconv.Atoi(p)
+	for _, v := range []string{envoyconfigs.FailClosed, envoyconfigs.FailOpen} {
+		t.Run(v, func(t *testing.T) {
+			y, err := envoyconfigs.Render(envoyconfigs.Params{Variant: v, NodeID: "fe-test", Region: "eu",
+				ListenPort: envoytest.FreePort(t), ExtProcPort: envoytest.FreePort(t), XDSPort: xdsPort,
+				BodyLimit: 1 << 20, FallbackCluster: "class-a"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := envoytest.Start(t, envoytest.Options{Bootstrap: y})
+			dump, err := e.Admin("/config_dump")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := string(dump)
+			wantAllow := v == envoyconfigs.FailOpen
+			if strings.Contains(s, `"failure_mode_allow": true`) != wantAllow {
+				t.Fatalf("%s: failure_mode_allow is not %v in the loaded config", v, wantAllow)
+			}
+			for _, want := range []string{"envoy.filters.http.ext_proc", `"cluster_header": "x-inferlb-cluster"`,
+				`"header_name": "x-inferlb-affinity-key"`, "envoy.retry_host_predicates.previous_hosts",
+				`"per_connection_buffer_limit_bytes": 1048576`, "class-a"} {
+				if !strings.Contains(s, want) {
+					t.Fatalf("%s: loaded config lacks %s", v, want)
+				}
+			}
+		})
+	}
+	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: "fail-sideways"}); err == nil {
+		t.Fatal("unknown variant accepted")
+	}
+	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailOpen, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1}); err == nil {
+		t.Fatal("fail-open without a fallback cluster accepted")
+	}
+}
