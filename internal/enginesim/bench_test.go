@@ -236,6 +236,7 @@ func runFleetBench(b *testing.B) {
 	slices.Sort(rates)
 	b.ReportMetric((cpu1-cpu0).Seconds()/wall.Seconds(), "sim-cpu-cores")
 	b.ReportMetric((wait1-wait0).Seconds()/wall.Seconds(), "sim-runq-wait-cores")
+	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(benchStreams*benchTokens), "sim-cpu-us/token")
 	b.ReportMetric(lag["engine_p50"], "ttft-err-engine-p50-ms")
 	b.ReportMetric(lag["engine_p99"], "ttft-err-engine-p99-ms")
 	b.ReportMetric(lag["flush_p50"], "ttft-err-flush-p50-ms")
