@@ -30,8 +30,14 @@ func immediateEngine(b *testing.B) *httptest.Server {
 // TTFT p50/p99/max and the send lag p99 (how late requests left against
 // their schedule), in microseconds. The bar: TTFT p99 < 1 ms.
 func BenchmarkFloor(b *testing.B) {
+	b.Run("direct", func(b *testing.B) { benchFloor(b, false) })
+	b.Run("net-http", func(b *testing.B) { benchFloor(b, true) })
+}
+
+func benchFloor(b *testing.B, netHTTP bool) {
 	srv := immediateEngine(b)
 	c := testClient(b, srv.URL)
+	c.NetHTTP = netHTTP
 	for b.Loop() {
 		rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 100, out: 1},
 			Arrival: Arrival{Kind: Poisson, Rate: 500}, MaxRequests: 2000, Seed: 1})

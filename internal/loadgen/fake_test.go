@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -24,6 +25,8 @@ type fakeEngine struct {
 	// Behave, if set, picks a misbehaviour for a request: "", "429", "500",
 	// "hang", "cut", "errchunk", "multi" (all tokens in one chunk).
 	Behave func(r *http.Request, body *apiRequest) string
+	// ConnState, if set, observes the server's connections.
+	ConnState func(net.Conn, http.ConnState)
 
 	srv *httptest.Server
 	mu  sync.Mutex
@@ -38,7 +41,9 @@ type seen struct {
 }
 
 func newFakeEngine(t testing.TB, f *fakeEngine) *fakeEngine {
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	f.srv.Config.ConnState = f.ConnState
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
 }

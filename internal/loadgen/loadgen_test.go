@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +20,9 @@ import (
 )
 
 func testClient(t testing.TB, url string) *Client {
-	hc := NewHTTPClient(256)
-	t.Cleanup(hc.CloseIdleConnections)
-	return &Client{HTTP: hc, BaseURL: url, Model: "m", Headers: DefaultHeaderNames(), IgnoreEOS: true, Timeout: 10 * time.Second}
+	c := &Client{HTTP: NewHTTPClient(256), BaseURL: url, Model: "m", Headers: DefaultHeaderNames(), IgnoreEOS: true, Timeout: 10 * time.Second}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
 }
 
 // fixed is a workload of n identical-size chat requests.
@@ -40,10 +42,17 @@ func (f *fixed) Next(time.Duration) (workload.Request, bool) {
 }
 
 func TestMetricsOfAKnownServer(t *testing.T) {
+	for _, netHTTP := range []bool{false, true} {
+		t.Run(map[bool]string{false: "direct", true: "net-http"}[netHTTP], func(t *testing.T) { testMetricsOfAKnownServer(t, netHTTP) })
+	}
+}
+
+func testMetricsOfAKnownServer(t *testing.T, netHTTP bool) {
 	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
 	const ttft, itl = 30 * time.Millisecond, 4 * time.Millisecond
 	eng := newFakeEngine(t, &fakeEngine{TTFT: ttft, ITL: itl, CachedShare: 0.25})
 	c := testClient(t, eng.srv.URL)
+	c.NetHTTP = netHTTP
 	rep, err := Run(context.Background(), Config{
 		Client: c, Source: &fixed{prompt: 100, out: 11}, Arrival: Arrival{Kind: Closed, Concurrency: 4},
 		MaxRequests: 24, SLO: SLO{TTFT: time.Second, TPOT: time.Second},
@@ -354,5 +363,37 @@ func TestReportWriters(t *testing.T) {
 		if !strings.Contains(tab.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, tab.String())
 		}
+	}
+}
+
+func TestDirectPathReusesAndRecoversConnections(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	var conns atomic.Int64
+	eng := newFakeEngine(t, &fakeEngine{ConnState: func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}})
+	c := testClient(t, eng.srv.URL)
+	req := workload.Request{Messages: []tokens.Message{{Role: "user", Content: "hello"}}, PromptTokens: 2, MaxTokens: 3}
+	for i := 0; i < 20; i++ {
+		if res := c.Do(context.Background(), &req, false); res.Outcome != OK {
+			t.Fatalf("request %d: %v", i, res.Err)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("20 sequential requests opened %d connections, want 1 (keep-alive)", n)
+	}
+	// The server drops its idle connections: the next request finds its
+	// pooled connection dead and retries on a new one.
+	eng.srv.CloseClientConnections()
+	if res := c.Do(context.Background(), &req, false); res.Outcome != OK {
+		t.Fatalf("after the server closed the connection: %v", res.Err)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2", n)
+	}
+	if len(eng.requests()) != 21 {
+		t.Fatalf("server saw %d requests, want 21 (no duplicate from the retry)", len(eng.requests()))
 	}
 }

@@ -65,8 +65,24 @@ func engineSum(t *testing.T, srv *enginesim.Server, name string) float64 {
 	return sum
 }
 
+// sharedTrace returns the path of a trace in ../shared/data relative to the
+// project root (the folder holding go.mod), skipping the test without it.
 func sharedTrace(t *testing.T, name string) string {
-	p := filepath.Join("..", "..", "..", "shared", "data", name)
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Skip("project root not found")
+		}
+		dir = parent
+	}
+	p := filepath.Join(dir, "..", "shared", "data", name)
 	if _, err := os.Stat(p); err != nil {
 		t.Skipf("trace not available: %v", err)
 	}
@@ -75,24 +91,26 @@ func sharedTrace(t *testing.T, name string) string {
 
 // TestMooncakeReplayReachesTheIdealCacheShare replays the whole Mooncake
 // synthetic trace into one engine whose KV cache holds every block, at the
-// trace's own pace in simulated time (the engine runs 100× faster than real
-// time, the replay is sped up 100×). Each hash id becomes 16 words instead of
-// 512, which keeps the trace's prefix structure (and its 64% block ideal)
-// and shrinks the prompts 32×; outputs are capped at 2 tokens (they never
-// enter a Mooncake prompt). The engine's cached-token share must come close
-// to the ideal for exactly the prompts sent: what an unbounded prefix cache
-// with the engine's 16-token blocks would give them in send order.
+// trace's own pace in simulated time (the engine runs 50× faster than real
+// time, the replay is sped up 50×). Each hash id becomes 8 words instead of
+// 512 and the engine's KV blocks hold 8 tokens instead of 16: the trace's
+// prefix structure (and its 64% block ideal) stays, the prompts shrink 64×.
+// Outputs are capped at 2 tokens (they never enter a Mooncake prompt). The
+// engine's cached-token share must come close to the ideal for exactly the
+// prompts sent: what an unbounded prefix cache with the engine's blocks would
+// give them in send order.
 func TestMooncakeReplayReachesTheIdealCacheShare(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
 	rows, err := workload.LoadMooncake(sharedTrace(t, "mooncake_synthetic_trace.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	const scale = 0.01
+	const scale = 0.02
 	prof := enginesim.H100Llama8B
 	prof.KVCapacityTokens = 4_000_000 // more than every distinct block of the replay
+	prof.BlockSize = 8
 	srv := startEngine(t, enginesim.Options{Model: "m", Profile: prof, MaxContextTokens: 32768, TimeScale: scale})
-	src, err := workload.NewMooncake(rows, workload.MooncakeOptions{BlockTokens: 16, MaxOutputTokens: 2})
+	src, err := workload.NewMooncake(rows, workload.MooncakeOptions{BlockTokens: 8, MaxOutputTokens: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +139,7 @@ func TestMooncakeReplayReachesTheIdealCacheShare(t *testing.T) {
 	}
 	// The ideal, in send order, with the engine's own block hashing.
 	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
-	const bs = 16
+	const bs = 8
 	seen := map[uint64]bool{}
 	var ideal, total int
 	for _, s := range log {
@@ -140,7 +158,7 @@ func TestMooncakeReplayReachesTheIdealCacheShare(t *testing.T) {
 		}
 	}
 	idealShare := float64(ideal) / float64(total)
-	traceIdeal := workload.MooncakeIdeal(rows, 16)
+	traceIdeal := workload.MooncakeIdeal(rows, 8)
 	engineShare := engineSum(t, srv, "vllm:prefix_cache_hits_total") / engineSum(t, srv, "vllm:prefix_cache_queries_total")
 	t.Logf("Mooncake replay, %d requests in %.1f s: cached-token share %.4f (engine's own counters %.4f); ideal for the prompts sent %.4f; trace ideal %.4f of blocks (%d/%d), %.4f of tokens",
 		rep.Requests.OK, rep.DurationS, rep.CachedShare, engineShare, idealShare, traceIdeal.BlockShare(), traceIdeal.HitBlocks, traceIdeal.Blocks, traceIdeal.TokenShare())
@@ -170,10 +188,11 @@ func TestAzureReplaySendsExactlyTheTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows = rows[:400]
-	const scale = 0.02
+	const scale = 0.05
 	srv := startEngine(t, enginesim.Options{Model: "m", Profile: enginesim.H100Llama8B, MaxContextTokens: 32768, TimeScale: scale})
 	src, _ := workload.NewAzure(rows, workload.AzureOptions{})
 	c := testClient(t, srv.URL())
+	c.Timeout = 60 * time.Second
 	sizes := map[[2]int]int{}
 	var mu sync.Mutex
 	rep, err := loadgen.Run(context.Background(), loadgen.Config{Client: c, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Trace, Speedup: 1 / scale},
@@ -284,7 +303,9 @@ func TestMultiTurnSessionsGrowAgainstTheEngine(t *testing.T) {
 // network-delay timer, and the generator's floor (see BenchmarkFloor). On a
 // machine starved by other processes every goroutine wake-up is late by
 // milliseconds, so the run is repeated up to three times and must agree once;
-// each attempt's figures are logged.
+// each attempt's figures are logged. If all three disagree while the
+// simulator itself reports being late (mean lag above starvedLag), the
+// machine cannot judge timing and the test is skipped, saying so.
 func TestTTFTAgreesWithTheEngine(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
 	spec, err := fleet.Parse([]byte(`
@@ -305,28 +326,28 @@ engines:
 	var problems []string
 	starved := 0
 	for attempt := 1; attempt <= 3; attempt++ {
-		var lagP50 time.Duration
-		problems, lagP50 = ttftAgreement(t, spec, attempt)
+		var lagMean time.Duration
+		problems, lagMean = ttftAgreement(t, spec, attempt)
 		if len(problems) == 0 {
 			return
 		}
 		t.Logf("attempt %d disagrees: %s", attempt, strings.Join(problems, "; "))
-		if lagP50 > starvedLag {
+		if lagMean > starvedLag {
 			starved++
 		}
 	}
 	if starved == 3 {
-		t.Skipf("the machine is starved of CPU (the simulator's median first-token write lag exceeded %v in every attempt): timing agreement cannot be judged here", starvedLag)
+		t.Skipf("the machine is starved of CPU (the simulator's mean first-token write lag exceeded %v in every attempt): timing agreement cannot be judged here", starvedLag)
 	}
 	t.Errorf("the generator's TTFT disagreed with the engine's in all three attempts: %s", strings.Join(problems, "; "))
 }
 
-// starvedLag is the simulator's median lateness in writing first tokens
-// above which the machine is too busy to judge timing (quiet, it is well
-// under a millisecond).
+// starvedLag is the simulator's mean lateness in writing first tokens above
+// which the machine is too busy to judge timing (on a quiet machine it is
+// about a millisecond).
 const starvedLag = 2 * time.Millisecond
 
-func ttftAgreement(t *testing.T, spec *fleet.Spec, attempt int) (problems []string, lagP50 time.Duration) {
+func ttftAgreement(t *testing.T, spec *fleet.Spec, attempt int) (problems []string, lagMean time.Duration) {
 	const delay = 80 * time.Millisecond
 	const tolerance = 10 * time.Millisecond
 	const n = 50
@@ -338,7 +359,7 @@ func ttftAgreement(t *testing.T, spec *fleet.Spec, attempt int) (problems []stri
 	}
 	defer srv.Close()
 	c := testClient(t, srv.URL())
-	defer c.HTTP.CloseIdleConnections()
+	defer c.CloseIdleConnections()
 	c.Headers.Region = "x-inferlb-source-region"
 	var mu sync.Mutex
 	var ttfts []time.Duration
@@ -387,7 +408,7 @@ func ttftAgreement(t *testing.T, spec *fleet.Spec, attempt int) (problems []stri
 			problems = append(problems, fmt.Sprintf("bucket ≤ %v: engine counts %d, generator %d (%d within %v)", bound, e, le, leTol, tol))
 		}
 	}
-	return problems, time.Duration(lag.Quantile(0.5))
+	return problems, time.Duration(lag.Mean())
 }
 
 // regional is a workload of endless same-size chat requests from one region.
@@ -406,7 +427,7 @@ func (r *regional) Next(time.Duration) (workload.Request, bool) {
 }
 
 func testClient(t testing.TB, url string) *loadgen.Client {
-	hc := loadgen.NewHTTPClient(256)
-	t.Cleanup(hc.CloseIdleConnections)
-	return &loadgen.Client{HTTP: hc, BaseURL: url, Model: "m", Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 10 * time.Second}
+	c := &loadgen.Client{HTTP: loadgen.NewHTTPClient(256), BaseURL: url, Model: "m", Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 10 * time.Second}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
 }
