@@ -122,9 +122,13 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		maxTok = min(s.opts.DefaultMaxTokens, s.maxCtx-n)
 	}
 	if n+max(maxTok, 1) > s.maxCtx {
-		writeError(w, &apiError{status: 400, typ: "BadRequestError", param: "messages",
-			message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-				s.maxCtx, n+max(maxTok, 0), n, max(maxTok, 0))})
+		what := "prompt"
+		if chat {
+			what = "messages"
+		}
+		writeError(w, &apiError{status: 400, typ: "BadRequestError", param: what,
+			message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+				s.maxCtx, n+max(maxTok, 0), n, what, max(maxTok, 0), what)})
 		return
 	}
 	st := &stream{notify: make(chan struct{}, 1)}
@@ -145,7 +149,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		return
 	}
 	s.wake()
-	rw := newResponder(s, chat, req, id, hr.Context(), mr.Prompt)
+	rw := newResponder(s, chat, req, id, mr.Prompt)
 	if req.stream {
 		s.serveStream(w, hr, rw, st, mr, crashCh)
 	} else {

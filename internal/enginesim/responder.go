@@ -1,7 +1,6 @@
 package enginesim
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
@@ -22,7 +21,7 @@ type responder struct {
 	lagged  bool
 }
 
-func newResponder(s *Server, chat bool, req *parsedRequest, n uint64, _ context.Context, prompt []uint64) *responder {
+func newResponder(s *Server, chat bool, req *parsedRequest, n uint64, prompt []uint64) *responder {
 	h := fnv.New64a()
 	h.Write([]byte(s.opts.ID))
 	kind, object := "cmpl-", "text_completion"
