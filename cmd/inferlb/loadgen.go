@@ -164,7 +164,7 @@ Examples:
 			} else if cmd.Flags().Changed("region-header") {
 				return fmt.Errorf("--region-header applies with --direct-engine (behind inferlb the frontend sets the region)")
 			}
-			client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(maxConns), BaseURL: baseURL, Model: modelName,
+			client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(maxConns), MaxIdleConns: maxConns, BaseURL: baseURL, Model: modelName,
 				Headers: hn, IgnoreEOS: ignoreEOS, Timeout: timeout, ExtraHeaders: http.Header{}}
 			if len(regionURLs) > 0 {
 				client.RegionURLs = map[string]string{}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,8 +54,8 @@ func benchFloor(b *testing.B, netHTTP bool) {
 		b.ReportMetric(rep.TTFT.Max*1e3, "ttft-max-µs")
 		b.ReportMetric(rep.SendLag.P99*1e3, "send-lag-p99-µs")
 		b.ReportMetric(rep.RequestsPerS, "req/s")
-		b.Logf("500 req/s against an immediate engine: TTFT p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, max %.0f µs; send lag p99 %.0f µs; %.1f req/s achieved",
-			rep.TTFT.P50*1e3, rep.TTFT.P90*1e3, rep.TTFT.P99*1e3, rep.TTFT.Max*1e3, rep.SendLag.P99*1e3, rep.RequestsPerS)
+		b.Logf("500 req/s against an immediate engine: TTFT p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, max %.0f µs; send lag p99 %.0f µs; %.1f req/s achieved; machine CPU pressure (PSI some avg10) %s",
+			rep.TTFT.P50*1e3, rep.TTFT.P90*1e3, rep.TTFT.P99*1e3, rep.TTFT.Max*1e3, rep.SendLag.P99*1e3, rep.RequestsPerS, cpuPressure())
 	}
 }
 
@@ -72,4 +74,20 @@ func BenchmarkCapacity(b *testing.B) {
 		}
 		b.ReportMetric(float64(rep.Requests.OK)/time.Since(start).Seconds(), "req/s")
 	}
+}
+
+// cpuPressure returns the kernel's CPU pressure (the share of the last 10 s
+// in which some runnable task waited for a CPU), to read a timing figure
+// against: on a machine shared with other work the tail is theirs.
+func cpuPressure() string {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return "unknown"
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, "avg10="); ok {
+			return v + "%"
+		}
+	}
+	return "unknown"
 }
