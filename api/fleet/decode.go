@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -97,14 +96,14 @@ const maxNodes = 1 << 20
 func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
-	if err := dec.Decode(&root); err != nil {
+	if err := recovering(func() error { return dec.Decode(&root) }); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
 		}
 		return nil, nil, yamlErrors(err)
 	}
 	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+	if err := recovering(func() error { return dec.Decode(&extra) }); !errors.Is(err, io.EOF) {
 		if err != nil {
 			return nil, nil, yamlErrors(err)
 		}
@@ -116,14 +115,16 @@ func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
 	w := &walker{lines: map[string]int{}, active: map[*yaml.Node]bool{}}
 	doc := root.Content[0]
 	w.walk(doc, reflect.TypeFor[specDoc](), "")
-	if w.nodes > maxNodes || slices.ContainsFunc(w.errs, func(e *FieldError) bool { return strings.HasPrefix(e.Msg, "alias *") }) {
-		return nil, w.lines, w.errs // do not let the decoder expand it
+	if w.nodes > maxNodes || w.hard {
+		// Do not let the decoder expand it (cycles, bombs) or trip on
+		// keys it cannot hash (yaml.v3 panics on a list key next to <<).
+		return nil, w.lines, w.errs
 	}
 	// Decode even if the walk found problems, so that validation can report
 	// the rest of the spec too: yaml.v3 skips unknown keys and leaves values
 	// of the wrong kind unset (the walk reported both, by path).
 	var d specDoc
-	if err := doc.Decode(&d); err != nil {
+	if err := recovering(func() error { return doc.Decode(&d) }); err != nil {
 		var te *yaml.TypeError
 		if !errors.As(err, &te) || len(w.errs) == 0 {
 			// Not a kind problem the walk saw: alias limits, mostly.
@@ -138,6 +139,7 @@ type walker struct {
 	lines  map[string]int
 	nodes  int
 	active map[*yaml.Node]bool // anchors being expanded, to refuse cycles
+	hard   bool                // a problem the decoder must not see
 }
 
 // spend counts a visited node; past maxNodes it reports once and says stop.
@@ -156,6 +158,7 @@ func (w *walker) deref(n *yaml.Node, path string) (target *yaml.Node, ok bool) {
 		return n, true
 	}
 	if n.Alias == nil || w.active[n.Alias] {
+		w.hard = true
 		w.errorf(pathOr(path), n, "alias *%s refers to a value that contains it", n.Value)
 		return nil, false
 	}
@@ -242,6 +245,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			if k.Kind != yaml.ScalarNode {
+				w.hard = true
 				w.errorf(pathOr(path), k, "keys must be strings, got %s", kindName(k))
 				continue
 			}
@@ -298,6 +302,7 @@ func (w *walker) walkMapping(n *yaml.Node, t reflect.Type, path string, fields m
 					continue
 				}
 				if m.Kind != yaml.MappingNode {
+					w.hard = true
 					w.errorf(pathOr(path), m, "merge key << must refer to a mapping, got %s", kindName(m))
 					continue
 				}
@@ -312,6 +317,7 @@ func (w *walker) walkMapping(n *yaml.Node, t reflect.Type, path string, fields m
 			continue
 		}
 		if k.Kind != yaml.ScalarNode {
+			w.hard = true
 			w.errorf(pathOr(path), k, "keys must be strings, got %s", kindName(k))
 			continue
 		}
@@ -348,6 +354,17 @@ func lineOf(lines map[string]int, path string) int {
 		path = path[:i]
 	}
 	return 0
+}
+
+// recovering runs a yaml.v3 call, turning a panic inside it (it has a few
+// on odd input) into an error.
+func recovering(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("yaml: %v", r)
+		}
+	}()
+	return f()
 }
 
 // yamlErrors turns a yaml.v3 error into one FieldError per problem, each

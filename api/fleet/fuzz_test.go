@@ -34,6 +34,9 @@ func FuzzParse(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
+	for _, rc := range ruleCases {
+		f.Add([]byte(edit(f, rc.edits...)))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := Parse(data)
 		if err != nil {

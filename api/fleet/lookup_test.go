@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"sync"
@@ -316,6 +317,29 @@ func BenchmarkParse3Region(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// bigSpec is a generated fleet of n engines over 3 regions, as YAML.
+func bigSpec(n int) []byte {
+	var b strings.Builder
+	b.WriteString(strings.Split(base, "engines:\n")[0])
+	b.WriteString("engines:\n")
+	gpus := []string{"H100", "A100"}
+	for i := range n {
+		fmt.Fprintf(&b, "  - {id: e%d, address: \"10.0.%d.%d:8000\", region: r%d, gpu: %s, model: m}\n", i, i/250, i%250, 1+i%2, gpus[i/2%2])
+	}
+	return []byte(b.String())
+}
+
+func BenchmarkParse10kEngines(b *testing.B) {
+	data := bigSpec(10000)
+	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := Parse(data); err != nil {
