@@ -26,7 +26,7 @@ test-short: setup
 	$(GO) test -short -race ./...
 
 demo: setup build
-	@scripts/demo.sh
+	$(BIN) demo $(DEMOFLAGS)
 
 bench: setup
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...

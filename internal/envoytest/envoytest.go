@@ -16,73 +16,22 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inferlb/inferlb/internal/envoybin"
 )
 
 // ErrNoEnvoy is returned by Binary when no Envoy can be found.
-var ErrNoEnvoy = errors.New("envoytest: no envoy binary (run scripts/setup.sh, or set INFERLB_ENVOY)")
+var ErrNoEnvoy = envoybin.ErrNoEnvoy
 
-// Binary returns the Envoy to run: $INFERLB_ENVOY, else $INFERLB_VENV/bin/envoy,
-// else the repository's .venv/bin/envoy, else envoy on PATH.
-func Binary() (string, error) {
-	if p := os.Getenv("INFERLB_ENVOY"); p != "" {
-		return p, nil
-	}
-	if v := os.Getenv("INFERLB_VENV"); v != "" {
-		if p := filepath.Join(v, "bin", "envoy"); isExec(p) {
-			return p, nil
-		}
-	}
-	if root, err := repoRoot(); err == nil {
-		if p := filepath.Join(root, ".venv", "bin", "envoy"); isExec(p) {
-			return p, nil
-		}
-	}
-	if p, err := exec.LookPath("envoy"); err == nil {
-		return p, nil
-	}
-	return "", ErrNoEnvoy
-}
+// Binary returns the Envoy to run (see envoybin.Binary).
+func Binary() (string, error) { return envoybin.Binary() }
 
 // Venv returns the project's Python virtual environment directory.
-func Venv() (string, error) {
-	if v := os.Getenv("INFERLB_VENV"); v != "" {
-		return v, nil
-	}
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(root, ".venv"), nil
-}
-
-func isExec(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
-}
-
-// repoRoot walks up from this source file to the directory holding go.mod.
-func repoRoot() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("envoytest: no caller")
-	}
-	dir := filepath.Dir(file)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("envoytest: go.mod not found")
-		}
-		dir = parent
-	}
-}
+func Venv() (string, error) { return envoybin.Venv(), nil }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort(t testing.TB) int {

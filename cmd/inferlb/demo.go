@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/inferlb/inferlb/internal/demo"
+)
+
+func init() { rootCmd.AddCommand(newDemoCmd()) }
+
+func newDemoCmd() *cobra.Command {
+	o := demo.Options{}
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run the whole balancer locally: engines in 3 regions, control plane, ext_proc, Envoy, traffic, live view",
+		Long: `demo runs inferlb end to end on this machine, each part as its own process:
+
+  engine-sim      every engine of the fleet (vLLM-compatible, simulated GPUs)
+  control-plane   signals → optimizer → CDS/EDS and RoutingPolicy over ADS
+  extproc         one per frontend, in its Envoy's request path
+  envoy           one per frontend (fail-closed bootstrap from envoy-configs/)
+  loadgen         multi-turn conversations from every region, Poisson arrivals,
+                  and after --surge-after a surge of new conversations in
+                  --surge-region
+
+and draws the live view: per engine its load, KV-cache use, TTFT and cache hit
+rate; per frontend the weight its Envoy holds for each engine and the share of
+traffic each got. Watch the surge region's overflow go to the nearest region
+with spare capacity. Ctrl-C stops everything; logs, Envoy bootstraps and the
+load generator's JSON report stay in --out.
+
+Ports: --base-port (xDS), +1 control-plane admin, +10.. Envoy listeners,
++20.. Envoy admins, +30.. ext_proc gRPC, +40.. ext_proc HTTP; the engines
+listen on their fleet-spec addresses.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			o.Self = self
+			if o.Rate <= 0 || o.TimeScale <= 0 || o.ControlInterval <= 0 || o.ViewInterval <= 0 {
+				return fmt.Errorf("--rate, --time-scale, --control-interval and --view-interval must be positive")
+			}
+			if o.Duration < 0 {
+				return fmt.Errorf("--duration must not be negative, got %v", o.Duration)
+			}
+			if o.BasePort <= 0 || o.BasePort > 65000 {
+				return fmt.Errorf("--base-port %d: want 1..65000", o.BasePort)
+			}
+			abs, err := filepath.Abs(o.OutDir)
+			if err != nil {
+				return err
+			}
+			o.OutDir = abs
+			o.View = os.Stdout
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			fmt.Fprintf(os.Stderr, "inferlb demo: starting engines, control plane, ext_proc and Envoy for %s (logs in %s)\n", o.FleetPath, o.OutDir)
+			res, err := demo.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "\ninferlb demo: stopped. Load generator report: %s\n", res.LoadgenReport)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.FleetPath, "fleet", "examples/fleet-3region.yaml", "fleet spec (YAML)")
+	f.StringVar(&o.OutDir, "out", "demo-out", "directory for logs, Envoy bootstraps and reports")
+	f.DurationVar(&o.Duration, "duration", 0, "stop sending traffic after this long (0: until Ctrl-C)")
+	f.Float64Var(&o.TimeScale, "time-scale", 1, "engine simulator time scale (real seconds per simulated second)")
+	f.Float64Var(&o.Rate, "rate", 4, "new conversations per second")
+	f.DurationVar(&o.SurgeAfter, "surge-after", 60*time.Second, "when the surge starts (0: no surge)")
+	f.StringVar(&o.SurgeRegion, "surge-region", "us-east", "region whose share of new conversations quadruples in the surge")
+	f.DurationVar(&o.ControlInterval, "control-interval", 2*time.Second, "control plane cycle period")
+	f.DurationVar(&o.ViewInterval, "view-interval", 2*time.Second, "live view redraw period")
+	f.BoolVar(&o.Plain, "plain", false, "append screens instead of redrawing (for logs and CI)")
+	f.IntVar(&o.BasePort, "base-port", 17000, "first port of the demo's listeners")
+	return cmd
+}

@@ -1,0 +1,486 @@
+// Package demo runs the whole balancer on one machine: simulated engines in
+// several regions, the control plane, one ext_proc service and one Envoy per
+// frontend, multi-turn traffic with a regional surge, and the live view.
+//
+// Every component runs as its own process (this binary's subcommands, and
+// Envoy from the project's virtual environment), exactly as an operator would
+// run them, so the demo exercises the real command lines, ports and gRPC
+// streams. Logs go to one file per process in the output directory.
+package demo
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/internal/envoybin"
+	"github.com/inferlb/inferlb/internal/liveview"
+)
+
+// Options configure a demo run. Zero values are not defaults: the command
+// sets every field from its flags.
+type Options struct {
+	FleetPath string
+	OutDir    string
+	// Self is this binary (os.Executable).
+	Self string
+	// Duration bounds the traffic (0: until interrupted).
+	Duration time.Duration
+	// TimeScale is the engine simulator's time scale (1 = real time).
+	TimeScale float64
+	// Rate is new conversations per second (Poisson).
+	Rate float64
+	// SurgeAfter is when one region's share of new conversations jumps;
+	// SurgeRegion is that region (0 or "": no surge).
+	SurgeAfter  time.Duration
+	SurgeRegion string
+	// ControlInterval is the control plane's cycle period.
+	ControlInterval time.Duration
+	// ViewInterval is the live view's redraw period; View is where it draws
+	// (nil: no live view).
+	ViewInterval time.Duration
+	View         io.Writer
+	// Plain appends screens instead of redrawing them.
+	Plain bool
+	// BasePort: the demo uses BasePort.. for its listeners (see ports).
+	BasePort int
+	Logger   *slog.Logger
+}
+
+// ports lays out the demo's listeners from a base port.
+type ports struct {
+	xds, cpAdmin int
+	envoy        []int // per frontend, client-facing
+	envoyAdmin   []int
+	extproc      []int
+	extprocHTTP  []int
+}
+
+func layout(base, frontends int) ports {
+	p := ports{xds: base, cpAdmin: base + 1}
+	for k := 0; k < frontends; k++ {
+		p.envoy = append(p.envoy, base+10+k)
+		p.envoyAdmin = append(p.envoyAdmin, base+20+k)
+		p.extproc = append(p.extproc, base+30+k)
+		p.extprocHTTP = append(p.extprocHTTP, base+40+k)
+	}
+	return p
+}
+
+func (p ports) all() []int {
+	out := []int{p.xds, p.cpAdmin}
+	out = append(out, p.envoy...)
+	out = append(out, p.envoyAdmin...)
+	out = append(out, p.extproc...)
+	return append(out, p.extprocHTTP...)
+}
+
+// Result is what a finished demo reports.
+type Result struct {
+	// LoadgenReport is the path of the load generator's JSON report.
+	LoadgenReport string
+	OutDir        string
+}
+
+// Run starts everything, waits for readiness, sends traffic, draws the live
+// view, and stops everything when ctx ends or the traffic is done.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	spec, err := fleet.Load(o.FleetPath)
+	if err != nil {
+		return nil, err
+	}
+	if len(spec.Frontends) == 0 {
+		return nil, errors.New("demo: the fleet has no frontends")
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return nil, err
+	}
+	envoy, err := envoybin.Binary()
+	if err != nil {
+		return nil, err
+	}
+	pt := layout(o.BasePort, len(spec.Frontends))
+	busy := append([]string{}, engineAddrs(spec)...)
+	for _, p := range pt.all() {
+		busy = append(busy, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	seen := map[string]bool{}
+	for _, a := range busy {
+		if seen[a] {
+			return nil, fmt.Errorf("demo: %s is both an engine address and a demo port; choose another base port", a)
+		}
+		seen[a] = true
+	}
+	for _, a := range busy {
+		if l, err := net.Listen("tcp", a); err != nil {
+			return nil, fmt.Errorf("demo: %s is in use (another demo running?): %w", a, err)
+		} else {
+			l.Close()
+		}
+	}
+
+	sup := &supervisor{dir: o.OutDir, log: log}
+	defer sup.stopAll()
+
+	// 1. Engines (one process serves all of them).
+	if err := sup.start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
+		"--time-scale", fmt.Sprint(o.TimeScale)); err != nil {
+		return nil, err
+	}
+	// 2. Control plane.
+	cpAdmin := fmt.Sprintf("http://127.0.0.1:%d", pt.cpAdmin)
+	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
+		"--xds-listen", fmt.Sprintf("127.0.0.1:%d", pt.xds),
+		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.cpAdmin),
+		"--interval", o.ControlInterval.String(),
+		"--state-file", filepath.Join(o.OutDir, "control-plane-state.json")); err != nil {
+		return nil, err
+	}
+	// 3. Per frontend: ext_proc and Envoy.
+	admins := map[string]string{}
+	var regionURLs []string
+	for k, f := range spec.Frontends {
+		if err := sup.start("extproc-"+f.Name, o.Self, "extproc",
+			"--listen", fmt.Sprintf("127.0.0.1:%d", pt.extproc[k]),
+			"--http-listen", fmt.Sprintf("127.0.0.1:%d", pt.extprocHTTP[k]),
+			"--control-plane", fmt.Sprintf("127.0.0.1:%d", pt.xds),
+			"--node-id", f.NodeID, "--region", f.Region, "--instance", "demo-"+f.Name); err != nil {
+			return nil, err
+		}
+		boot, err := envoyconfigs.Render(envoyconfigs.Params{
+			Variant: envoyconfigs.FailClosed, NodeID: f.NodeID, Region: f.Region,
+			ListenPort: pt.envoy[k], ExtProcPort: pt.extproc[k], XDSPort: pt.xds,
+			BodyLimit: 4 << 20,
+		})
+		if err != nil {
+			return nil, err
+		}
+		boot += fmt.Sprintf("\nadmin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: %d }\n", pt.envoyAdmin[k])
+		cfg := filepath.Join(o.OutDir, "envoy-"+f.Name+".yaml")
+		if err := os.WriteFile(cfg, []byte(boot), 0o644); err != nil {
+			return nil, err
+		}
+		if err := sup.start("envoy-"+f.Name, envoy, "-c", cfg, "--concurrency", "1",
+			"--disable-hot-restart", "--use-dynamic-base-id", "--log-level", "warning",
+			"--drain-time-s", "1"); err != nil {
+			return nil, err
+		}
+		admins[f.Name] = fmt.Sprintf("http://127.0.0.1:%d", pt.envoyAdmin[k])
+		regionURLs = append(regionURLs, fmt.Sprintf("%s=http://127.0.0.1:%d", f.Region, pt.envoy[k]))
+	}
+
+	// 4. Wait until every part is ready.
+	var checks []readyCheck
+	for _, e := range spec.Engines {
+		checks = append(checks, readyCheck{"engine " + e.ID, "http://" + e.Address + "/health"})
+	}
+	checks = append(checks, readyCheck{"control plane", cpAdmin + "/healthz"})
+	for k, f := range spec.Frontends {
+		checks = append(checks,
+			readyCheck{"ext_proc " + f.Name, fmt.Sprintf("http://127.0.0.1:%d/healthz", pt.extprocHTTP[k])},
+			readyCheck{"envoy " + f.Name, admins[f.Name] + "/ready"})
+	}
+	if err := waitReady(ctx, sup, checks, 60*time.Second); err != nil {
+		return nil, err
+	}
+	log.Info("demo: every component is ready", "out", o.OutDir)
+
+	// 5. Traffic: multi-turn conversations from every frontend region, then
+	// a surge in one region.
+	model := spec.Models[0].Name
+	report := filepath.Join(o.OutDir, "loadgen-report.json")
+	args := []string{"loadgen", "--workload", "multiturn", "--model", model,
+		"--url", fmt.Sprintf("http://127.0.0.1:%d", pt.envoy[0]),
+		"--arrival", "poisson", "--rate", fmt.Sprint(o.Rate),
+		"--turns", "2-6", "--think-time", "2s", "--output-tokens", "50-150",
+		"--user-tokens", "50-150", "--system-prompt-tokens", "400",
+		"--priority-mix", priorityMix(spec),
+		"--slo-ttft", "1s", "--slo-tpot", "100ms", "--json-out", report}
+	if o.Duration > 0 {
+		args = append(args, "--duration", o.Duration.String())
+	}
+	for _, u := range regionURLs {
+		args = append(args, "--region-url", u)
+	}
+	var regions []string
+	for _, f := range spec.Frontends {
+		regions = append(regions, f.Region+"=1")
+	}
+	args = append(args, "--region-shares", strings.Join(regions, ","))
+	if o.SurgeRegion != "" && o.SurgeAfter > 0 {
+		var surge []string
+		for _, f := range spec.Frontends {
+			w := "1"
+			if f.Region == o.SurgeRegion {
+				w = "4"
+			}
+			surge = append(surge, f.Region+"="+w)
+		}
+		args = append(args, "--region-shares", o.SurgeAfter.String()+":"+strings.Join(surge, ","))
+	}
+	lg, err := sup.startProc("loadgen", o.Self, args...)
+	if err != nil {
+		return nil, err
+	}
+
+	// 6. The live view until the traffic ends or ctx is cancelled.
+	viewCtx, stopView := context.WithCancel(ctx)
+	defer stopView()
+	var wg sync.WaitGroup
+	if o.View != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runView(viewCtx, o, spec, admins, filepath.Join(o.OutDir, "loadgen.log"))
+		}()
+	}
+	var lgErr error
+	select {
+	case <-lg.done:
+		lgErr = lg.err
+	case <-ctx.Done():
+		sup.stop(lg)
+	}
+	stopView()
+	wg.Wait()
+	if err := sup.firstExit(); err != nil {
+		return nil, err
+	}
+	if lgErr != nil && ctx.Err() == nil {
+		return nil, fmt.Errorf("demo: load generator: %w (see %s)", lgErr, filepath.Join(o.OutDir, "loadgen.log"))
+	}
+	return &Result{LoadgenReport: report, OutDir: o.OutDir}, nil
+}
+
+func engineAddrs(spec *fleet.Spec) []string {
+	var a []string
+	for _, e := range spec.Engines {
+		a = append(a, e.Address)
+	}
+	return a
+}
+
+// priorityMix gives lower priorities more sessions: most traffic is the
+// least important, as in production.
+func priorityMix(spec *fleet.Spec) string {
+	var parts []string
+	for _, p := range spec.Priorities {
+		parts = append(parts, fmt.Sprintf("%s=%d", p.Name, p.Level+1))
+	}
+	return strings.Join(parts, ",")
+}
+
+func runView(ctx context.Context, o Options, spec *fleet.Spec, admins map[string]string, loadgenLog string) {
+	c := &liveview.Collector{Fleet: spec, EnvoyAdmin: admins}
+	var prev liveview.Sample
+	t := time.NewTicker(o.ViewInterval)
+	defer t.Stop()
+	for {
+		cur, err := c.Collect(ctx)
+		if err != nil {
+			return
+		}
+		var buf bytes.Buffer
+		if !o.Plain {
+			buf.WriteString("\033[H\033[2J")
+		}
+		liveview.Render(&buf, c.Build(prev, cur))
+		if line := lastLine(loadgenLog); line != "" {
+			fmt.Fprintf(&buf, "\nloadgen: %s\n", line)
+		}
+		fmt.Fprintf(&buf, "logs and reports: %s   (Ctrl-C stops the demo)\n", o.OutDir)
+		o.View.Write(buf.Bytes())
+		prev = cur
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// lastLine returns the last non-empty line of a file (the load generator's
+// progress line), or "".
+func lastLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := st.Size() - 4096
+	if off < 0 {
+		off = 0
+	}
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return ""
+	}
+	lines := strings.FieldsFunc(string(buf), func(r rune) bool { return r == '\n' || r == '\r' })
+	if len(lines) == 0 {
+		return ""
+	}
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+type readyCheck struct{ what, url string }
+
+func waitReady(ctx context.Context, sup *supervisor, checks []readyCheck, timeout time.Duration) error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(timeout)
+	for _, c := range checks {
+		for {
+			if err := sup.firstExit(); err != nil {
+				return err
+			}
+			resp, err := client.Get(c.url)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+				err = fmt.Errorf("%s", resp.Status)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("demo: %s not ready after %v (%s: %v); logs in %s", c.what, timeout, c.url, err, sup.dir)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// supervisor starts child processes with their output in log files and
+// stops them all, newest first, on the way out.
+type supervisor struct {
+	dir   string
+	log   *slog.Logger
+	mu    sync.Mutex
+	procs []*proc // guarded by mu
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // set before done is closed
+	// stopping is set when the supervisor stops the process on purpose.
+	stopping bool
+}
+
+func (s *supervisor) start(name, bin string, args ...string) error {
+	_, err := s.startProc(name, bin, args...)
+	return err
+}
+
+func (s *supervisor) startProc(name, bin string, args ...string) (*proc, error) {
+	logf, err := os.Create(filepath.Join(s.dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("demo: start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	s.mu.Lock()
+	s.procs = append(s.procs, p)
+	s.mu.Unlock()
+	s.log.Info("demo: started", "process", name, "pid", cmd.Process.Pid, "log", logf.Name())
+	return p, nil
+}
+
+// firstExit returns an error naming the first process that exited without
+// being asked to (the load generator excepted: it ends when its work is done).
+func (s *supervisor) firstExit() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.procs {
+		select {
+		case <-p.done:
+			if !p.stopping && p.name != "loadgen" {
+				return fmt.Errorf("demo: %s exited: %v; see %s", p.name, p.err,
+					filepath.Join(s.dir, p.name+".log")+tail(filepath.Join(s.dir, p.name+".log")))
+			}
+		default:
+		}
+	}
+	return nil
+}
+
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) > 10 {
+		lines = lines[len(lines)-10:]
+	}
+	return "\n" + strings.Join(lines, "\n")
+}
+
+func (s *supervisor) stop(p *proc) {
+	s.mu.Lock()
+	p.stopping = true
+	s.mu.Unlock()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+func (s *supervisor) stopAll() {
+	s.mu.Lock()
+	procs := append([]*proc(nil), s.procs...)
+	s.mu.Unlock()
+	for i := len(procs) - 1; i >= 0; i-- {
+		s.stop(procs[i])
+	}
+}
