@@ -48,6 +48,7 @@ type extprocBench struct {
 	envoy       bool
 	protocol    bool
 	conns       int
+	childProf   string
 }
 
 func init() {
@@ -104,6 +105,8 @@ balancer's own cost.
 	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
 	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")
 	f.BoolVar(&protocolOnly, "protocol-only", false, "only the protocol benchmark")
+	f.StringVar(&b.childProf, "child-cpu-profile", "", "write the ext_proc child's CPU profile to this file")
+	_ = f.MarkHidden("child-cpu-profile")
 	benchCmd.AddCommand(cmd)
 	rootCmd.AddCommand(benchCmd)
 }
@@ -155,7 +158,7 @@ type child struct {
 	done chan struct{}
 }
 
-func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPlane string) (*child, error) {
+func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPlane, cpuProfile string) (*child, error) {
 	pf := filepath.Join(dir, "policy.json")
 	pj, _ := protojson.Marshal(benchPolicy())
 	if err := os.WriteFile(pf, pj, 0o644); err != nil {
@@ -174,6 +177,9 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 		"--body-limit", strconv.Itoa(bodyLimit)}
 	if controlPlane != "" {
 		args = append(args, "--control-plane", controlPlane, "--node-id", benchNode)
+	}
+	if cpuProfile != "" {
+		args = append(args, "--cpu-profile", cpuProfile)
 	}
 	c := &child{cmd: exec.Command(self, args...), addr: addr, done: make(chan struct{})}
 	c.cmd.Stderr = os.Stderr
@@ -362,7 +368,7 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 }
 
 func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
-	ch, err := startExtProcChild(ctx, dir, bodyLimit, "")
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, "", b.childProf)
 	if err != nil {
 		return err
 	}
@@ -532,7 +538,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 	if err := cp.SetPolicy(benchPolicy()); err != nil {
 		return err
 	}
-	ch, err := startExtProcChild(ctx, dir, bodyLimit, cp.Addr)
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, cp.Addr, "")
 	if err != nil {
 		return err
 	}

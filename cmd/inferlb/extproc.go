@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"time"
 
@@ -19,6 +20,7 @@ func init() {
 	var (
 		cfg                                service.Config
 		logLevel, printBootstrap, fallback string
+		cpuProfile                         string
 		envoyPort                          int
 	)
 	cmd := &cobra.Command{
@@ -57,6 +59,17 @@ Print a frontend Envoy bootstrap that uses this service:
 			if printBootstrap != "" {
 				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, envoyPort)
 			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return service.Run(cmd.Context(), cfg)
 		},
 	}
@@ -75,6 +88,8 @@ Print a frontend Envoy bootstrap that uses this service:
 	f.StringVar(&printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
 	f.IntVar(&envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
 	f.StringVar(&fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
+	f.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
+	_ = f.MarkHidden("cpu-profile")
 	rootCmd.AddCommand(cmd)
 }
 
