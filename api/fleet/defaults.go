@@ -14,7 +14,7 @@ const (
 	DefaultMeanPromptTokens = 200.0 // ShareGPT-like request shape
 	DefaultMeanOutputTokens = 200.0
 	DefaultPriorityName     = "default"
-	DefaultShedCostMs       = 10000.0 // the default priority's shed cost
+	DefaultShedCost         = 1000.0 // the default priority's shed cost (relative)
 )
 
 // setDefaults fills the optional fields the user omitted (nil pointers, empty
@@ -36,7 +36,7 @@ func setDefaults(d *specDoc) {
 		defaultClass(&(*d.Classes)[i])
 	}
 	if d.Priorities == nil {
-		d.Priorities = &[]priorityDoc{{Name: DefaultPriorityName, Level: ptr(0), ShedCost: ptr(DefaultShedCostMs)}}
+		d.Priorities = &[]priorityDoc{{Name: DefaultPriorityName, Level: ptr(0), ShedCost: ptr(DefaultShedCost)}}
 	}
 	for i := range d.Frontends {
 		if d.Frontends[i].NodeID == "" {

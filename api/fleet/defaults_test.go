@@ -63,7 +63,7 @@ func TestDefaults(t *testing.T) {
 				return [3]any{*c.MinContextTokens, *c.MeanPromptTokens, *c.MeanOutputTokens}
 			}, [3]any{-1, 0.0, -3.0}},
 		{"priorities omitted: one default",
-			specDoc{}, func(d *specDoc) any { return *d.Priorities }, []priorityDoc{{Name: "default", Level: ptr(0), ShedCost: ptr(10000.0)}}},
+			specDoc{}, func(d *specDoc) any { return *d.Priorities }, []priorityDoc{{Name: "default", Level: ptr(0), ShedCost: ptr(1000.0)}}},
 		{"priorities given empty stay empty",
 			specDoc{Priorities: &[]priorityDoc{}}, func(d *specDoc) any { return len(*d.Priorities) }, 0},
 		{"priority fields are not defaulted",

@@ -233,7 +233,7 @@ func TestNew(t *testing.T) {
 	if c, err := s.Classify("m", "", 100); err != nil || c.Name != "m" {
 		t.Errorf("default class: %+v %v", c, err)
 	}
-	if p, _ := s.PriorityByName("default"); p.ShedCost != DefaultShedCostMs {
+	if p, _ := s.PriorityByName("default"); p.ShedCost != DefaultShedCost {
 		t.Errorf("default priority %+v", p)
 	}
 	// Required fields are checked as given.

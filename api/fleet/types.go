@@ -139,10 +139,11 @@ type Class struct {
 type Priority struct {
 	Name  string `yaml:"name"`
 	Level int    `yaml:"level"`
-	// ShedCost is the cost of shedding one request of this priority, in
-	// milliseconds of added end-to-end latency the optimizer would rather
-	// impose on routed traffic than shed it. Must not exceed the ShedCost of
-	// a more important priority.
+	// ShedCost is the relative cost of shedding one request of this
+	// priority (a positive weight, no unit): when demand cannot fit, the
+	// optimizer sheds the priority with the smallest ShedCost first. Must not
+	// exceed the ShedCost of a more important priority (lower Level), so
+	// that cost order and level order agree.
 	ShedCost float64 `yaml:"shed_cost"`
 }
 

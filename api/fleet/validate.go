@@ -17,7 +17,8 @@ const (
 	maxTokens   = 1 << 30   // context, KV and batch sizes
 	maxReplicas = 1_000_000 // per engine entry
 	maxRate     = 1e9       // tokens/s, requests/s
-	maxMs       = 3_600_000 // one hour, for step times and shed costs
+	maxMs       = 3_600_000 // one hour, for step times
+	maxShedCost = 1e9       // a relative weight
 	maxLabelLen = 256       // label keys and values
 	maxNodeID   = 256       // Envoy node ids
 	maxHostLen  = 253       // DNS
@@ -407,7 +408,7 @@ func (v *validator) checkPriorities() {
 				levels[*pr.Level] = i
 			}
 		}
-		if v.number(p+".shed_cost", pr.ShedCost, 0, maxMs, true) && okLevel {
+		if v.number(p+".shed_cost", pr.ShedCost, 0, maxShedCost, true) && okLevel {
 			good = append(good, okPrio{i, *pr.Level, *pr.ShedCost})
 		}
 	}
