@@ -262,6 +262,24 @@ func (r *Runner) cycleLoop(ctx context.Context) {
 		return
 	case <-warm.C:
 	}
+	// Then wait for every frontend's demand reports (ext_proc reconnects
+	// with a backoff after a restart), at most one demand window more:
+	// publishing from partial demand would move weights for nothing.
+	deadline := time.NewTimer(r.cfg.DemandWindow)
+	defer deadline.Stop()
+	poll := time.NewTicker(r.cfg.ScrapeInterval)
+	defer poll.Stop()
+	for !r.allReported() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			r.log.Warn("warm-up: not every frontend has reported demand; starting anyway", "reported", len(r.intake.Status().LastReport))
+			goto warm
+		case <-poll.C:
+		}
+	}
+warm:
 	r.log.Info("warm-up done", "after", r.cfg.Now().Sub(start))
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
@@ -274,6 +292,16 @@ func (r *Runner) cycleLoop(ctx context.Context) {
 		case <-r.kick:
 		}
 	}
+}
+
+func (r *Runner) allReported() bool {
+	seen := r.intake.Status().LastReport
+	for _, f := range r.cfg.Fleet.Frontends {
+		if _, ok := seen[f.NodeID]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *Runner) cycle(ctx context.Context) {
@@ -294,6 +322,10 @@ func (r *Runner) cycle(ctx context.Context) {
 		r.m.cycles.WithLabelValues("fallback").Inc()
 		r.log.Warn("optimizer failed; capacity-proportional fallback used", "err", res.Fallback)
 	}
+	r.mu.Lock()
+	r.last, r.ready = res, true
+	r.cycles++
+	r.mu.Unlock()
 	for _, rs := range res.Publish {
 		if err := r.srv.Publish(ctx, rs); err != nil {
 			r.log.Error("publish failed", "node", rs.NodeID, "err", err)
@@ -329,10 +361,6 @@ func (r *Runner) cycle(ctx context.Context) {
 	for _, v := range res.Engines {
 		r.m.penalty.WithLabelValues(v.ID).Set(v.Penalty)
 	}
-	r.mu.Lock()
-	r.last, r.ready = res, true
-	r.cycles++
-	r.mu.Unlock()
 }
 
 type stateFile struct {

@@ -86,8 +86,9 @@ func NewIntake(opt IntakeOptions) *Intake {
 	if opt.MaxIntervals <= 0 {
 		opt.MaxIntervals = 600
 	}
-	return &Intake{opt: opt, nodes: set(opt.Nodes), classes: set(opt.Classes), priorities: set(opt.Priorities),
+	in := &Intake{opt: opt, nodes: set(opt.Nodes), classes: set(opt.Classes), priorities: set(opt.Priorities),
 		byInstance: map[[2]string][]report{}, lastReport: map[string]time.Time{}}
+	return in
 }
 
 func (in *Intake) now() time.Time {
@@ -200,6 +201,7 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 	dem := map[DemandKey]*acc{}
 	ev := map[string]*Evidence{}
 	latSum := map[string]float64{}
+	earliest := map[string]time.Time{}
 	in.mu.Lock()
 	for k, reps := range in.byInstance {
 		keep := reps[:0]
@@ -208,6 +210,9 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 				continue
 			}
 			keep = append(keep, rp)
+			if s, ok := earliest[rp.req.NodeId]; !ok || rp.start.Before(s) {
+				earliest[rp.req.NodeId] = rp.start
+			}
 			f := overlap(rp.start, rp.end, from, now)
 			if f == 0 {
 				continue
@@ -243,9 +248,21 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 		}
 	}
 	in.mu.Unlock()
-	w := in.opt.Window.Seconds()
+	// Rates divide by the span the node's reports cover, up to the window:
+	// a restarted control plane (or a frontend that just came up) has less
+	// than a window of reports and must not underestimate demand.
+	span := func(node string) float64 {
+		w := in.opt.Window.Seconds()
+		if s, ok := earliest[node]; ok {
+			if c := now.Sub(s).Seconds(); c > 0 && c < w {
+				return c
+			}
+		}
+		return w
+	}
 	outD := make(map[DemandKey]DemandRate, len(dem))
 	for k, a := range dem {
+		w := span(k.Node)
 		r := DemandRate{RequestsPerS: a.req / w, ShedPerS: a.shed / w}
 		if a.req > 0 {
 			r.PromptTokens, r.OutputTokens = a.pt/a.req, a.ot/a.req

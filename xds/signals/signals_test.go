@@ -193,6 +193,7 @@ func TestIntake(t *testing.T) {
 	now := time.Unix(5000, 0)
 	in := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
 		Priorities: []string{"p", "q"}, Now: func() time.Time { return now }})
+	now = now.Add(20 * time.Second) // the intake has run for a whole window
 	rep := func(req, shed uint64) *policyv1.ReportRequest {
 		return &policyv1.ReportRequest{NodeId: "fe", Instance: "i1",
 			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),

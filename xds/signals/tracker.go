@@ -1,8 +1,11 @@
 package signals
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"math"
+	"net"
 	"sort"
 	"time"
 )
@@ -122,7 +125,11 @@ func (t *Tracker) Observe(s Sample) (changed bool) {
 	before := t.state(tr, tr.e.LastScrape) // as last seen
 	tr.scraped = true
 	tr.e.LastScrape = s.At
-	tr.healthOK = s.Healthy
+	// A /health that timed out says nothing (an overloaded engine answers
+	// late): keep the last verdict. Refused or non-2xx is a failure.
+	if !isTimeout(s.HealthErr) {
+		tr.healthOK = s.Healthy
+	}
 	tr.e.LastError = ""
 	if s.HealthErr != nil {
 		tr.e.LastError = "health: " + s.HealthErr.Error()
@@ -225,4 +232,12 @@ func (e Engine) MarshalJSON() ([]byte, error) {
 		TTFTMs *float64 `json:"ttft_ms"`
 		TBOTMs *float64 `json:"tbot_ms"`
 	}{plain(e), nan(e.TTFTMs), nan(e.TBOTMs)})
+}
+
+func isTimeout(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }

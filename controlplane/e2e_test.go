@@ -1,0 +1,408 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lni/goutils/leaktest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/api/headers"
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/xds/xdstest"
+)
+
+type e2e struct {
+	t       *testing.T
+	spec    *fleet.Spec
+	engines map[string]*enginesim.Server
+	cfg     RunConfig
+	runner  *Runner
+	stop    func()
+	xds     string
+	envoys  map[string]*envoytest.Envoy
+	ports   map[string]int
+}
+
+func startEngines(t *testing.T) (map[string]*enginesim.Server, [4]string) {
+	prof := enginesim.H100Llama8B
+	prof.Model = "m"
+	ids := []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"}
+	out := map[string]*enginesim.Server{}
+	var addrs [4]string
+	for i, id := range ids {
+		s, err := enginesim.Start(context.Background(), enginesim.Options{ID: id, Model: "m", Profile: prof,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		out[id], addrs[i] = s, s.Addr()
+	}
+	return out, addrs
+}
+
+func (e *e2e) startRunner(xdsListen string) {
+	e.t.Helper()
+	cfg := e.cfg
+	cfg.XDSListen = xdsListen
+	r, err := NewRunner(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	e.runner = r
+	e.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("runner: %v", err)
+		}
+	}
+	xds, _, err := r.Addrs(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.xds = xds
+}
+
+// reportDemand plays the ext_proc services: every 100 ms each frontend
+// reports its demand (fe-east 40 req/s, fe-west 20 req/s).
+func reportDemand(ctx context.Context, t *testing.T, addr string, wg *sync.WaitGroup) {
+	// Reconnect quickly after the control plane restarts (gRPC's default
+	// backoff grows to seconds).
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.2, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer conn.Close()
+		c := policyv1.NewReportsClient(conn)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			now := time.Now()
+			for node, rate := range map[string]uint64{"fe-east": 4, "fe-west": 2} {
+				rctx, cancel := context.WithTimeout(ctx, time.Second)
+				_, _ = c.Report(rctx, &policyv1.ReportRequest{NodeId: node, Instance: "test",
+					IntervalStart: timestamppb.New(now.Add(-100 * time.Millisecond)), IntervalEnd: timestamppb.New(now),
+					Demand: []*policyv1.DemandSample{{Class: "chat", Priority: "high", Requests: rate, PromptTokens: rate * 200, OutputTokens: rate * 200}}})
+				cancel()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+}
+
+// envoyMatches checks that an Envoy's chat cluster shows exactly the
+// published integer weights and priorities.
+func (e *e2e) envoyMatches(node string) error {
+	res := e.runner.Last()
+	if res == nil {
+		return fmt.Errorf("no cycle yet")
+	}
+	cd := res.Nodes[node].Classes["chat"]
+	cs, err := xdstest.Clusters(e.envoys[node])
+	if err != nil {
+		return err
+	}
+	hosts := cs["inferlb_chat"]
+	if len(hosts) != 4 {
+		return fmt.Errorf("%s: %d hosts in inferlb_chat", node, len(hosts))
+	}
+	for id, w := range cd.EnvoyW {
+		h := hosts[e.engines[id].Addr()]
+		if h.Weight != w || h.Priority != cd.Priority[id] {
+			return fmt.Errorf("%s: %s has weight %d priority %d in Envoy, published %d priority %d", node, id, h.Weight, h.Priority, w, cd.Priority[id])
+		}
+	}
+	return nil
+}
+
+func (e *e2e) envoyWeight(node, id string) uint32 {
+	cs, err := xdstest.Clusters(e.envoys[node])
+	if err != nil {
+		return 0
+	}
+	h := cs["inferlb_chat"][e.engines[id].Addr()]
+	if h.Priority != 0 {
+		return 0
+	}
+	return h.Weight
+}
+
+func TestEndToEndWithEnvoy(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	engines, addrs := startEngines(t)
+	spec, err := fleet.Parse([]byte(testFleetYAML(addrs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultRunConfig()
+	cfg.Fleet = spec
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond
+	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 2*time.Second, 300*time.Millisecond, 2*time.Second, 300*time.Millisecond
+	cfg.Cycle.DeadbandTV = 0.05
+	// Latency penalties are tested in virtual time (cycle_test.go); here a
+	// busy 2-core machine would make the real-time simulator look slow.
+	cfg.Cycle.Penalty.LatencyTolerance = 10
+	cfg.StateFile = filepath.Join(t.TempDir(), "state.json")
+	cfg.Cycle.Translate.HealthCheck.Interval = 200 * time.Millisecond
+	cfg.Cycle.Translate.HealthCheck.Timeout = 200 * time.Millisecond
+	cfg.Cycle.Translate.HealthCheck.HealthyThreshold = 1
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	e := &e2e{t: t, spec: spec, engines: engines, cfg: cfg, envoys: map[string]*envoytest.Envoy{}, ports: map[string]int{}}
+	e.startRunner("127.0.0.1:0")
+	defer func() { e.stop() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	reportDemand(ctx, t, e.xds, &wg)
+
+	for node, delta := range map[string]bool{"fe-east": false, "fe-west": true} {
+		e.ports[node] = envoytest.FreePort(t)
+		e.envoys[node] = envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(xdstest.BootstrapOptions{
+			NodeID: node, Region: node[3:], XDSAddress: e.xds, Delta: delta, ListenerPort: e.ports[node], Retries: 1})})
+	}
+
+	// 1. Each node shows its own optimizer weights.
+	for _, node := range []string{"fe-east", "fe-west"} {
+		if err := envoytest.Poll(ctx, 15*time.Second, 50*time.Millisecond, func() error { return e.envoyMatches(node) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := e.runner.Last()
+	we, ww := last.Nodes["fe-east"].Classes["chat"].EnvoyW, last.Nodes["fe-west"].Classes["chat"].EnvoyW
+	t.Logf("fe-east weights %v\nfe-west weights %v", we, ww)
+	if fmt.Sprint(we) == fmt.Sprint(ww) {
+		t.Fatal("the two frontends got the same weights")
+	}
+
+	// 2. Restart: Envoy serves on its last config with no failed request,
+	// and the new process publishes the same weights.
+	var sent, failed atomic.Int64
+	trafficCtx, stopTraffic := context.WithCancel(ctx)
+	var twg sync.WaitGroup
+	twg.Add(1)
+	go func() {
+		defer twg.Done()
+		client := &http.Client{Timeout: 10 * time.Second}
+		for i := 0; trafficCtx.Err() == nil; i++ {
+			body := `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":4}`
+			req, _ := http.NewRequestWithContext(trafficCtx, http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", e.ports["fe-east"]), bytes.NewBufferString(body))
+			req.Header.Set(headers.Cluster, "inferlb_chat")
+			req.Header.Set(headers.AffinityKey, fmt.Sprintf("conv-%d", i%50))
+			req.Header.Set("content-type", "application/json")
+			resp, err := client.Do(req)
+			if trafficCtx.Err() != nil {
+				return
+			}
+			sent.Add(1)
+			if err != nil {
+				failed.Add(1)
+				continue
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				failed.Add(1)
+			}
+		}
+	}()
+	xdsAddr := e.xds
+	e.stop()
+	before := map[string]map[string]uint32{}
+	for n, nd := range e.runner.Last().Nodes {
+		before[n] = nd.Classes["chat"].EnvoyW // the last weights the old process published
+	}
+	// While the control plane is down, traffic flows on the last config.
+	if err := envoytest.Poll(ctx, 5*time.Second, 20*time.Millisecond, func() error {
+		if sent.Load() < 50 {
+			return fmt.Errorf("%d requests sent", sent.Load())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.startRunner(xdsAddr)
+	if err := envoytest.Poll(ctx, 15*time.Second, 50*time.Millisecond, func() error {
+		for _, st := range e.runner.Server().Status() {
+			if st.Streams == 0 {
+				return fmt.Errorf("%s not reconnected", st.NodeID)
+			}
+		}
+		if len(e.runner.Server().Status()) < 2 {
+			return fmt.Errorf("nodes not reconnected")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"fe-east", "fe-west"} {
+		if err := envoytest.Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error { return e.envoyMatches(node) }); err != nil {
+			t.Fatal(err)
+		}
+		now := e.runner.Last().Nodes[node].Classes["chat"].EnvoyW
+		d := tvInt(now, before[node])
+		t.Logf("%s after restart: %v, before %v (total variation %.4f)", node, now, before[node], d)
+		if d > cfg.Cycle.DeadbandTV {
+			t.Errorf("%s did not reconverge: total variation %.3f > deadband %.3f", node, d, cfg.Cycle.DeadbandTV)
+		}
+	}
+	stopTraffic()
+	twg.Wait()
+	t.Logf("restart: %d requests through Envoy, %d failed", sent.Load(), failed.Load())
+	if failed.Load() != 0 {
+		t.Errorf("%d of %d requests failed across the restart", failed.Load(), sent.Load())
+	}
+
+	// 3. Loading one engine through the simulator shifts weight away from it
+	// within two control cycles of the signal.
+	const hot = "e-east-1"
+	w0 := e.envoyWeight("fe-east", hot)
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	var lwg sync.WaitGroup
+	for i := 0; i < 150; i++ {
+		lwg.Add(1)
+		go func() {
+			defer lwg.Done()
+			body := `{"model":"m","messages":[{"role":"user","content":"load"}],"max_tokens":4000}`
+			req, _ := http.NewRequestWithContext(loadCtx, http.MethodPost, engines[hot].URL()+"/v1/chat/completions", bytes.NewBufferString(body))
+			req.Header.Set("content-type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	loaded := time.Now()
+	var sawSignal time.Time
+	err = envoytest.Poll(ctx, 10*time.Second, 20*time.Millisecond, func() error {
+		if sawSignal.IsZero() {
+			// The first cycle whose input showed the load.
+			if res := e.runner.Last(); res != nil {
+				if v := view(res, hot); v.ObservedUtilization > 0.5 || v.Penalty > 0 {
+					sawSignal = res.At
+				}
+			}
+		}
+		if sawSignal.IsZero() {
+			return fmt.Errorf("no cycle has seen the load yet: %+v", view(e.runner.Last(), hot))
+		}
+		if w := e.envoyWeight("fe-east", hot); w >= w0/2 {
+			return fmt.Errorf("weight of the loaded engine still %d (was %d)", w, w0)
+		}
+		return nil
+	})
+	shifted := time.Now()
+	stopLoad()
+	lwg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("load: weight %d → %d; %v after loading began, %v after the cycle saw it", w0, e.envoyWeight("fe-east", hot), shifted.Sub(loaded), shifted.Sub(sawSignal))
+	if sawSignal.IsZero() {
+		t.Fatalf("no cycle saw the load: %+v", view(e.runner.Last(), hot))
+	}
+	if lag := shifted.Sub(sawSignal); lag > 2*cfg.Interval+time.Second {
+		t.Errorf("weights moved %v after a cycle saw the load; want within two cycles (%v)", lag, 2*cfg.Interval)
+	}
+
+	// 4. An engine failing its health check is out of routing within the
+	// health-check window.
+	const sick = "e-west-1"
+	if err := engines[sick].SetFaults(enginesim.Faults{HealthFail: true}); err != nil {
+		t.Fatal(err)
+	}
+	failedAt := time.Now()
+	window := time.Duration(cfg.Cycle.Translate.HealthCheck.UnhealthyThreshold+1) * cfg.Cycle.Translate.HealthCheck.Interval
+	for _, node := range []string{"fe-east", "fe-west"} {
+		if err := envoytest.Poll(ctx, 5*time.Second, 10*time.Millisecond, func() error {
+			cs, err := xdstest.Clusters(e.envoys[node])
+			if err != nil {
+				return err
+			}
+			if h := cs["inferlb_chat"][engines[sick].Addr()]; h.Routable() {
+				return fmt.Errorf("%s still routable at %s: %+v", sick, node, h)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := time.Since(failedAt)
+	t.Logf("health: %s out of routing at both nodes after %v (window %v)", sick, out, window)
+	if out > window+2*time.Second {
+		t.Errorf("out of routing after %v, health-check window %v", out, window)
+	}
+
+	// 5. The admin view: weights, explanations, xDS ACK state, metrics.
+	_, admin, _ := e.runner.Addrs(ctx)
+	get := func(path string) string {
+		resp, err := http.Get("http://" + admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s %s", path, resp.Status, b)
+		}
+		return string(b)
+	}
+	for path, wants := range map[string][]string{
+		"/weights?node=fe-east":            {`"fe-east"`, `"envoy_weights"`, `"e-west-1": "unhealthy"`},
+		"/explain?node=fe-west&class=chat": {`"CapacityPriceMs"`, `"NetworkMs"`},
+		"/xds":                             {`"fe-east"`, `"acked"`, `"eds"`},
+		"/signals":                         {`"e-east-1"`, `"fe-east/chat/high"`},
+		"/metrics":                         {"inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},
+	} {
+		body := get(path)
+		for _, w := range wants {
+			if !strings.Contains(body, w) {
+				t.Errorf("GET %s lacks %q", path, w)
+			}
+		}
+	}
+}
+
+var _ = net.JoinHostPort
+
+func tvInt(a, b map[string]uint32) float64 {
+	fa, fb := map[string]float64{}, map[string]float64{}
+	for k, v := range a {
+		fa[k] = float64(v)
+	}
+	for k, v := range b {
+		fb[k] = float64(v)
+	}
+	return tv(fa, fb)
+}
