@@ -109,7 +109,7 @@ func TestDemoRunsEndToEnd(t *testing.T) {
 	var rep struct {
 		Requests struct {
 			Sent, OK, Errors, Timeouts int
-			Rejected int `json:"rejected_429"`
+			Rejected                   int `json:"rejected_429"`
 		} `json:"requests"`
 		CachedShare float64 `json:"cached_prompt_share"`
 	}
