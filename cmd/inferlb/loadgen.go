@@ -14,7 +14,10 @@ import (
 	"github.com/inferlb/inferlb/internal/workload"
 )
 
-func init() {
+func init() { rootCmd.AddCommand(newLoadgenCmd()) }
+
+// newLoadgenCmd builds the loadgen command with its own flag set.
+func newLoadgenCmd() *cobra.Command {
 	var (
 		baseURL, modelName, wl, tracePath, format, arrival, jsonOut string
 		regionURLs, extraHeaders, regionShares                      []string
@@ -246,7 +249,7 @@ Examples:
 	fl.BoolVar(&sessionIDs, "session-ids", true, "multiturn: send each session's id in --session-header")
 	fl.StringVar(&priorityMix, "priority-mix", "", "multiturn: priorities' shares of sessions, e.g. high=1,low=3 (empty: no priority)")
 	fl.StringArrayVar(&regionShares, "region-shares", nil, "multiturn: [AT:]region=w,... regions' shares of new sessions from AT on (repeatable; the first starts at 0s), e.g. us=0.5,eu=0.5 then 60s:us=0.1,eu=0.9")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 func checkURL(s string) error {

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/lni/goutils/leaktest"
+
+	"github.com/inferlb/inferlb/internal/enginesim"
+)
+
+func runLoadgen(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	cmd := newLoadgenCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err = cmd.ExecuteContext(ctx)
+	return out.String(), errOut.String(), err
+}
+
+func TestLoadgenRejectsBadFlags(t *testing.T) {
+	dir := t.TempDir()
+	badTrace := filepath.Join(dir, "bad.csv")
+	os.WriteFile(badTrace, []byte("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,12,x\n"), 0o644)
+	u := []string{"--url", "http://127.0.0.1:1", "--model", "m"}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "m", "--workload", "azure"}, "--url is required"},
+		{[]string{"--url", "localhost:80", "--model", "m", "--workload", "azure"}, "--url: \"localhost:80\" is not an http(s)://host[:port] URL"},
+		{append(u, "--workload", "sharegpt"), `--workload "sharegpt": want mooncake, azure or multiturn`},
+		{append(u, "--workload", "azure"), "--workload azure needs --trace FILE"},
+		{append(u, "--workload", "azure", "--trace", badTrace), "azure trace line 2: GeneratedTokens: \"x\" is not an integer"},
+		{append(u, "--workload", "multiturn"), "--workload multiturn has no timestamps: choose --arrival poisson"},
+		{append(u, "--workload", "multiturn", "--arrival", "poisson"), "poisson arrivals need a rate > 0"},
+		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--rate", "3"), "--rate applies to --arrival poisson"},
+		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2"), "an endless workload needs a request count or a duration bound"},
+		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--region-shares", "us=1,us=2"), `--region-shares: region phase "us=1,us=2"`},
+		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--turns", "5-2"), "--turns: range \"5-2\""},
+		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--region-header", "x"), "--region-header applies with --direct-engine"},
+		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--format", "xml"), `--format: workload: unknown prompt format "xml"`},
+	}
+	for _, c := range cases {
+		_, _, err := runLoadgen(context.Background(), c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("loadgen %s: error %v, want %q", strings.Join(c.args, " "), err, c.want)
+		}
+	}
+}
+
+func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, err := enginesim.Start(ctx, enginesim.Options{Model: "m", Profile: enginesim.H100Llama8B, MaxContextTokens: 32768, TimeScale: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "report.json")
+	stdout, stderr, err := runLoadgen(ctx, "--url", srv.URL(), "--model", "m", "--workload", "azure",
+		"--trace", "../../internal/workload/testdata/azure_code_head.csv", "--speedup", "100", "--max-requests", "30",
+		"--slo-ttft", "1s", "--json-out", out, "--progress=false")
+	if err != nil {
+		t.Fatalf("loadgen: %v\n%s", err, stderr)
+	}
+	for _, s := range []string{"30 sent, 30 ok", "TTFT (ms)", "goodput"} {
+		if !strings.Contains(stdout, s) {
+			t.Errorf("table lacks %q:\n%s", s, stdout)
+		}
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Requests struct{ OK int } `json:"requests"`
+		Prompt   int64            `json:"prompt_tokens"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || rep.Requests.OK != 30 || rep.Prompt == 0 {
+		t.Fatalf("JSON report %+v (%v):\n%s", rep, err, b)
+	}
+}
