@@ -107,7 +107,9 @@ func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
 		if err != nil {
 			return nil, nil, yamlErrors(err)
 		}
-		return nil, nil, []*FieldError{{Msg: "more than one YAML document; a spec is one document", Line: extra.Line}}
+		if !emptyDocument(&extra) {
+			return nil, nil, []*FieldError{{Msg: "more than one YAML document; a spec is one document", Line: extra.Line}}
+		}
 	}
 	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
 		return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
@@ -132,6 +134,15 @@ func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
 		}
 	}
 	return &d, w.lines, w.errs
+}
+
+// emptyDocument: a document with nothing in it, as a trailing "---" makes.
+func emptyDocument(n *yaml.Node) bool {
+	if len(n.Content) == 0 {
+		return true
+	}
+	c := n.Content[0]
+	return len(n.Content) == 1 && c.Kind == yaml.ScalarNode && c.ShortTag() == "!!null" && c.Value == ""
 }
 
 type walker struct {

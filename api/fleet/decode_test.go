@@ -19,6 +19,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"empty", "", []string{"empty spec: no YAML document"}},
 		{"only a comment", "# nothing\n", []string{"empty spec: no YAML document"}},
 		{"two documents", base + "---\nname: x\n", []string{"more than one YAML document; a spec is one document"}},
+		{"trailing empty document", base + "---\n# end\n", nil},
 		{"syntax", "regions: [\n", []string{"invalid YAML: did not find expected node content"}},
 		{"tab indentation", "regions:\n\t- name: r\n", []string{"invalid YAML: found character that cannot start any token"}},
 		{"duplicate key", "name: a\nname: b\n", []string{`invalid YAML: mapping key "name" already defined at line 1`}},
@@ -32,7 +33,7 @@ func TestDecodeErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.src))
-			if got := errorLines(err); !slices.Equal(got[:min(len(got), len(tc.want))], tc.want) {
+			if got := errorLines(err); !slices.Equal(got[:min(len(got), len(tc.want))], tc.want) || (tc.want == nil) != (err == nil) {
 				t.Errorf("errors:\n got  %q\n want %q (first)", got, tc.want)
 			}
 		})
