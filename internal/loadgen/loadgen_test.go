@@ -397,3 +397,34 @@ func TestDirectPathReusesAndRecoversConnections(t *testing.T) {
 		t.Fatalf("server saw %d requests, want 21 (no duplicate from the retry)", len(eng.requests()))
 	}
 }
+
+// limited lets a multi-turn source start only n sessions.
+type limited struct {
+	*workload.MultiTurn
+	n int
+}
+
+func (l *limited) Next(at time.Duration) (workload.Request, bool) {
+	if l.n == 0 {
+		return workload.Request{}, false
+	}
+	l.n--
+	return l.MultiTurn.Next(at)
+}
+
+func TestOpenLoopSessionsFinishAfterTheLastStart(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	eng := newFakeEngine(t, &fakeEngine{})
+	mt, err := workload.NewMultiTurn(workload.MultiTurnOptions{Turns: workload.Range{Min: 3, Max: 3}, SystemPromptTokens: 10,
+		UserTokens: workload.Range{Min: 5, Max: 5}, OutputTokens: workload.Range{Min: 2, Max: 2}, ThinkTime: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(context.Background(), Config{Client: testClient(t, eng.srv.URL), Source: &limited{mt, 4}, Arrival: Arrival{Kind: Poisson, Rate: 500}, MaxRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests.Sent != 12 || rep.Requests.OK != 12 {
+		t.Fatalf("4 sessions of 3 turns: %+v", rep.Requests)
+	}
+}

@@ -81,6 +81,12 @@ func newCollector(slo SLO) *collector {
 	return &collector{slo: slo, groups: map[string]*stats{}, errs: map[string]int{}}
 }
 
+func (c *collector) begin(start time.Time) {
+	c.mu.Lock()
+	c.start = start
+	c.mu.Unlock()
+}
+
 func (c *collector) sent(lag time.Duration) {
 	c.mu.Lock()
 	c.sentN++

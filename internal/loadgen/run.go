@@ -124,12 +124,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 type runner struct {
-	cfg  Config
-	arr  Arrival
-	col  *collector
-	fu   workload.FollowUper
-	ctx  context.Context // cancels in-flight requests
-	stop context.Context // ends sending (duration reached or ctx cancelled)
+	cfg         Config
+	arr         Arrival
+	col         *collector
+	fu          workload.FollowUper
+	ctx         context.Context    // cancels in-flight requests
+	stop        context.Context    // ends sending (duration reached or ctx cancelled)
+	stopSending context.CancelFunc // releases stop
 
 	start    time.Time
 	deadline time.Time // zero: none
@@ -175,22 +176,27 @@ func (r *runner) waitUntil(t time.Time) bool {
 	}
 }
 
-func (r *runner) run(ctx context.Context) (*Report, error) {
-	r.ctx = ctx
-	var stopSending context.CancelFunc
+// begin starts the run's clock: offsets, the duration bound and the metrics
+// count from now. run releases the stop context after every request ended.
+func (r *runner) begin() {
 	r.start = time.Now()
 	if r.cfg.Duration > 0 {
 		r.deadline = r.start.Add(r.cfg.Duration)
-		r.stop, stopSending = context.WithDeadline(ctx, r.deadline)
+		r.stop, r.stopSending = context.WithDeadline(r.ctx, r.deadline)
 	} else {
-		r.stop, stopSending = context.WithCancel(ctx)
+		r.stop, r.stopSending = context.WithCancel(r.ctx)
 	}
-	defer stopSending()
-	r.col.start = r.start
+	r.col.begin(r.start)
+}
 
+func (r *runner) run(ctx context.Context) (*Report, error) {
+	r.ctx = ctx
 	progDone := make(chan struct{})
 	var progWG sync.WaitGroup
-	if r.cfg.Progress != nil {
+	startProgress := func() {
+		if r.cfg.Progress == nil {
+			return
+		}
 		progWG.Add(1)
 		go func() {
 			defer progWG.Done()
@@ -211,16 +217,19 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	case Poisson:
 		r.openLoop(func(prev time.Duration, rng *rand.Rand) time.Duration {
 			return prev + time.Duration(rng.ExpFloat64()/r.arr.Rate*float64(time.Second))
-		})
+		}, startProgress)
 	case Trace:
-		r.openLoop(nil)
+		r.openLoop(nil, startProgress)
 	case Closed:
+		r.begin()
+		startProgress()
 		for range r.arr.Concurrency {
 			r.wg.Add(1)
 			go r.worker()
 		}
 	}
 	r.wg.Wait()
+	r.stopSending()
 	close(progDone)
 	progWG.Wait()
 	end := time.Now()
@@ -241,8 +250,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 // openLoop starts requests at scheduled times: gap != nil draws Poisson
 // times; nil uses the workload's offsets ÷ speedup. A producer goroutine
 // builds requests ahead of their time (prompt text can be large), so building
-// them is off the sending path.
-func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration) {
+// them is off the sending path; the run's clock starts when the first request
+// is ready.
+func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration, started func()) {
 	type item struct {
 		req workload.Request
 		at  time.Duration
@@ -280,7 +290,13 @@ func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration) {
 		}
 	}()
 	defer close(quit) // the producer stops when sending stops
-	for it := range ahead {
+	first, ok := <-ahead
+	r.begin()
+	started()
+	if !ok {
+		return
+	}
+	for it := first; ; {
 		if !r.waitUntil(r.start.Add(it.at)) || !r.reserve() {
 			return
 		}
@@ -289,6 +305,9 @@ func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration) {
 			defer r.wg.Done()
 			r.session(req, r.start.Add(at))
 		}(it.req, it.at)
+		if it, ok = <-ahead; !ok {
+			return
+		}
 	}
 }
 
