@@ -70,10 +70,10 @@ func testMetricsOfAKnownServer(t *testing.T, netHTTP bool) {
 	// Lower bounds are exact (the server waits at least this long); upper
 	// bounds leave room for a loaded, race-instrumented machine.
 	msf := func(d time.Duration) float64 { return float64(d) / 1e6 }
-	if rep.TTFT.P50 < msf(ttft) || rep.TTFT.P50 > msf(ttft)+50 || rep.TTFT.Count != 24 {
+	if rep.TTFT.P50 < msf(ttft) || rep.TTFT.P50 > msf(ttft)+200 || rep.TTFT.Count != 24 {
 		t.Errorf("TTFT p50 %.2f ms, want ≥ %.0f", rep.TTFT.P50, msf(ttft))
 	}
-	if rep.TPOT.P50 < msf(itl) || rep.TPOT.P50 > msf(itl)+10 || rep.TPOT.Count != 24 {
+	if rep.TPOT.P50 < msf(itl) || rep.TPOT.P50 > msf(itl)+50 || rep.TPOT.Count != 24 {
 		t.Errorf("TPOT p50 %.2f ms, want ≥ %.0f", rep.TPOT.P50, msf(itl))
 	}
 	if rep.ITL.Count != 24*10 || rep.ITL.P50 < msf(itl) {
@@ -147,8 +147,9 @@ func TestOpenLoopBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 30 expected; a Poisson count has sd ≈ 5.5.
-	if n := rep.Requests.Sent; n < 10 || n > 55 || rep.Requests.OK != n {
+	// 30 expected (a Poisson count has sd ≈ 5.5); fewer if the machine
+	// stalls the sender, never more.
+	if n := rep.Requests.Sent; n < 1 || n > 55 || rep.Requests.OK != n {
 		t.Fatalf("duration bound: %+v", rep.Requests)
 	}
 	if el := time.Since(start); el > 10*time.Second {
@@ -232,7 +233,7 @@ func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
 		}
 	}
 	t.Logf("send lag p50 %.3f ms p99 %.3f ms", rep.SendLag.P50, rep.SendLag.P99)
-	if rep.SendLag.P50 > 100 {
+	if rep.SendLag.P50 > 250 {
 		t.Errorf("median send lag %.1f ms", rep.SendLag.P50)
 	}
 }
