@@ -369,13 +369,7 @@ func (p *parser) parts(idx int, h *uint64) (int, error) {
 						}
 						total += n
 						if h != nil {
-							hh, k := *h, 0
-							walkString(p.b[span[0]:span[1]], func(c byte) bool {
-								hh = (hh ^ uint64(c)) * fnvPrime
-								k++
-								return k < PrefixBytes
-							})
-							*h = (hh ^ 0xfe) * fnvPrime
+							*h = (hashText(*h, p.b[span[0]:span[1]]) ^ 0xfe) * fnvPrime
 						}
 					} else if err := p.skip(3); err != nil {
 						return 0, err
@@ -416,21 +410,7 @@ func (p *parser) hashContent(h uint64, span [2]int) uint64 {
 	raw := p.b[span[0]:span[1]]
 	switch raw[0] {
 	case '"':
-		text := raw[1 : len(raw)-1]
-		head := text[:min(len(text), PrefixBytes)]
-		if bytes.IndexByte(head, '\\') < 0 {
-			// No escape in the hashed part: its raw bytes are its text.
-			for _, c := range head {
-				h = (h ^ uint64(c)) * fnvPrime
-			}
-		} else {
-			n := 0
-			walkString(text, func(c byte) bool {
-				h = (h ^ uint64(c)) * fnvPrime
-				n++
-				return n < PrefixBytes
-			})
-		}
+		h = hashText(h, raw[1:len(raw)-1])
 		// A string hashes like a one-part array of text.
 		return (h ^ 0xfe) * fnvPrime
 	case '[':
@@ -510,6 +490,43 @@ func (p *parser) prompt(r *Request) error {
 		return &FieldError{Field: "prompt", Msg: "must be a string or an array"}
 	}
 	return p.syntax("expected a value")
+}
+
+// hashText folds the first PrefixBytes decoded bytes of a validated raw JSON
+// string into h: plain runs byte by byte, escapes decoded.
+func hashText(h uint64, raw []byte) uint64 {
+	n := 0
+	for len(raw) > 0 && n < PrefixBytes {
+		k := bytes.IndexByte(raw, '\\')
+		if k < 0 {
+			k = len(raw)
+		}
+		k = min(k, PrefixBytes-n)
+		for _, c := range raw[:k] {
+			h = (h ^ uint64(c)) * fnvPrime
+		}
+		n += k
+		raw = raw[k:]
+		if len(raw) == 0 || n >= PrefixBytes || raw[0] != '\\' {
+			continue
+		}
+		// One escape: decode it (a \u pair may take 12 bytes).
+		w := 6
+		if raw[1] != 'u' {
+			w = 2
+		} else if _, used := decodeU(raw[:min(len(raw), 12)]); used == 12 {
+			w = 12
+		}
+		walkString(raw[:w], func(c byte) bool {
+			if n < PrefixBytes {
+				h = (h ^ uint64(c)) * fnvPrime
+				n++
+			}
+			return n < PrefixBytes
+		})
+		raw = raw[w:]
+	}
+	return h
 }
 
 func hashPrefix(raw []byte) uint64 {
