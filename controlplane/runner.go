@@ -218,6 +218,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	g.Go(func() error { r.scrapeLoop(ctx); return nil })
 	g.Go(func() error { r.cycleLoop(ctx); return nil })
 	err = g.Wait()
+	r.scraper.Client.CloseIdleConnections()
 	r.log.Info("control plane stopped")
 	return err
 }

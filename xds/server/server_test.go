@@ -269,6 +269,41 @@ func TestPolicyAndReports(t *testing.T) {
 		t.Fatalf("policy: %v", &p)
 	}
 	_ = stream.CloseSend()
+
+	// Delta ADS serves the policy too (ext_proc may use either).
+	ds, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.Send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "fe"}, TypeUrl: policyv1.TypeURL, ResourceNamesSubscribe: []string{"fe"}}); err != nil {
+		t.Fatal(err)
+	}
+	ddr, err := ds.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ddr.Resources) != 1 || ddr.Resources[0].Name != "fe" {
+		t.Fatalf("delta policy: %v", ddr)
+	}
+	if err := ddr.Resources[0].Resource.UnmarshalTo(&p); err != nil || p.Version != "42" {
+		t.Fatalf("delta policy: %v %v", &p, err)
+	}
+	// A new policy reaches the delta subscriber.
+	r.Policy.Version = "43"
+	if err := srv.Publish(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: policyv1.TypeURL, ResponseNonce: ddr.Nonce}); err != nil {
+		t.Fatal(err)
+	}
+	ddr, err = ds.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ddr.Resources[0].Resource.UnmarshalTo(&p); err != nil || p.Version != "43" {
+		t.Fatalf("updated delta policy: %v %v", &p, err)
+	}
+	_ = ds.CloseSend()
 	cancel()
 	_ = net.ErrClosed
 }
