@@ -23,7 +23,7 @@ func newLoadgenCmd() *cobra.Command {
 		regionURLs, extraHeaders, regionShares                      []string
 		sessionHeader, priorityHeader, regionHeader, priorityMix    string
 		turns, userTokens, outputTokens                             string
-		rate, speedup                                               float64
+		rate, speedup, timeScale                                    float64
 		concurrency, maxRequests, blockTokens, maxOutput, maxConns  int
 		systemPrompts, systemPromptTokens                           int
 		duration, timeout, sloTTFT, sloTPOT, thinkTime              time.Duration
@@ -190,7 +190,7 @@ Examples:
 				client.ExtraHeaders.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 			}
 			cfg := loadgen.Config{Client: client, Source: src, Arrival: arr, MaxRequests: maxRequests, Duration: duration,
-				SLO: loadgen.SLO{TTFT: sloTTFT, TPOT: sloTPOT}, Seed: seed}
+				SLO: loadgen.SLO{TTFT: sloTTFT, TPOT: sloTPOT}, Seed: seed, TimeScale: timeScale}
 			if progress {
 				cfg.Progress = cmd.ErrOrStderr()
 			}
@@ -230,6 +230,7 @@ Examples:
 	fl.DurationVar(&timeout, "timeout", 5*time.Minute, "per-request bound from send to the end of the stream (0: none)")
 	fl.DurationVar(&sloTTFT, "slo-ttft", 0, "goodput: TTFT bound (0: not checked)")
 	fl.DurationVar(&sloTPOT, "slo-tpot", 0, "goodput: TPOT bound (0: not checked)")
+	fl.Float64Var(&timeScale, "time-scale", 1, "the target's time scale (engine-sim --time-scale): trace times, --rate, --think-time, --duration, the SLOs and the report are in its simulated time (--timeout stays real)")
 	fl.StringVar(&jsonOut, "json-out", "", "also write the report as JSON to this file")
 	fl.BoolVar(&progress, "progress", true, "print a progress line to stderr every second")
 	fl.Uint64Var(&seed, "seed", 1, "seed for prompt text, sessions and Poisson arrivals")

@@ -67,7 +67,7 @@ func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
 	defer srv.Close()
 	out := filepath.Join(t.TempDir(), "report.json")
 	stdout, stderr, err := runLoadgen(ctx, "--url", srv.URL(), "--model", "m", "--workload", "azure",
-		"--trace", "../../internal/workload/testdata/azure_code_head.csv", "--speedup", "100", "--max-requests", "30",
+		"--trace", "../../internal/workload/testdata/azure_code_head.csv", "--time-scale", "0.01", "--max-requests", "30",
 		"--slo-ttft", "1s", "--json-out", out, "--progress=false")
 	if err != nil {
 		t.Fatalf("loadgen: %v\n%s", err, stderr)
@@ -82,10 +82,15 @@ func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rep struct {
-		Requests struct{ OK int } `json:"requests"`
-		Prompt   int64            `json:"prompt_tokens"`
+		Requests  struct{ OK int } `json:"requests"`
+		Prompt    int64            `json:"prompt_tokens"`
+		TimeScale float64          `json:"time_scale"`
+		TTFT      struct {
+			P50 float64 `json:"p50_ms"`
+		} `json:"ttft"`
 	}
-	if err := json.Unmarshal(b, &rep); err != nil || rep.Requests.OK != 30 || rep.Prompt == 0 {
+	// In the simulator's time, every TTFT includes its 10 ms request overhead.
+	if err := json.Unmarshal(b, &rep); err != nil || rep.Requests.OK != 30 || rep.Prompt == 0 || rep.TimeScale != 0.01 || rep.TTFT.P50 < 10 {
 		t.Fatalf("JSON report %+v (%v):\n%s", rep, err, b)
 	}
 }

@@ -429,3 +429,32 @@ func TestOpenLoopSessionsFinishAfterTheLastStart(t *testing.T) {
 		t.Fatalf("4 sessions of 3 turns: %+v", rep.Requests)
 	}
 }
+
+func TestTimeScaleRunsInTheTargetsTime(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	const ttft = 20 * time.Millisecond // real
+	eng := newFakeEngine(t, &fakeEngine{TTFT: ttft})
+	c := testClient(t, eng.srv.URL)
+	// The target runs 10× faster than real time: 20 ms real is 200 ms of its time.
+	rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 5, out: 3}, Arrival: Arrival{Kind: Closed, Concurrency: 2},
+		MaxRequests: 6, TimeScale: 0.1, SLO: SLO{TTFT: 150 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.TimeScale != 0.1 || rep.TTFT.P50 < 200 || rep.Goodput != 0 || rep.Requests.OK != 6 {
+		t.Fatalf("time scale %v: TTFT p50 %.1f ms (want ≥ 200 in the target's time), goodput %d", rep.TimeScale, rep.TTFT.P50, rep.Goodput)
+	}
+	// Poisson at 20/s of the target's time for 2 s of it: 40 expected, in 0.2 s real.
+	start := time.Now()
+	rep, err = Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 5, out: 3}, Arrival: Arrival{Kind: Poisson, Rate: 20},
+		Duration: 2 * time.Second, TimeScale: 0.1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rep.Requests.Sent; n < 1 || n > 80 || time.Since(start) > 1500*time.Millisecond {
+		t.Fatalf("sent %d in %v", n, time.Since(start))
+	}
+	if _, err := Run(context.Background(), Config{Client: c, Source: &fixed{}, Arrival: Arrival{Kind: Closed, Concurrency: 1}, MaxRequests: 1, TimeScale: -1}); err == nil {
+		t.Fatal("negative time scale accepted")
+	}
+}

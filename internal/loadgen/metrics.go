@@ -63,6 +63,7 @@ func (s *stats) add(req *workload.Request, res *Result, slo SLO) {
 // collector gathers results from concurrent requests.
 type collector struct {
 	slo   SLO
+	scale float64 // real seconds per target second
 	start time.Time
 
 	mu        sync.Mutex
@@ -77,8 +78,16 @@ type collector struct {
 	lastProgN int
 }
 
-func newCollector(slo SLO) *collector {
-	return &collector{slo: slo, groups: map[string]*stats{}, errs: map[string]int{}}
+func newCollector(slo SLO, scale float64) *collector {
+	return &collector{slo: slo, scale: scale, groups: map[string]*stats{}, errs: map[string]int{}}
+}
+
+// target converts a real duration to the target's time.
+func (c *collector) target(d time.Duration) time.Duration {
+	if c.scale == 1 {
+		return d
+	}
+	return time.Duration(float64(d) / c.scale)
 }
 
 func (c *collector) begin(start time.Time) {
@@ -91,7 +100,7 @@ func (c *collector) sent(lag time.Duration) {
 	c.mu.Lock()
 	c.sentN++
 	c.inflight++
-	c.lag.RecordDuration(lag)
+	c.lag.RecordDuration(c.target(lag))
 	c.mu.Unlock()
 }
 
@@ -108,6 +117,15 @@ const maxErrorKinds = 20
 
 func (c *collector) done(req *workload.Request, res *Result) {
 	now := time.Now()
+	if c.scale != 1 {
+		scaled := *res
+		scaled.TTFT, scaled.E2E = c.target(res.TTFT), c.target(res.E2E)
+		scaled.ITLs = make([]time.Duration, len(res.ITLs))
+		for i, d := range res.ITLs {
+			scaled.ITLs[i] = c.target(d)
+		}
+		res = &scaled
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inflight--
@@ -139,14 +157,14 @@ func (c *collector) progress(now time.Time) string {
 		c.lastProg = c.start
 	}
 	done := c.all.ok
-	rate := float64(done-c.lastProgN) / now.Sub(c.lastProg).Seconds()
+	rate := float64(done-c.lastProgN) / c.target(now.Sub(c.lastProg)).Seconds()
 	c.lastProg, c.lastProgN = now, done
 	cached := ""
 	if c.all.usagePrompt > 0 {
 		cached = fmt.Sprintf(" | cached %.1f%%", 100*float64(c.all.usageCached)/float64(c.all.usagePrompt))
 	}
 	return fmt.Sprintf("loadgen %5.0fs: sent %d ok %d inflight %d | 429 %d timeout %d err %d | %.1f req/s | TTFT p50 %.1fms p99 %.1fms | TPOT p50 %.2fms%s",
-		now.Sub(c.start).Seconds(), c.sentN, c.all.ok, c.inflight, c.all.rejected, c.all.timeouts, c.all.failed, rate,
+		c.target(now.Sub(c.start)).Seconds(), c.sentN, c.all.ok, c.inflight, c.all.rejected, c.all.timeouts, c.all.failed, rate,
 		ms(c.all.ttft.Quantile(0.5)), ms(c.all.ttft.Quantile(0.99)), ms(c.all.tpot.Quantile(0.5)), cached)
 }
 
@@ -229,9 +247,12 @@ type Report struct {
 	Rate        float64 `json:"rate,omitempty"`
 	Speedup     float64 `json:"speedup,omitempty"`
 	Concurrency int     `json:"concurrency,omitempty"`
+	// TimeScale, when set, is the target's time scale: every duration and
+	// rate of the report is in the target's (simulated) time.
+	TimeScale float64 `json:"time_scale,omitempty"`
 	// Start is when the run started (request offsets count from it).
 	Start time.Time `json:"start"`
-	// DurationS is the wall time from the start to the last completion.
+	// DurationS is the time from the start to the last completion.
 	DurationS float64 `json:"duration_s"`
 	SLO       struct {
 		TTFTMs float64 `json:"ttft_ms,omitempty"`
@@ -256,7 +277,7 @@ func (c *collector) report(end time.Time) *Report {
 	if last.IsZero() {
 		last = end
 	}
-	secs := last.Sub(c.start).Seconds()
+	secs := c.target(last.Sub(c.start)).Seconds()
 	rep := &Report{Start: c.start, DurationS: secs, Stats: c.all.export(c.sentN, secs), SendLag: dist(&c.lag)}
 	rep.SLO.TTFTMs = ms(float64(c.slo.TTFT))
 	rep.SLO.TPOTMs = ms(float64(c.slo.TPOT))

@@ -42,6 +42,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	case "closed":
 		load += fmt.Sprintf(" loop, concurrency %d", r.Concurrency)
 	}
+	if r.TimeScale != 0 {
+		load += fmt.Sprintf(", in the target's time (time scale %g)", r.TimeScale)
+	}
 	if r.Interrupted {
 		load += " (interrupted)"
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,13 @@ type Config struct {
 	ProgressEvery time.Duration
 	// Seed drives the Poisson process.
 	Seed uint64
+	// TimeScale is the target's time scale (engine-sim --time-scale s: real
+	// seconds per simulated second; 0 means 1). With s ≠ 1 the run is in
+	// the target's time: trace offsets, the Poisson rate, think times,
+	// Duration and the SLO bounds are simulated time, and the report's
+	// latencies and rates are converted to simulated time. Client.Timeout and
+	// the Results passed to OnResult stay in real time.
+	TimeScale float64
 	// OnResult, if set, is called after each request (from its goroutine).
 	OnResult func(*workload.Request, *Result)
 }
@@ -118,7 +126,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = time.Second
 	}
-	r := &runner{cfg: cfg, arr: a, col: newCollector(cfg.SLO)}
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 1
+	}
+	if !(cfg.TimeScale > 0) || math.IsInf(cfg.TimeScale, 0) {
+		return nil, fmt.Errorf("loadgen: time scale must be > 0, got %v", cfg.TimeScale)
+	}
+	r := &runner{cfg: cfg, arr: a, col: newCollector(cfg.SLO, cfg.TimeScale)}
 	r.fu, _ = cfg.Source.(workload.FollowUper)
 	return r.run(ctx)
 }
@@ -137,6 +151,11 @@ type runner struct {
 	issued   atomic.Int64
 	wg       sync.WaitGroup
 	srcMu    sync.Mutex
+}
+
+// wall converts a duration in the target's time to real time.
+func (r *runner) wall(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * r.cfg.TimeScale)
 }
 
 // reserve claims one request slot; false once the count or time bound is
@@ -181,7 +200,7 @@ func (r *runner) waitUntil(t time.Time) bool {
 func (r *runner) begin() {
 	r.start = time.Now()
 	if r.cfg.Duration > 0 {
-		r.deadline = r.start.Add(r.cfg.Duration)
+		r.deadline = r.start.Add(r.wall(r.cfg.Duration))
 		r.stop, r.stopSending = context.WithDeadline(r.ctx, r.deadline)
 	} else {
 		r.stop, r.stopSending = context.WithCancel(r.ctx)
@@ -244,6 +263,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		rep.Concurrency = r.arr.Concurrency
 	}
 	rep.Interrupted = ctx.Err() != nil
+	if r.cfg.TimeScale != 1 {
+		rep.TimeScale = r.cfg.TimeScale
+	}
 	return rep, nil
 }
 
@@ -297,13 +319,13 @@ func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration, sta
 		return
 	}
 	for it := first; ; {
-		if !r.waitUntil(r.start.Add(it.at)) || !r.reserve() {
+		if !r.waitUntil(r.start.Add(r.wall(it.at))) || !r.reserve() {
 			return
 		}
 		r.wg.Add(1)
 		go func(req workload.Request, at time.Duration) {
 			defer r.wg.Done()
-			r.session(req, r.start.Add(at))
+			r.session(req, r.start.Add(r.wall(at)))
 		}(it.req, it.at)
 		if it, ok = <-ahead; !ok {
 			return
@@ -322,7 +344,7 @@ func (r *runner) session(req workload.Request, due time.Time) {
 		if !ok {
 			return
 		}
-		due = time.Now().Add(req.ThinkTime)
+		due = time.Now().Add(r.wall(req.ThinkTime))
 		if !r.waitUntil(due) || !r.reserve() {
 			return
 		}
@@ -347,7 +369,7 @@ func (r *runner) worker() {
 			return
 		}
 		now := time.Now()
-		req, ok := r.next(now.Sub(r.start))
+		req, ok := r.next(time.Duration(float64(now.Sub(r.start)) / r.cfg.TimeScale))
 		if !ok {
 			return
 		}
