@@ -96,9 +96,10 @@ func (s *Subscriber) stream(ctx context.Context) (got bool, err error) {
 	if s.Region != "" {
 		node.Locality = &corev3.Locality{Region: s.Region}
 	}
+	// An empty version on a new stream: whatever the server holds is sent,
+	// even if a restarted control plane reuses a version string.
 	req := &discoveryv3.DiscoveryRequest{
 		Node: node, TypeUrl: policyv1.TypeURL, ResourceNames: []string{s.NodeID},
-		VersionInfo: s.Version(),
 	}
 	if err := st.Send(req); err != nil {
 		return false, err
