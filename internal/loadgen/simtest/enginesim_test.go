@@ -92,9 +92,10 @@ func sharedTrace(t *testing.T, name string) string {
 // TestMooncakeReplayReachesTheIdealCacheShare replays the whole Mooncake
 // synthetic trace into one engine whose KV cache holds every block, at the
 // trace's own pace in simulated time (the engine runs 50× faster than real
-// time, the replay is sped up 50×). Each hash id becomes 8 words instead of
-// 512 and the engine's KV blocks hold 8 tokens instead of 16: the trace's
-// prefix structure (and its 64% block ideal) stays, the prompts shrink 64×.
+// time, and the generator runs in the engine's time with the same time
+// scale). Each hash id becomes 8 words instead of 512 and the engine's KV
+// blocks hold 8 tokens instead of 16: the trace's prefix structure (and its
+// 64% block ideal) stays, the prompts shrink 64×.
 // Outputs are capped at 2 tokens (they never enter a Mooncake prompt). The
 // engine's cached-token share must come close to the ideal for exactly the
 // prompts sent: what an unbounded prefix cache with the engine's blocks would
@@ -124,7 +125,7 @@ func TestMooncakeReplayReachesTheIdealCacheShare(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var log []sent
-	rep, err := loadgen.Run(context.Background(), loadgen.Config{Client: c, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Trace, Speedup: 1 / scale},
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{Client: c, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Trace}, TimeScale: scale,
 		OnResult: func(req *workload.Request, res *loadgen.Result) {
 			ids := tokens.AppendChat(nil, req.Messages)
 			mu.Lock()
@@ -195,7 +196,7 @@ func TestAzureReplaySendsExactlyTheTrace(t *testing.T) {
 	c.Timeout = 60 * time.Second
 	sizes := map[[2]int]int{}
 	var mu sync.Mutex
-	rep, err := loadgen.Run(context.Background(), loadgen.Config{Client: c, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Trace, Speedup: 1 / scale},
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{Client: c, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Trace}, TimeScale: scale,
 		OnResult: func(req *workload.Request, res *loadgen.Result) {
 			mu.Lock()
 			sizes[[2]int{res.PromptTokens, res.OutputTokens}]++
