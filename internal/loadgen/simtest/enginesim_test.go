@@ -161,7 +161,7 @@ func TestMooncakeReplayReachesTheIdealCacheShare(t *testing.T) {
 	idealShare := float64(ideal) / float64(total)
 	traceIdeal := workload.MooncakeIdeal(rows, 8)
 	engineShare := engineSum(t, srv, "vllm:prefix_cache_hits_total") / engineSum(t, srv, "vllm:prefix_cache_queries_total")
-	t.Logf("Mooncake replay, %d requests in %.1f s: cached-token share %.4f (engine's own counters %.4f); ideal for the prompts sent %.4f; trace ideal %.4f of blocks (%d/%d), %.4f of tokens",
+	t.Logf("Mooncake replay, %d requests over %.1f s of the engine's time: cached-token share %.4f (engine's own counters %.4f); ideal for the prompts sent %.4f; trace ideal %.4f of blocks (%d/%d), %.4f of tokens",
 		rep.Requests.OK, rep.DurationS, rep.CachedShare, engineShare, idealShare, traceIdeal.BlockShare(), traceIdeal.HitBlocks, traceIdeal.Blocks, traceIdeal.TokenShare())
 	if rep.PromptTokens != int64(total) {
 		t.Errorf("usage says %d prompt tokens, the prompts sent have %d", rep.PromptTokens, total)
@@ -221,7 +221,7 @@ func TestAzureReplaySendsExactlyTheTrace(t *testing.T) {
 		engineSum(t, srv, "vllm:prompt_tokens_total"),
 		engineSum(t, srv, "vllm:generation_tokens_total"),
 	}
-	t.Logf("Azure code trace, first %d rows over %.1f s of trace in %.2f s: engine saw %v requests, %v prompt and %v generated tokens",
+	t.Logf("Azure code trace, first %d rows spanning %.1f s, replayed over %.2f s of the engine's time: engine saw %v requests, %v prompt and %v generated tokens",
 		len(rows), rows[len(rows)-1].Time.Sub(rows[0].Time).Seconds(), rep.DurationS, got.n, got.prompt, got.gen)
 	if rep.Requests.Sent != len(rows) || rep.Requests.OK != len(rows) || got.n != float64(len(rows)) || got.prompt != float64(prompt) || got.gen != float64(gen) {
 		t.Fatalf("trace: %d requests, %d prompt, %d output tokens; generator %+v; engine %+v", len(rows), prompt, gen, rep.Requests, got)
