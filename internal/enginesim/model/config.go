@@ -9,7 +9,10 @@
 // they happened, which may be earlier than the now passed to Advance. The HTTP
 // shell (package enginesim) drives one Engine per served engine from a timer
 // in real time; a discrete-event fleet simulator drives thousands of them from
-// one event queue. An Engine is not safe for concurrent use.
+// one event queue: after every Submit, Advance, Abort or SetHang, re-read
+// NextEvent and (re)schedule the engine's wake-up there. An Engine is not
+// safe for concurrent use. Per request the model allocates a few small
+// objects; per step it does O(running) work.
 //
 // # Step model
 //
