@@ -167,8 +167,8 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 	cfg := DefaultRunConfig()
 	cfg.Fleet = spec
 	cfg.AdminListen = "127.0.0.1:0"
-	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond
-	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 2*time.Second, 300*time.Millisecond, 2*time.Second, 300*time.Millisecond
+	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 100*time.Millisecond, time.Second
+	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 5*time.Second, 300*time.Millisecond, 2*time.Second, 300*time.Millisecond
 	cfg.Cycle.DeadbandTV = 0.05
 	// Latency penalties are tested in virtual time (cycle_test.go); here a
 	// busy 2-core machine would make the real-time simulator look slow.
@@ -385,11 +385,16 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		"/signals":                         {`"e-east-1"`, `"fe-east/chat/high"`},
 		"/metrics":                         {"inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},
 	} {
-		body := get(path)
-		for _, w := range wants {
-			if !strings.Contains(body, w) {
-				t.Errorf("GET %s lacks %q", path, w)
+		if err := envoytest.Poll(ctx, 5*time.Second, 50*time.Millisecond, func() error {
+			body := get(path)
+			for _, w := range wants {
+				if !strings.Contains(body, w) {
+					return fmt.Errorf("GET %s lacks %q", path, w)
+				}
 			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 	}
 }

@@ -78,6 +78,9 @@ type Runner struct {
 	ready              bool
 	xdsAddr, adminAddr string
 	started            chan struct{}
+	// scraped is closed after the first complete scrape round.
+	scraped     chan struct{}
+	scrapedOnce sync.Once
 
 	m struct {
 		cycles       *prometheus.CounterVec
@@ -114,7 +117,8 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{})}
+	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{}),
+		scraped: make(chan struct{})}
 	var nodes, classes, prios, ids []string
 	for _, f := range cfg.Fleet.Frontends {
 		nodes = append(nodes, f.NodeID)
@@ -240,6 +244,7 @@ func (r *Runner) scrapeLoop(ctx context.Context) {
 			}
 		}
 		r.mu.Unlock()
+		r.scrapedOnce.Do(func() { close(r.scraped) })
 		if changed {
 			select {
 			case r.kick <- struct{}{}:
@@ -262,6 +267,13 @@ func (r *Runner) cycleLoop(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	case <-warm.C:
+	}
+	// Every engine must have been scraped once: an engine not yet seen is
+	// "unknown", and publishing that would move weights for nothing.
+	select {
+	case <-ctx.Done():
+		return
+	case <-r.scraped:
 	}
 	// Then wait for every frontend's demand reports (ext_proc reconnects
 	// with a backoff after a restart), at most one demand window more:
