@@ -609,7 +609,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 
 	fmt.Fprintf(out, "\nEnvoy alone vs Envoy + ext_proc (1 worker each, same upstream answering at once), %v per cell\n", b.duration)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "body\tconcurrency\talone req/s\t+ext_proc req/s\tratio\talone p50\t+ext_proc p50\tadded p50 ms\talone p99\t+ext_proc p99\tadded p99 ms\text_proc CPU ms/req\terrors\t")
+	fmt.Fprintln(tw, "body\tconcurrency\talone req/s\t+ext_proc req/s\tratio\talone p50\t+ext_proc p50\tadded p50 ms\talone p99\t+ext_proc p99\tadded p99 ms\tEnvoy CPU ms/req alone\t+ext_proc\text_proc CPU ms/req\terrors\t")
 	for _, size := range b.sizes {
 		bodies := chatBodies(size, 64)
 		for _, c := range b.concurrency {
@@ -626,17 +626,22 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 				})
 				return res{rps: float64(ok) / time.Since(t0).Seconds(), p50: lat.pct(0.5), p99: lat.pct(0.99), bad: bad, err: ferr}
 			}
+			ea0, _ := cpuSeconds(alone.cmd.Process.Pid)
 			a := one(aloneURL)
+			ea1, _ := cpuSeconds(alone.cmd.Process.Pid)
 			cpu0, _ := cpuSeconds(ch.cmd.Process.Pid)
+			ew0, _ := cpuSeconds(with.cmd.Process.Pid)
 			wres := one(withURL)
 			cpu1, _ := cpuSeconds(ch.cmd.Process.Pid)
+			ew1, _ := cpuSeconds(with.cmd.Process.Pid)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			reqs := wres.rps * b.duration.Seconds()
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%d/%d\t\n", sizeName(size), c,
+			areqs := a.rps * b.duration.Seconds()
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t%d/%d\t\n", sizeName(size), c,
 				a.rps, wres.rps, wres.rps/a.rps, ms(a.p50), ms(wres.p50), ms(wres.p50-a.p50), ms(a.p99), ms(wres.p99), ms(wres.p99-a.p99),
-				(cpu1-cpu0)*1000/max(reqs, 1), a.bad, wres.bad)
+				(ea1-ea0)*1000/max(areqs, 1), (ew1-ew0)*1000/max(reqs, 1), (cpu1-cpu0)*1000/max(reqs, 1), a.bad, wres.bad)
 			for _, e := range []error{a.err, wres.err} {
 				if e != nil {
 					slog.Warn("bench request failed", "err", e)
