@@ -274,3 +274,41 @@ func view(r *Result, id string) EngineView {
 	}
 	return EngineView{}
 }
+
+// BenchmarkCycle3Region is one control cycle's logic (engine view,
+// penalties, optimizer, deadband, translation of 3 nodes × 3 classes) on the
+// example 3-region fleet with 12 engines, demand changing every cycle.
+func BenchmarkCycle3Region(b *testing.B) {
+	spec, err := fleet.Load("../examples/fleet-3region.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := NewController(spec, DefaultConfig(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ids []string
+	for _, e := range spec.Engines {
+		ids = append(ids, e.ID)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: time.Hour}, ids)
+	for _, id := range ids {
+		tr.Observe(signals.Sample{ID: id, At: now, Healthy: true, Metrics: signals.Metrics{}})
+	}
+	eng := tr.Engines(now)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		now = now.Add(5 * time.Second)
+		d := map[signals.DemandKey]signals.DemandRate{}
+		for k, f := range spec.Frontends {
+			for _, cl := range spec.Classes {
+				d[signals.DemandKey{Node: f.NodeID, Class: cl.Name, Priority: "standard"}] = signals.DemandRate{
+					RequestsPerS: 20 + float64((i+k)%7), PromptTokens: cl.MeanPromptTokens, OutputTokens: cl.MeanOutputTokens}
+			}
+		}
+		if _, err := c.Step(context.Background(), Inputs{Now: now, Engines: eng, Demand: d}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
