@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,6 +24,7 @@ func init() { rootCmd.AddCommand(newLoadgenCmd()) }
 func newLoadgenCmd() *cobra.Command {
 	var (
 		baseURL, modelName, wl, tracePath, format, arrival, jsonOut string
+		requestsOut                                                 string
 		regionURLs, extraHeaders, regionShares                      []string
 		sessionHeader, priorityHeader, regionHeader, priorityMix    string
 		turns, userTokens, outputTokens                             string
@@ -194,7 +199,36 @@ Examples:
 			if progress {
 				cfg.Progress = cmd.ErrOrStderr()
 			}
+			var closeLog func() error
+			if requestsOut != "" {
+				f, err := os.Create(requestsOut)
+				if err != nil {
+					return fmt.Errorf("--requests-out: %v", err)
+				}
+				bw := bufio.NewWriter(f)
+				enc := json.NewEncoder(bw)
+				var mu sync.Mutex
+				var start time.Time
+				cfg.OnStart = func(t time.Time) { start = t } // before any OnResult
+				cfg.OnResult = func(req *workload.Request, res *loadgen.Result) {
+					mu.Lock()
+					defer mu.Unlock()
+					enc.Encode(loadgen.Record(req, res, start, timeScale))
+				}
+				closeLog = func() error {
+					if err := bw.Flush(); err != nil {
+						f.Close()
+						return err
+					}
+					return f.Close()
+				}
+			}
 			rep, err := loadgen.Run(cmd.Context(), cfg)
+			if closeLog != nil {
+				if cerr := closeLog(); cerr != nil && err == nil {
+					err = fmt.Errorf("--requests-out: %v", cerr)
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -232,6 +266,7 @@ Examples:
 	fl.DurationVar(&sloTPOT, "slo-tpot", 0, "goodput: TPOT bound (0: not checked)")
 	fl.Float64Var(&timeScale, "time-scale", 1, "the target's time scale (engine-sim --time-scale): trace times, --rate, --think-time, --duration, the SLOs and the report are in its simulated time (--timeout stays real)")
 	fl.StringVar(&jsonOut, "json-out", "", "also write the report as JSON to this file")
+	fl.StringVar(&requestsOut, "requests-out", "", "also write one JSON line per request (timings, tokens, outcome) to this file")
 	fl.BoolVar(&progress, "progress", true, "print a progress line to stderr every second")
 	fl.Uint64Var(&seed, "seed", 1, "seed for prompt text, sessions and Poisson arrivals")
 	fl.BoolVar(&ignoreEOS, "ignore-eos", true, `send vLLM's "ignore_eos": true, so outputs have exactly max_tokens tokens`)

@@ -66,9 +66,10 @@ func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
 	}
 	defer srv.Close()
 	out := filepath.Join(t.TempDir(), "report.json")
+	perReq := filepath.Join(t.TempDir(), "requests.jsonl")
 	stdout, stderr, err := runLoadgen(ctx, "--url", srv.URL(), "--model", "m", "--workload", "azure",
 		"--trace", "../../internal/workload/testdata/azure_code_head.csv", "--time-scale", "0.01", "--max-requests", "30",
-		"--slo-ttft", "1s", "--json-out", out, "--progress=false")
+		"--slo-ttft", "1s", "--json-out", out, "--requests-out", perReq, "--progress=false")
 	if err != nil {
 		t.Fatalf("loadgen: %v\n%s", err, stderr)
 	}
@@ -92,5 +93,25 @@ func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
 	// In the simulator's time, every TTFT includes its 10 ms request overhead.
 	if err := json.Unmarshal(b, &rep); err != nil || rep.Requests.OK != 30 || rep.Prompt == 0 || rep.TimeScale != 0.01 || rep.TTFT.P50 < 10 {
 		t.Fatalf("JSON report %+v (%v):\n%s", rep, err, b)
+	}
+	lines, err := os.ReadFile(perReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(lines)), "\n") {
+		var r struct {
+			Outcome string  `json:"outcome"`
+			TTFT    float64 `json:"ttft_ms"`
+			SentS   float64 `json:"sent_s"`
+			Prompt  int     `json:"prompt_tokens"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Outcome != "ok" || r.TTFT < 10 || r.SentS < 0 || r.Prompt < 1 {
+			t.Fatalf("request record %s: %+v %v", line, r, err)
+		}
+		n++
+	}
+	if n != 30 {
+		t.Fatalf("%d request records, want 30", n)
 	}
 }

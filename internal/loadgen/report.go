@@ -7,6 +7,9 @@ import (
 	"os"
 	"sort"
 	"text/tabwriter"
+	"time"
+
+	"github.com/inferlb/inferlb/internal/workload"
 )
 
 // WriteJSON writes the report as indented JSON.
@@ -102,4 +105,45 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// RequestRecord is one request's line in a per-request JSONL log.
+type RequestRecord struct {
+	Index     int     `json:"index"`
+	SessionID string  `json:"session_id,omitempty"`
+	Turn      int     `json:"turn,omitempty"`
+	Priority  string  `json:"priority,omitempty"`
+	Region    string  `json:"region,omitempty"`
+	SentS     float64 `json:"sent_s"` // since the run's start
+	Outcome   string  `json:"outcome"`
+	Status    int     `json:"status,omitempty"`
+	TTFTMs    float64 `json:"ttft_ms,omitempty"`
+	TPOTMs    float64 `json:"tpot_ms,omitempty"`
+	E2EMs     float64 `json:"e2e_ms"`
+	Prompt    int     `json:"prompt_tokens"`
+	Output    int     `json:"output_tokens"`
+	Cached    int     `json:"cached_tokens"`
+	Error     string  `json:"error,omitempty"`
+}
+
+// Record builds req's record; durations in real time divided by scale (the
+// target's time scale, 1 for none).
+func Record(req *workload.Request, res *Result, start time.Time, scale float64) RequestRecord {
+	if scale <= 0 {
+		scale = 1
+	}
+	msf := func(d time.Duration) float64 { return float64(d) / 1e6 / scale }
+	rec := RequestRecord{Index: req.Index, SessionID: req.SessionID, Turn: req.Turn, Priority: req.Priority, Region: req.Region,
+		SentS: res.Sent.Sub(start).Seconds() / scale, Outcome: res.Outcome.String(), Status: res.Status,
+		TTFTMs: msf(res.TTFT), E2EMs: msf(res.E2E), Prompt: req.PromptTokens, Output: res.OutputTokens, Cached: res.CachedTokens}
+	if res.HasUsage {
+		rec.Prompt = res.PromptTokens
+	}
+	if tpot, ok := res.TPOT(); ok {
+		rec.TPOTMs = msf(tpot)
+	}
+	if res.Err != nil {
+		rec.Error = res.Err.Error()
+	}
+	return rec
 }

@@ -84,6 +84,9 @@ type Config struct {
 	TimeScale float64
 	// OnResult, if set, is called after each request (from its goroutine).
 	OnResult func(*workload.Request, *Result)
+	// OnStart, if set, is called with the run's start time before the first
+	// request is sent.
+	OnStart func(time.Time)
 }
 
 // Run sends the workload and returns the report. It returns when every
@@ -206,6 +209,9 @@ func (r *runner) begin() {
 		r.stop, r.stopSending = context.WithCancel(r.ctx)
 	}
 	r.col.begin(r.start)
+	if r.cfg.OnStart != nil {
+		r.cfg.OnStart(r.start)
+	}
 }
 
 func (r *runner) run(ctx context.Context) (*Report, error) {
@@ -279,7 +285,9 @@ func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration, sta
 		req workload.Request
 		at  time.Duration
 	}
-	ahead := make(chan item, 256)
+	// 64 ahead: enough to absorb bursts, and a bound on memory when every
+	// prompt is a megabyte (a full-size Mooncake row).
+	ahead := make(chan item, 64)
 	quit := make(chan struct{})
 	r.wg.Add(1)
 	go func() {
