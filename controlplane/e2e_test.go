@@ -15,11 +15,14 @@ import (
 	"testing"
 	"time"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/lni/goutils/leaktest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/api/headers"
@@ -364,7 +367,37 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		t.Errorf("out of routing after %v, health-check window %v", out, window)
 	}
 
-	// 5. The admin view: weights, explanations, xDS ACK state, metrics.
+	// 5. A NACKed update (an EDS weight of 0, which Envoy rejects) shows in
+	// the admin view and the metrics, and Envoy keeps the last good config.
+	good := e.runner.Last().Nodes["fe-east"].Resources
+	bad := proto.Clone(good.Endpoints[0]).(*endpointv3.ClusterLoadAssignment)
+	bad.Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(0)
+	broken := *good
+	broken.Endpoints = []*endpointv3.ClusterLoadAssignment{bad}
+	broken.EndpointVersion = "broken-by-test"
+	if err := e.runner.Server().Publish(ctx, &broken); err != nil {
+		t.Fatal(err)
+	}
+	_, adminAddr, _ := e.runner.Addrs(ctx)
+	if err := envoytest.Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + adminAddr + "/xds")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if !strings.Contains(string(b), `"rejected_version": "broken-by-test"`) {
+			return fmt.Errorf("/xds shows no NACK yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.envoyMatches("fe-east"); err != nil {
+		t.Errorf("after the NACK Envoy left its last good config: %v", err)
+	}
+
+	// 6. The admin view: weights, explanations, xDS ACK state, metrics.
 	_, admin, _ := e.runner.Addrs(ctx)
 	get := func(path string) string {
 		resp, err := http.Get("http://" + admin + path)
@@ -383,7 +416,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		"/explain?node=fe-west&class=chat": {`"CapacityPriceMs"`, `"NetworkMs"`},
 		"/xds":                             {`"fe-east"`, `"acked"`, `"eds"`},
 		"/signals":                         {`"e-east-1"`, `"fe-east/chat/high"`},
-		"/metrics":                         {"inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},
+		"/metrics":                         {`inferlb_xds_nacks_total{type="eds"} 1`, "inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},
 	} {
 		if err := envoytest.Poll(ctx, 5*time.Second, 50*time.Millisecond, func() error {
 			body := get(path)
