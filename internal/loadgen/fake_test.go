@@ -89,6 +89,8 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	case "hang":
 		<-r.Context().Done()
 		return
+	case "close":
+		w.Header().Set("Connection", "close")
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)

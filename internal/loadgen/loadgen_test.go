@@ -370,10 +370,16 @@ func TestReportWriters(t *testing.T) {
 func TestDirectPathReusesAndRecoversConnections(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
 	var conns atomic.Int64
+	var closing atomic.Bool
 	eng := newFakeEngine(t, &fakeEngine{ConnState: func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)
 		}
+	}, Behave: func(*http.Request, *apiRequest) string {
+		if closing.Load() {
+			return "close"
+		}
+		return ""
 	}})
 	c := testClient(t, eng.srv.URL)
 	req := workload.Request{Messages: []tokens.Message{{Role: "user", Content: "hello"}}, PromptTokens: 2, MaxTokens: 3}
@@ -396,6 +402,16 @@ func TestDirectPathReusesAndRecoversConnections(t *testing.T) {
 	}
 	if len(eng.requests()) != 21 {
 		t.Fatalf("server saw %d requests, want 21 (no duplicate from the retry)", len(eng.requests()))
+	}
+	// A response with Connection: close is not pooled.
+	closing.Store(true)
+	for i := 0; i < 3; i++ {
+		if res := c.Do(context.Background(), &req, false); res.Outcome != OK {
+			t.Fatalf("Connection: close response %d: %v", i, res.Err)
+		}
+	}
+	if n := conns.Load(); n != 4 {
+		t.Fatalf("%d connections after three Connection: close answers, want 4", n)
 	}
 }
 
