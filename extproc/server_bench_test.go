@@ -2,6 +2,8 @@ package extproc
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,7 +27,7 @@ func benchBody(size int) []byte {
 }
 
 func benchServer(b *testing.B) *Server {
-	s := New(Options{Registry: prometheus.NewRegistry()})
+	s := New(Options{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	err := s.SetPolicy(&policyv1.RoutingPolicy{NodeId: "n", Region: "r", Version: "1",
 		Priorities: []*policyv1.Priority{{Name: "p", Level: 0}}, DefaultPriority: "p",
 		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "c", Model: "llama-3-8b", RetryBudgetFraction: 0.1, MaxRetries: 1}}})
