@@ -655,23 +655,11 @@ func (c *Controller) workRatio(id string, flow *optimizer.Flow, cl fleet.Class) 
 	return (prompt*p.PromptTokenSec + output*p.OutputTokenSec) / ref
 }
 
-func (c *Controller) maxContext(cl fleet.Class) int {
-	best := 0
-	for _, e := range c.spec.EligibleEngines(cl.Name) {
-		fp, ok := c.spec.ProfileOf(e)
-		if !ok {
-			continue
-		}
-		mc := fp.MaxContextTokens
-		if mc == 0 {
-			if m, ok := c.spec.ModelByName(e.Model); ok {
-				mc = m.MaxContextTokens
-			}
-		}
-		best = max(best, mc)
-	}
-	return best
-}
+// maxContext is the longest request (prompt + output tokens) the class
+// guarantees: the smallest context limit among its eligible engines
+// (fleet.Class.ContextLimit), since Envoy may send a request of the class to
+// any of them.
+func (c *Controller) maxContext(cl fleet.Class) int { return cl.ContextLimit }
 
 func clamp(v, lo, hi float64) float64 {
 	if math.IsNaN(v) {
