@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -111,6 +112,15 @@ func cpuTime(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / clkTck, nil
 }
 
+// selfCPU is this (client) process's user+system CPU time.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // runqWait sums the time the process's threads spent runnable but waiting
 // for a CPU (/proc/PID/task/*/schedstat, second field): how much other
 // processes starved the simulator.
@@ -171,6 +181,7 @@ func runFleetBench(b *testing.B) {
 		b.Fatal(err)
 	}
 	wait0 := runqWait(cmd.Process.Pid)
+	self0 := selfCPU()
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -220,6 +231,7 @@ func runFleetBench(b *testing.B) {
 	wg.Wait()
 	wall := time.Since(t0)
 	wait1 := runqWait(cmd.Process.Pid)
+	self1 := selfCPU()
 	cpu1, err := cpuTime(cmd.Process.Pid)
 	if err != nil {
 		b.Fatal(err)
@@ -236,6 +248,7 @@ func runFleetBench(b *testing.B) {
 	slices.Sort(rates)
 	b.ReportMetric((cpu1-cpu0).Seconds()/wall.Seconds(), "sim-cpu-cores")
 	b.ReportMetric((wait1-wait0).Seconds()/wall.Seconds(), "sim-runq-wait-cores")
+	b.ReportMetric((self1-self0).Seconds()/wall.Seconds(), "client-cpu-cores")
 	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(benchStreams*benchTokens), "sim-cpu-us/token")
 	b.ReportMetric(lag["engine_p50"], "ttft-err-engine-p50-ms")
 	b.ReportMetric(lag["engine_p99"], "ttft-err-engine-p99-ms")
