@@ -41,6 +41,9 @@ type Options struct {
 	Tangents int
 	// MaxReferenceArcs bounds the reference solver's size; 0 means 2000.
 	MaxReferenceArcs int
+	// NoPooling turns off merging of indistinguishable engines in the fast
+	// solver (for tests and measurements).
+	NoPooling bool
 }
 
 // Solution is Solve's answer. Slices follow the Problem's order.

@@ -1,14 +1,60 @@
 package optimizer
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Solve computes the allocation for p. See the package documentation for
 // the model. It returns an error wrapping one of the package's sentinel
 // errors for a malformed problem; on ErrNotConverged the returned Solution
-// is the last iterate (usable but not at tolerance).
+// is the last iterate (usable, but not at tolerance).
 func Solve(p *Problem, opts Options) (*Solution, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("optimizer: not implemented yet")
+	m := compile(p)
+	switch opts.Method {
+	case Auto, Fast:
+		tol := opts.Tolerance
+		if tol <= 0 {
+			tol = 1e-4
+		}
+		maxSweeps := opts.MaxSweeps
+		if maxSweeps <= 0 {
+			maxSweeps = 20000
+		}
+		newSolver := func(m *model) *fastSolver {
+			return &fastSolver{m: m, tol: tol, capTol: tol / 10, rho0: 0.1, rhoMax: 1, omega: 1.5}
+		}
+		var (
+			sweeps int
+			ok     bool
+			bound  = math.Inf(-1)
+		)
+		if pl := m.pool(); pl != nil && !opts.NoPooling {
+			pm := compile(pl.problem)
+			ps := newSolver(pm)
+			sweeps, ok, bound = ps.run(maxSweeps)
+			m.disaggregate(pm, pl)
+			s := newSolver(m)
+			s.initRho()
+			var n int
+			n, ok, bound = s.iterate(maxSweeps, bound)
+			sweeps += n
+		} else {
+			s := newSolver(m)
+			sweeps, ok, bound = s.run(maxSweeps)
+		}
+		sol := m.result(Fast)
+		sol.Sweeps = sweeps
+		sol.Bound = bound
+		if !ok {
+			return sol, fmt.Errorf("%w: fast solver after %d sweeps (tolerance %g)", ErrNotConverged, sweeps, tol)
+		}
+		return sol, nil
+	case Reference:
+		return solveLP(m, opts)
+	}
+	return nil, fmt.Errorf("%w: unknown method %d", ErrInvalidProblem, opts.Method)
 }

@@ -1,0 +1,464 @@
+package optimizer
+
+import (
+	"math"
+)
+
+// fastSolver is Gauss–Seidel block coordinate descent: for each (frontend,
+// class) in turn it minimizes the objective over that flow's arcs and shed
+// variables, holding the other flows fixed. The block subproblem is solved
+// exactly for a local model: each engine's cost is expanded to second order
+// at its current load (the block Hessian is diagonal, since a flow's arcs go
+// to distinct engines), the augmented-Lagrangian capacity penalty and the
+// stability term |x − x0| are kept exact, and the demand constraint's
+// multiplier ν is found by a bracketed Newton search on the piecewise-linear
+// monotone total Σ_k x_k(ν). Engine capacity is enforced by an augmented
+// Lagrangian whose multipliers are updated after every sweep.
+type fastSolver struct {
+	m   *model
+	tol float64
+	// rho0 is the initial augmented-Lagrangian penalty in units of the
+	// engine cost's curvature at its limit; rhoMax bounds its growth.
+	rho0, rhoMax float64
+	capTol       float64
+	shedBuf      []float64
+	// omega > 1 over-relaxes block steps (successive over-relaxation):
+	// the block sees its engines' curvature divided by omega.
+	omega float64
+	// scratch per arc of the current block
+	m0, hg, xc, p0, rr, r, x0, sg []float64
+}
+
+// per-arc local model: marginal(x) = m0 + hg·(x−xc) + r·max(0, p0 + rr/r·(x−xc))
+// where rr = ρ·r². inv returns x with marginal(x) = t.
+func (s *fastSolver) inv(k int, t float64) float64 {
+	m0, hg, xc := s.m0[k], s.hg[k], s.xc[k]
+	r, p0, rr := s.r[k], s.p0[k], s.rr[k]
+	if rr > 0 {
+		// kink where p0 + ρ·r·(x−xc) = 0
+		xk := xc - p0*r/rr
+		mk := m0 + hg*(xk-xc)
+		if t > mk {
+			return xc + (t-m0-r*p0)/(hg+rr)
+		}
+	}
+	return xc + (t-m0)/hg
+}
+
+// xOf is arc k's minimizer at multiplier nu, and its slope dx/dν (0 where
+// clamped at 0 or held at x0).
+func (s *fastSolver) xOf(k int, nu float64) (x, slope float64) {
+	sg := s.sg[k]
+	x0 := s.x0[k]
+	hi := s.inv(k, nu-sg)
+	switch {
+	case hi > x0:
+		x = hi
+	default:
+		lo := s.inv(k, nu+sg)
+		if lo < x0 {
+			x = lo
+		} else {
+			x = x0
+			if x <= 0 {
+				return 0, 0
+			}
+			return x, 0
+		}
+	}
+	if x <= 0 {
+		return 0, 0
+	}
+	// slope of the active piece
+	t := nu
+	if x > x0 {
+		t = nu - sg
+	} else {
+		t = nu + sg
+	}
+	h := s.hg[k]
+	if s.rr[k] > 0 {
+		xk := s.xc[k] - s.p0[k]*s.r[k]/s.rr[k]
+		if t > s.m0[k]+s.hg[k]*(xk-s.xc[k]) {
+			h += s.rr[k]
+		}
+	}
+	return x, 1 / h
+}
+
+func (s *fastSolver) total(n int, nu float64) (f, slope float64) {
+	for k := 0; k < n; k++ {
+		x, d := s.xOf(k, nu)
+		f += x
+		slope += d
+	}
+	return
+}
+
+// root finds ν in (lo, cap] with total(ν) = target, starting from guess
+// (lo may be -Inf). If total(cap) < target it returns (cap, false). It uses
+// Newton steps on the piecewise-linear total, safeguarded by bisection on
+// the bracket found so far.
+func (s *fastSolver) root(n int, target, lo, cap, guess float64) (float64, bool) {
+	hi := math.Inf(1)
+	nu := guess
+	if !(nu > lo) || nu > cap {
+		nu = math.Min(cap, math.Max(lo, 0)+1)
+	}
+	tolF := 1e-12 * math.Max(target, 1e-300)
+	step := math.Max(1, math.Abs(nu)*1e-2)
+	for it := 0; it < 300; it++ {
+		f, d := s.total(n, nu)
+		if math.Abs(f-target) <= tolF {
+			return nu, true
+		}
+		if f < target {
+			lo = nu
+			if nu >= cap {
+				return cap, false
+			}
+		} else {
+			hi = nu
+		}
+		next := math.NaN()
+		if d > 0 {
+			next = nu + (target-f)/d
+		}
+		if !(next > lo && next < hi) || math.IsNaN(next) {
+			switch {
+			case math.IsInf(hi, 1):
+				next = nu + step
+				step *= 4
+			case math.IsInf(lo, -1):
+				next = nu - step
+				step *= 4
+			default:
+				next = 0.5 * (lo + hi)
+			}
+		}
+		if next > cap {
+			next = cap
+		}
+		if !math.IsInf(lo, -1) && !math.IsInf(hi, 1) && hi-lo <= 1e-15*math.Max(1, math.Abs(hi)) {
+			return hi, true
+		}
+		nu = next
+	}
+	return nu, true
+}
+
+func (s *fastSolver) ensure(n int) {
+	if cap(s.m0) < n {
+		s.m0 = make([]float64, n)
+		s.hg = make([]float64, n)
+		s.xc = make([]float64, n)
+		s.p0 = make([]float64, n)
+		s.rr = make([]float64, n)
+		s.r = make([]float64, n)
+		s.x0 = make([]float64, n)
+		s.sg = make([]float64, n)
+	}
+	s.m0, s.hg, s.xc, s.p0 = s.m0[:n], s.hg[:n], s.xc[:n], s.p0[:n]
+	s.rr, s.r, s.x0, s.sg = s.rr[:n], s.r[:n], s.x0[:n], s.sg[:n]
+}
+
+// step re-optimizes one block and returns Σ|Δx| + Σ|Δs|.
+func (s *fastSolver) step(b *block) float64 {
+	m := s.m
+	arcs := m.arcs[b.lo:b.hi]
+	n := len(arcs)
+	s.ensure(n)
+	for k := range arcs {
+		a := &arcs[k]
+		e := &m.eng[a.j]
+		d1, d2 := e.marginal(e.y)
+		hg := a.r * a.r * d2 / s.omega
+		if hg < 1e-12 {
+			hg = 1e-12
+		}
+		s.m0[k] = a.a + a.r*d1
+		s.hg[k] = hg
+		s.xc[k] = a.x
+		s.r[k] = a.r
+		s.p0[k] = e.lam + e.rho*(e.y-e.limit)
+		s.rr[k] = e.rho * a.r * a.r
+		s.x0[k] = a.x0
+		s.sg[k] = a.sigma
+	}
+	if b.nu == 0 && n > 0 {
+		// first visit: start from the flow-weighted marginal cost
+		w := 0.0
+		for k := range arcs {
+			b.nu += arcs[k].x * s.m0[k]
+			w += arcs[k].x
+		}
+		if w > 0 {
+			b.nu /= w
+		}
+	}
+	// Shedding, cheapest priority first (see package doc): try without
+	// shedding below the cheapest shed cost; if the arcs cannot take the
+	// demand there, shed priorities in order.
+	rem := b.d
+	lo := math.Inf(-1)
+	newShed := s.shedBuf[:len(b.s)]
+	for p := range newShed {
+		newShed[p] = 0
+	}
+	var nu float64
+	for idx, p := range m.shedOrd {
+		cost := m.shed[p]
+		dp := b.dp[p]
+		v, ok := s.root(n, rem, lo, cost, b.nu)
+		if ok {
+			nu = v
+			break
+		}
+		f, _ := s.total(n, cost)
+		if f >= rem-dp || idx == len(m.shedOrd)-1 {
+			nu = cost
+			newShed[p] = math.Max(0, math.Min(dp, rem-f))
+			break
+		}
+		newShed[p] = dp
+		rem -= dp
+		lo = cost
+	}
+	b.nu = nu
+	moved := 0.0
+	for k := range arcs {
+		a := &arcs[k]
+		x, _ := s.xOf(k, nu)
+		if n > 0 && x != a.x {
+			dx := x - a.x
+			m.eng[a.j].y += a.r * dx
+			moved += math.Abs(dx)
+			a.x = x
+		}
+	}
+	for p := range b.s {
+		moved += math.Abs(newShed[p] - b.s[p])
+		b.s[p] = newShed[p]
+	}
+	return moved
+}
+
+func (s *fastSolver) init() {
+	m := s.m
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		arcs := m.arcs[b.lo:b.hi]
+		if len(arcs) == 0 {
+			// nothing can serve it: shed everything
+			copy(b.s, b.dp)
+			continue
+		}
+		sum := 0.0
+		if b.hasLast {
+			for k := range arcs {
+				sum += arcs[k].x0
+			}
+		}
+		if sum > 0 {
+			for k := range arcs {
+				arcs[k].x = b.d * arcs[k].x0 / sum
+			}
+		} else {
+			// Cold start from nothing: the first sweep is then a greedy
+			// fill, each flow taking the best engines given the flows
+			// before it, which is much closer to the optimum than spreading
+			// every flow over all eligible engines.
+			for k := range arcs {
+				arcs[k].x = 0
+			}
+		}
+		b.nu = 0
+	}
+	m.loads()
+	s.initRho()
+}
+
+func (s *fastSolver) initRho() {
+	m := s.m
+	for j := range m.eng {
+		e := &m.eng[j]
+		if e.C > 0 {
+			_, d2 := e.marginal(e.limit)
+			e.rho = s.rho0 * d2
+			e.rho0 = e.rho
+		}
+	}
+}
+
+// run iterates sweeps until the duality gap is below tol (relative) and no
+// engine exceeds its limit by more than capTol (relative); it returns the
+// number of sweeps, whether it converged, and the final lower bound.
+func (s *fastSolver) run(maxSweeps int) (int, bool, float64) {
+	s.init()
+	return s.iterate(maxSweeps, math.Inf(-1))
+}
+
+// iterate runs sweeps from the model's current point; lb is a lower bound
+// already known (from a relaxation), or -Inf.
+func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
+	m := s.m
+	s.shedBuf = make([]float64, m.nPri)
+	m.loads()
+	if s.viol() <= s.capTol && s.residual() <= s.capTol {
+		// already converged (e.g. an exact pooled solution)?
+		if obj, bound := s.gap(); obj-math.Max(lb, bound) <= s.tol*math.Abs(obj) {
+			return 0, true, math.Max(lb, bound)
+		}
+	}
+	const stallWindow = 100
+	var hist [stallWindow]float64
+	for sweep := 1; sweep <= maxSweeps; sweep++ {
+		maxMove := 0.0
+		for bi := range m.blocks {
+			b := &m.blocks[bi]
+			if b.hi == b.lo {
+				continue
+			}
+			if mv := s.step(b) / b.d; mv > maxMove {
+				maxMove = mv
+			}
+		}
+		maxViol := s.multipliers(maxMove)
+		if maxViol <= s.capTol {
+			obj, bound := s.gap()
+			lb = math.Max(lb, bound)
+			if obj-lb <= s.tol*math.Abs(obj) {
+				return sweep, true, lb
+			}
+			// Stalled: degenerate exchanges between flows (two flows trading
+			// a saturated engine at nearly equal value) creep at a flat
+			// objective while the Lagrangian bound stays loose. Stop when the
+			// objective improved by less than tol/100 over the window.
+			old := hist[sweep%stallWindow]
+			hist[sweep%stallWindow] = obj
+			if old != 0 && old-obj <= 1e-3*s.tol*math.Abs(obj) {
+				return sweep, true, lb
+			}
+		}
+	}
+	return maxSweeps, false, lb
+}
+
+// gap returns the objective and a lower bound on the optimum: by weak
+// duality, for multipliers λ ≥ 0 the optimum is at least min over the
+// flows' own constraints of the Lagrangian L(x, λ) = F(x) + Σ λ_j (Y_j −
+// limit_j), and by convexity L is at least its linearization at the current
+// point, whose minimum over each flow's simplex (routes and shed
+// priorities) is found greedily. A stability kink at x = x0 takes the
+// subgradient closest to the flow's price.
+func (s *fastSolver) gap() (obj, bound float64) {
+	m := s.m
+	obj = m.objective() // also refreshes loads
+	lag := obj
+	for j := range m.eng {
+		e := &m.eng[j]
+		if e.C > 0 {
+			lag += e.lam * (e.y - e.limit)
+		}
+	}
+	lin := 0.0 // Σ_b min over the simplex of ⟨∇L, x' − x⟩
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		cur, gmin := 0.0, math.Inf(1)
+		for k := b.lo; k < b.hi; k++ {
+			a := &m.arcs[k]
+			e := &m.eng[a.j]
+			g1, _ := e.marginal(e.y)
+			g := a.a + a.r*(g1+e.lam)
+			switch {
+			case a.sigma == 0:
+			case a.x > a.x0:
+				g += a.sigma
+			case a.x < a.x0:
+				g -= a.sigma
+			default:
+				g += math.Max(-a.sigma, math.Min(a.sigma, b.nu-g))
+			}
+			cur += g * a.x
+			gmin = math.Min(gmin, g)
+		}
+		best, rem := 0.0, b.d
+		for _, p := range m.shedOrd {
+			cur += m.shed[p] * b.s[p]
+			if m.shed[p] < gmin && rem > 0 {
+				take := math.Min(rem, b.dp[p])
+				best += take * m.shed[p]
+				rem -= take
+			}
+		}
+		if rem > 0 {
+			if math.IsInf(gmin, 1) {
+				// only shedding is possible; cheapest remaining priorities
+				for _, p := range m.shedOrd {
+					_ = p
+				}
+			} else {
+				best += rem * gmin
+			}
+		}
+		lin += best - cur
+	}
+	return obj, lag + lin
+}
+
+// multipliers does the augmented-Lagrangian update λ ← max(0, λ + ρ·(Y −
+// limit)) after a sweep, and stiffens ρ on engines whose violation did not
+// shrink by 4× although the sweep had settled (maxMove below the violation):
+// raising ρ while blocks are still moving would only slow the sweeps down.
+func (s *fastSolver) multipliers(maxMove float64) float64 {
+	m := s.m
+	maxViol := 0.0
+	for j := range m.eng {
+		e := &m.eng[j]
+		if !(e.C > 0) {
+			continue
+		}
+		v := (e.y - e.limit) / e.limit
+		if v > maxViol {
+			maxViol = v
+		}
+		e.lam = math.Max(0, e.lam+e.rho*(e.y-e.limit))
+		if v > s.tol && maxMove < v {
+			if v > 0.25*e.prevViol && e.rho < s.rhoMax*e.rho0 {
+				e.rho *= 2
+			}
+			e.prevViol = v
+		}
+	}
+	return maxViol
+}
+
+func (s *fastSolver) viol() float64 {
+	v := 0.0
+	for j := range s.m.eng {
+		e := &s.m.eng[j]
+		if e.C > 0 {
+			v = math.Max(v, (e.y-e.limit)/e.limit)
+		}
+	}
+	return v
+}
+
+// residual is the largest relative violation of a flow's demand
+// constraint Σx + Σs = d (non-zero only before the first sweep).
+func (s *fastSolver) residual() float64 {
+	m := s.m
+	r := 0.0
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		t := 0.0
+		for k := b.lo; k < b.hi; k++ {
+			t += m.arcs[k].x
+		}
+		for _, v := range b.s {
+			t += v
+		}
+		r = math.Max(r, math.Abs(t-b.d)/b.d)
+	}
+	return r
+}

@@ -1,0 +1,329 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+
+	"gonum.org/v1/gonum/mat"
+	"gonum.org/v1/gonum/optimize/convex/lp"
+)
+
+// solveLP is the reference solver: the problem with each engine's convex
+// cost G_j replaced by the maximum of tangent lines (an epigraph variable
+// t_j ≥ G(Y_s) + G'(Y_s)(Y_j − Y_s)), which is an LP, solved with gonum's
+// Simplex. Tangents start at Options.Tangents points per engine (denser
+// near the headroom limit) and are refined by Kelley's cutting-plane method:
+// after each solve a tangent is added at every engine's solved load, until
+// the LP's value (a lower bound on the optimum, since tangents under-estimate
+// a convex function) and the exact objective at the LP's solution agree to
+// 1e-6 relative. Dense Simplex: small instances only.
+func solveLP(m *model, opts Options) (*Solution, error) {
+	maxArcs := opts.MaxReferenceArcs
+	if maxArcs <= 0 {
+		maxArcs = 2000
+	}
+	if len(m.arcs) > maxArcs {
+		return nil, fmt.Errorf("%w: %d arcs > %d", ErrTooLarge, len(m.arcs), maxArcs)
+	}
+	nT := opts.Tangents
+	if nT <= 0 {
+		nT = 8
+	}
+	tangents := make([][]float64, len(m.eng)) // loads Y_s per engine
+	for j := range m.eng {
+		e := &m.eng[j]
+		if !(e.C > 0) {
+			continue
+		}
+		for s := 0; s < nT; s++ {
+			f := float64(s) / float64(nT-1)
+			tangents[j] = append(tangents[j], e.limit*(1-(1-f)*(1-f)))
+		}
+	}
+	var lower float64
+	var saved *lpState
+	if len(m.blocks) == 0 {
+		sol := m.result(Reference)
+		sol.Bound = 0
+		return sol, nil
+	}
+	for round := 0; round < 60; round++ {
+		obj, err := m.lpOnce(tangents)
+		if err != nil {
+			if round == 0 {
+				return nil, err
+			}
+			// A refined LP can be numerically harder (nearly parallel
+			// tangents): keep the last solution, whose bound still holds.
+			m.restore(saved)
+			break
+		}
+		saved = m.save(saved)
+		lower = obj
+		exact := m.objective()
+		if exact-lower <= 1e-6*math.Abs(exact) {
+			break
+		}
+		added := false
+		for j := range m.eng {
+			e := &m.eng[j]
+			if !(e.C > 0 && e.y > 0) {
+				continue
+			}
+			y := math.Min(e.y, e.limit)
+			dup := false
+			for _, t := range tangents[j] {
+				if math.Abs(t-y) <= 1e-4*e.limit {
+					dup = true
+				}
+			}
+			if !dup {
+				tangents[j] = append(tangents[j], y)
+				added = true
+			}
+		}
+		if !added {
+			break
+		}
+	}
+	sol := m.result(Reference)
+	sol.Bound = lower
+	return sol, nil
+}
+
+// lpOnce builds and solves the LP for the given tangent points, stores the
+// solution in the model (arcs x, shed s, engine loads, capacity duals
+// approximated by the slope of the active tangent beyond the cost) and
+// returns the LP's optimal value.
+func (m *model) lpOnce(tangents [][]float64) (float64, error) {
+	// Scaling: costs in units of the largest route marginal cost, engine
+	// loads in units of their limit (y = Y/limit), so that coefficients are
+	// of order one.
+	scale := m.shed[m.shedOrd[0]] / float64(len(m.blocks)+1) / 2
+	var cost []float64
+	newCol := func(c float64) int { cost = append(cost, c/scale); return len(cost) - 1 }
+
+	xCol := make([]int, len(m.arcs))
+	for k := range m.arcs {
+		xCol[k] = newCol(m.arcs[k].a)
+	}
+	stab := make([][2]int, len(m.arcs))
+	for k := range m.arcs {
+		if m.arcs[k].sigma > 0 {
+			stab[k] = [2]int{newCol(m.arcs[k].sigma), newCol(m.arcs[k].sigma)}
+		} else {
+			stab[k] = [2]int{-1, -1}
+		}
+	}
+	shedCol := make([][]int, len(m.blocks))
+	shedSlack := make([][]int, len(m.blocks))
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		shedCol[bi] = make([]int, m.nPri)
+		shedSlack[bi] = make([]int, m.nPri)
+		for p := 0; p < m.nPri; p++ {
+			shedCol[bi][p], shedSlack[bi][p] = -1, -1
+			if b.dp[p] > 0 {
+				shedCol[bi][p] = newCol(m.shed[p])
+				shedSlack[bi][p] = newCol(0)
+			}
+		}
+	}
+	used := make([]bool, len(m.eng))
+	for k := range m.arcs {
+		used[m.arcs[k].j] = true
+	}
+	yCol := make([]int, len(m.eng))
+	tCol := make([]int, len(m.eng))
+	capSlack := make([]int, len(m.eng))
+	tanSlack := make([][]int, len(m.eng))
+	for j := range m.eng {
+		if !used[j] {
+			continue
+		}
+		yCol[j], tCol[j], capSlack[j] = newCol(0), newCol(scale), newCol(0)
+		for range tangents[j] {
+			tanSlack[j] = append(tanSlack[j], newCol(0))
+		}
+	}
+	n := len(cost)
+
+	// rows
+	var rows [][]float64
+	var rhs []float64
+	newRow := func(b float64) []float64 {
+		r := make([]float64, n)
+		rows = append(rows, r)
+		rhs = append(rhs, b)
+		return r
+	}
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		r := newRow(b.d)
+		for k := b.lo; k < b.hi; k++ {
+			r[xCol[k]] = 1
+		}
+		for p := 0; p < m.nPri; p++ {
+			if c := shedCol[bi][p]; c >= 0 {
+				r[c] = 1
+				r2 := newRow(b.dp[p])
+				r2[c], r2[shedSlack[bi][p]] = 1, 1
+			}
+		}
+	}
+	for k := range m.arcs {
+		if stab[k][0] < 0 {
+			continue
+		}
+		r := newRow(m.arcs[k].x0)
+		r[xCol[k]], r[stab[k][0]], r[stab[k][1]] = 1, -1, 1
+	}
+	for j := range m.eng {
+		if !used[j] {
+			continue
+		}
+		e := &m.eng[j]
+		r := newRow(0)
+		for k := range m.arcs {
+			if m.arcs[k].j == j {
+				r[xCol[k]] = m.arcs[k].r
+			}
+		}
+		r[yCol[j]] = -e.limit
+		r = newRow(1)
+		r[yCol[j]], r[capSlack[j]] = 1, 1
+		for s, ys := range tangents[j] {
+			g := e.cost(ys)
+			g1, _ := e.marginal(ys)
+			// t − g1·Y − slack = g − g1·ys, with t in cost units and Y = limit·y
+			r = newRow((g - g1*ys) / scale)
+			r[tCol[j]], r[yCol[j]], r[tanSlack[j][s]] = 1, -g1*e.limit/scale, -1
+		}
+	}
+	A := mat.NewDense(len(rows), n, nil)
+	for i, r := range rows {
+		A.SetRow(i, r)
+	}
+	opt, x, err := lp.Simplex(cost, A, rhs, 1e-10, nil)
+	opt *= scale
+	if err != nil {
+		return 0, fmt.Errorf("optimizer: reference LP (%d rows × %d columns): %w", len(rows), n, err)
+	}
+	for k := range m.arcs {
+		m.arcs[k].x = math.Max(0, x[xCol[k]])
+	}
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		routed := 0.0
+		for k := b.lo; k < b.hi; k++ {
+			routed += m.arcs[k].x
+		}
+		for p := 0; p < m.nPri; p++ {
+			b.s[p] = 0
+			if c := shedCol[bi][p]; c >= 0 {
+				b.s[p] = math.Max(0, x[c])
+			}
+		}
+		// The demand dual: the cheapest marginal cost among used arcs,
+		// computed after loads are known (below).
+	}
+	m.loads()
+	m.lpDuals()
+	return opt, nil
+}
+
+// lpDuals fills the demand duals ν and capacity prices from the primal
+// solution of the reference LP, using the exact marginal costs: an engine at
+// its limit gets the capacity price that makes its marginal cost equal the
+// flow price of its users (the largest gap), and ν is the smallest marginal
+// cost over the flow's used arcs (or the shed cost when shedding).
+func (m *model) lpDuals() {
+	for j := range m.eng {
+		m.eng[j].lam, m.eng[j].rho = 0, 0
+	}
+	// flow prices without capacity price, from engines below their limit
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		b.nu = math.Inf(1)
+		for p, s := range b.s {
+			if s > 1e-9*b.d {
+				b.nu = math.Min(b.nu, m.shed[p])
+			}
+		}
+		best := math.Inf(1)
+		for k := b.lo; k < b.hi; k++ {
+			a := &m.arcs[k]
+			e := &m.eng[a.j]
+			g1, _ := e.marginal(e.y)
+			mc := a.a + a.r*g1
+			if a.x > 1e-12*b.d && e.y < e.limit*(1-1e-9) {
+				best = math.Min(best, mc)
+			}
+		}
+		if !math.IsInf(best, 1) && math.IsInf(b.nu, 1) {
+			b.nu = best
+		}
+	}
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		for k := b.lo; k < b.hi; k++ {
+			a := &m.arcs[k]
+			e := &m.eng[a.j]
+			if a.x <= 1e-12*b.d || e.y < e.limit*(1-1e-9) || math.IsInf(b.nu, 1) {
+				continue
+			}
+			g1, _ := e.marginal(e.y)
+			if gap := (b.nu - a.a - a.r*g1) / a.r; gap > e.lam {
+				e.lam = gap
+			}
+		}
+	}
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		if math.IsInf(b.nu, 1) {
+			b.nu = 0
+		}
+	}
+}
+
+type lpState struct {
+	x   []float64
+	s   [][]float64
+	nu  []float64
+	lam []float64
+}
+
+func (m *model) save(st *lpState) *lpState {
+	if st == nil {
+		st = &lpState{x: make([]float64, len(m.arcs)), s: make([][]float64, len(m.blocks)),
+			nu: make([]float64, len(m.blocks)), lam: make([]float64, len(m.eng))}
+		for bi := range m.blocks {
+			st.s[bi] = make([]float64, m.nPri)
+		}
+	}
+	for k := range m.arcs {
+		st.x[k] = m.arcs[k].x
+	}
+	for bi := range m.blocks {
+		copy(st.s[bi], m.blocks[bi].s)
+		st.nu[bi] = m.blocks[bi].nu
+	}
+	for j := range m.eng {
+		st.lam[j] = m.eng[j].lam
+	}
+	return st
+}
+
+func (m *model) restore(st *lpState) {
+	for k := range m.arcs {
+		m.arcs[k].x = st.x[k]
+	}
+	for bi := range m.blocks {
+		copy(m.blocks[bi].s, st.s[bi])
+		m.blocks[bi].nu = st.nu[bi]
+	}
+	for j := range m.eng {
+		m.eng[j].lam = st.lam[j]
+	}
+	m.loads()
+}

@@ -1,0 +1,221 @@
+package optimizer
+
+import (
+	"math"
+	"sort"
+)
+
+// model is a Problem compiled for the solvers: flows with demand become
+// blocks, eligible engines with capacity become arcs.
+type model struct {
+	p       *Problem
+	nPri    int
+	blocks  []block
+	arcs    []arc
+	eng     []engModel
+	shed    []float64 // charged cost per shed request, per priority
+	shedOrd []int     // priorities, cheapest shed first
+	sigma   float64   // stability cost per unit |x − x0|
+
+	eligible [][]bool // class → engine, built by pool
+}
+
+type block struct {
+	i, c            int
+	d               float64
+	dp              []float64 // demand per priority
+	s               []float64 // shed per priority (solution)
+	lo, hi          int       // arcs[lo:hi]
+	prompt, output  float64
+	nu              float64 // demand dual
+	hasLast         bool
+	lastWeightTotal float64
+}
+
+type arc struct {
+	j     int
+	a     float64 // RTT + zero-load latency of this flow's request, ms
+	r     float64 // work relative to the engine's reference request
+	x, x0 float64
+	sigma float64 // stability charge per unit |x − x0| (0: no last allocation)
+}
+
+// engModel is the convex engine cost G(Y) = C·g(Y/C), g(u) = u·K(u),
+// K(u) = lin·u + q·u/(1−u) (ms per reference request), extended by its
+// second-order Taylor expansion beyond ue so that iterates past saturation
+// stay finite.
+type engModel struct {
+	C, limit float64 // available capacity and Headroom·C, reference req/s
+	lin, q   float64
+	ue       float64
+	nominal  float64 // capacity without the penalty (for PenaltyMs)
+	y        float64 // load
+	lam, rho float64 // augmented Lagrangian multiplier and penalty
+	rho0     float64
+	prevViol float64
+}
+
+func (e *engModel) kAt(u float64) float64 { return e.lin*u + e.q*u/(1-u) }
+
+// g, g1, g2 are g(u), g'(u), g''(u), extended past ue.
+func (e *engModel) derivs(u float64) (g, g1, g2 float64) {
+	v := u
+	if v > e.ue {
+		v = e.ue
+	}
+	w := 1 - v
+	g = e.lin*v*v + e.q*v*v/w
+	g1 = 2*e.lin*v + e.q*v*(2-v)/(w*w)
+	g2 = 2*e.lin + 2*e.q/(w*w*w)
+	if u > e.ue {
+		du := u - e.ue
+		g += g1*du + 0.5*g2*du*du
+		g1 += g2 * du
+	}
+	return
+}
+
+// cost is G(Y).
+func (e *engModel) cost(y float64) float64 {
+	if e.C <= 0 {
+		return 0
+	}
+	g, _, _ := e.derivs(y / e.C)
+	return e.C * g
+}
+
+// marginal returns G'(Y) and G''(Y).
+func (e *engModel) marginal(y float64) (d1, d2 float64) {
+	_, g1, g2 := e.derivs(y / e.C)
+	return g1, g2 / e.C
+}
+
+const defaultRemap = 1.35
+
+func compile(p *Problem) *model {
+	m := &model{p: p, nPri: len(p.Priorities)}
+	remap := p.RemapFactor
+	if remap == 0 {
+		remap = defaultRemap
+	}
+	m.sigma = p.StabilityMs * remap / 2
+
+	m.eng = make([]engModel, len(p.Engines))
+	for j := range p.Engines {
+		e := &p.Engines[j]
+		pr := &e.Profile
+		nominal := pr.CapacityRPS * e.ReadyReplicas * e.Health
+		c := nominal * (1 - e.Penalty)
+		m.eng[j] = engModel{
+			C: c, limit: p.Headroom * c, nominal: nominal,
+			lin: pr.TTFT.Linear + pr.RefOutputTokens*pr.TBOT.Linear,
+			q:   pr.TTFT.Queue + pr.RefOutputTokens*pr.TBOT.Queue,
+			ue:  (1 + p.Headroom) / 2,
+		}
+	}
+
+	for i := range p.Frontends {
+		for c := range p.Classes {
+			d := p.Demand[i][c]
+			tot := d.Total()
+			if !(tot > 0) {
+				continue
+			}
+			cl := &p.Classes[c]
+			b := block{i: i, c: c, d: tot, dp: d.RatePerS, s: make([]float64, m.nPri), prompt: cl.PromptTokens, output: cl.OutputTokens}
+			if d.PromptTokens > 0 || d.OutputTokens > 0 {
+				b.prompt, b.output = d.PromptTokens, d.OutputTokens
+			}
+			var last map[string]float64
+			if p.Last != nil && p.Last.Weights != nil {
+				last = p.Last.Weights[p.Frontends[i].ID][cl.ID]
+			}
+			elig := append([]int(nil), cl.Eligible...)
+			sort.Ints(elig)
+			b.lo = len(m.arcs)
+			for _, j := range elig {
+				if !(m.eng[j].C > 0) {
+					continue
+				}
+				pr := &p.Engines[j].Profile
+				ttft, tbot := pr.Latency(b.prompt, b.output, 0)
+				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.output*tbot, r: pr.ratio(b.prompt, b.output)}
+				if last != nil {
+					a.x0 = tot * last[p.Engines[j].ID]
+					a.sigma = m.sigma
+				}
+				m.arcs = append(m.arcs, a)
+			}
+			b.hi = len(m.arcs)
+			if last != nil {
+				b.hasLast = true
+				for _, w := range last {
+					b.lastWeightTotal += w
+				}
+			}
+			m.blocks = append(m.blocks, b)
+		}
+	}
+
+	// Shed cost: M·(1 + ShedCost/max ShedCost) with M twice the largest
+	// marginal cost of any route at full headroom, so that a request is
+	// shed only when no eligible engine has room left.
+	maxMarg := 1.0
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		for k := b.lo; k < b.hi; k++ {
+			a := &m.arcs[k]
+			e := &m.eng[a.j]
+			_, g1, _ := e.derivs(e.limit / e.C)
+			if v := a.a + a.r*g1 + 2*a.sigma; v > maxMarg {
+				maxMarg = v
+			}
+		}
+	}
+	big := 2 * maxMarg
+	maxShed := 0.0
+	for _, pr := range p.Priorities {
+		maxShed = math.Max(maxShed, pr.ShedCost)
+	}
+	m.shed = make([]float64, m.nPri)
+	m.shedOrd = make([]int, m.nPri)
+	for k, pr := range p.Priorities {
+		m.shed[k] = big * (1 + pr.ShedCost/maxShed)
+		m.shedOrd[k] = k
+	}
+	sort.SliceStable(m.shedOrd, func(a, b int) bool { return m.shed[m.shedOrd[a]] < m.shed[m.shedOrd[b]] })
+	return m
+}
+
+// loads recomputes engine loads from the arcs.
+func (m *model) loads() {
+	for j := range m.eng {
+		m.eng[j].y = 0
+	}
+	for k := range m.arcs {
+		a := &m.arcs[k]
+		m.eng[a.j].y += a.r * a.x
+	}
+}
+
+// objective evaluates the exact convex objective at the current x and s.
+func (m *model) objective() float64 {
+	m.loads()
+	obj := 0.0
+	for k := range m.arcs {
+		a := &m.arcs[k]
+		obj += a.a*a.x + a.sigma*math.Abs(a.x-a.x0)
+	}
+	// Stability charge for last-allocation weight on engines that are no
+	// longer usable is a constant; leave it out.
+	for j := range m.eng {
+		obj += m.eng[j].cost(m.eng[j].y)
+	}
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		for p, s := range b.s {
+			obj += m.shed[p] * s
+		}
+	}
+	return obj
+}
