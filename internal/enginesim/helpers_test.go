@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,6 +34,9 @@ func start(t *testing.T, o Options) *Server {
 	t.Helper()
 	if o.Model == "" {
 		o.Model = "m"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if o.Profile.PrefillTokensPerS == 0 {
 		o.Profile = testProfile

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -588,7 +589,7 @@ func TestFleetAndNetworkDelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fl, err := StartFleet(context.Background(), spec, FleetOptions{AnyPort: true, TimeScale: 1,
+	fl, err := StartFleet(context.Background(), spec, FleetOptions{AnyPort: true, TimeScale: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Engines: []string{"us-east-h100-1", "eu-west-a100-1"}})
 	if err != nil {
 		t.Fatal(err)
