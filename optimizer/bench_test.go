@@ -127,6 +127,6 @@ func benchSolve(b *testing.B, frontends, engines int, warm bool) {
 	b.ReportMetric(float64(sol.Sweeps), "sweeps")
 }
 
-func BenchmarkSolve100x1000x4(b *testing.B)      { benchSolve(b, 100, 1000, false) }
-func BenchmarkSolve100x1000x4Warm(b *testing.B)  { benchSolve(b, 100, 1000, true) }
-func BenchmarkSolve1000x10000x4(b *testing.B)    { benchSolve(b, 1000, 10000, false) }
+func BenchmarkSolve100x1000x4(b *testing.B)     { benchSolve(b, 100, 1000, false) }
+func BenchmarkSolve100x1000x4Warm(b *testing.B) { benchSolve(b, 100, 1000, true) }
+func BenchmarkSolve1000x10000x4(b *testing.B)   { benchSolve(b, 1000, 10000, false) }

@@ -40,4 +40,3 @@ func TestFastMatchesReference(t *testing.T) {
 	}
 	t.Logf("worst relative difference %.3g%%", 100*worst)
 }
-

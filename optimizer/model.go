@@ -57,7 +57,7 @@ type engModel struct {
 
 func (e *engModel) kAt(u float64) float64 { return e.lin*u + e.q*u/(1-u) }
 
-// g, g1, g2 are g(u), g'(u), g''(u), extended past ue.
+// g, g1, g2 are g(u), g'(u), g”(u), extended past ue.
 func (e *engModel) derivs(u float64) (g, g1, g2 float64) {
 	v := u
 	if v > e.ue {
@@ -84,7 +84,7 @@ func (e *engModel) cost(y float64) float64 {
 	return e.C * g
 }
 
-// marginal returns G'(Y) and G''(Y).
+// marginal returns G'(Y) and G”(Y).
 func (e *engModel) marginal(y float64) (d1, d2 float64) {
 	_, g1, g2 := e.derivs(y / e.C)
 	return g1, g2 / e.C

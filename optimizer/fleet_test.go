@@ -1,0 +1,115 @@
+package optimizer
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/inferlb/inferlb/api/fleet"
+)
+
+func loadExample(t *testing.T) (*fleet.Spec, *DemandFile) {
+	t.Helper()
+	spec, err := fleet.Load("../examples/fleet-3region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := LoadDemand("../examples/demand-3region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec, d
+}
+
+// TestExampleDemand solves the example fleet and demand: us-east overflows
+// to the nearest region (us-west, 70 ms, before eu-west, 80 ms) only as
+// far as needed, EU-resident traffic stays in eu-west, nothing is shed, and
+// every engine stays below its limit.
+func TestExampleDemand(t *testing.T) {
+	spec, d := loadExample(t)
+	p, err := FromFleet(spec, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sol, err := Solve(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	region := map[string]string{}
+	for _, e := range spec.Engines {
+		region[e.ID] = e.Region
+	}
+	for _, f := range sol.Flows {
+		for _, s := range f.Shed {
+			if s.RatePerS > 1e-9 {
+				t.Errorf("%s/%s sheds %g req/s of %s", f.Frontend, f.Class, s.RatePerS, s.Priority)
+			}
+		}
+		share := map[string]float64{}
+		for _, w := range f.Weights {
+			share[region[w.Engine]] += w.Weight
+		}
+		t.Logf("%s/%s: %.1f req/s, by region %v, TTFT %.0f ms TBOT %.1f ms", f.Frontend, f.Class, f.DemandPerS, share, f.TTFTMs, f.TBOTMs)
+		if f.Class == "eu" && share["eu-west"] < 1-1e-12 && f.RoutedPerS > 0 {
+			t.Errorf("EU-resident traffic leaves eu-west: %v", share)
+		}
+	}
+	for _, e := range sol.Engines {
+		if e.LoadRPS > e.LimitRPS*(1+1e-4) {
+			t.Errorf("engine %s load %.3f above limit %.3f", e.ID, e.LoadRPS, e.LimitRPS)
+		}
+	}
+}
+
+func TestFromFleetErrors(t *testing.T) {
+	spec, _ := loadExample(t)
+	neg := -1.0
+	for name, d := range map[string]*DemandFile{
+		"unknown frontend": {Demand: []DemandEntry{{Frontend: "nope", Class: "general", RatePerS: map[string]float64{"critical": 1}}}},
+		"unknown class":    {Demand: []DemandEntry{{Frontend: "frontend-us-east", Class: "nope", RatePerS: map[string]float64{"critical": 1}}}},
+		"unknown priority": {Demand: []DemandEntry{{Frontend: "frontend-us-east", Class: "general", RatePerS: map[string]float64{"gold": 1}}}},
+		"unknown engine":   {Engines: []EngineState{{ID: "nope"}}},
+		"bad headroom":     {Headroom: &neg},
+	} {
+		if _, err := FromFleet(spec, d); !errors.Is(err, ErrInvalidProblem) {
+			t.Errorf("%s: got %v, want ErrInvalidProblem", name, err)
+		}
+	}
+	d := &DemandFile{Demand: []DemandEntry{{Frontend: "frontend-us-east", Class: "general", RatePerS: map[string]float64{"critical": -1}}}}
+	if _, err := FromFleet(spec, d); !errors.Is(err, ErrNegativeDemand) {
+		t.Errorf("negative demand: got %v", err)
+	}
+	if _, err := ParseDemand([]byte("demand: []\nbogus: 1\n")); !errors.Is(err, ErrInvalidProblem) {
+		t.Errorf("unknown key: got %v", err)
+	}
+	_ = math.Inf
+}
+
+// FuzzParseDemand: the demand parser never panics, and what it accepts
+// either builds a valid problem or fails with a sentinel error.
+func FuzzParseDemand(f *testing.F) {
+	f.Add([]byte("headroom: 0.8\ndemand:\n  - {frontend: frontend-us-east, class: general, rate_per_s: {critical: 5}}\n"))
+	f.Add([]byte("demand: []\nengines: [{id: us-east-h100-1, health: 0.5}]\n"))
+	f.Add([]byte("last_weights: {frontend-us-east: {general: {us-east-h100-1: 1}}}\n"))
+	f.Add([]byte("{"))
+	spec, err := fleet.Load("../examples/fleet-3region.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := ParseDemand(data)
+		if err != nil {
+			return
+		}
+		p, err := FromFleet(spec, d)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidProblem) && !errors.Is(err, ErrNegativeDemand) && !errors.Is(err, ErrNoEligibleEngine) {
+				t.Fatalf("unexpected error kind: %v", err)
+			}
+			return
+		}
+		if err := p.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
