@@ -68,10 +68,8 @@ engines:
 	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond
 	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 2*time.Second, 300*time.Millisecond, 2*time.Second, 300*time.Millisecond
 	cfg.Cycle.Penalty.HalfLife = time.Second
-	// Retries would hide the failures from the evidence (the client and
-	// ext_proc see the retried answer): off for this test; see docs.
-	cfg.Cycle.MaxRetries = 0
-	cfg.Cycle.RetryBudget = 0
+	// Retries stay on (the control plane's defaults): failed attempts that
+	// Envoy retried elsewhere still reach the evidence (upstream log).
 	runner, err := controlplane.NewRunner(cfg)
 	if err != nil {
 		t.Fatal(err)

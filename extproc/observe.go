@@ -62,6 +62,20 @@ func (o *Observer) Response(addr, engineID string, failed bool, headerLatency ti
 	o.mu.Unlock()
 }
 
+// Failure records one failed upstream attempt at addr (from Envoy's
+// upstream log): a response and an error, without a latency sample.
+func (o *Observer) Failure(addr, engineID string) {
+	o.mu.Lock()
+	e := o.engines[addr]
+	if e == nil {
+		e = &policyv1.EngineEvidence{Address: addr, EngineId: engineID}
+		o.engines[addr] = e
+	}
+	e.Responses++
+	e.Errors++
+	o.mu.Unlock()
+}
+
 // Flush returns the interval that ends at now (sorted, for stable reports)
 // and starts a new one.
 func (o *Observer) Flush(now time.Time) *policyv1.ReportRequest {

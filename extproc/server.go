@@ -24,6 +24,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,8 +91,12 @@ func New(opt Options) *Server {
 	}
 }
 
-// Register adds the service to a gRPC server.
-func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, s) }
+// Register adds the ext_proc service and the access-log service (Envoy's
+// upstream log of failed attempts) to a gRPC server.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	accesslogv3.RegisterAccessLogServiceServer(g, attemptLog{s: s})
+}
 
 // Registry returns the metrics registry.
 func (s *Server) Registry() *prometheus.Registry { return s.opt.Registry }
@@ -502,18 +507,17 @@ func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extpro
 	if st.phase == phaseRouted {
 		st.phase = phaseObserved
 		lat := s.opt.Now().Sub(st.start)
-		failed := code >= 500
-		engine := upstream
-		if upstream != "" {
+		// Failures are counted per attempt from Envoy's upstream log
+		// (attemptlog.go), retried ones included; here only what succeeded.
+		if upstream != "" && code < 500 {
 			id := st.policy.EngineID(upstream)
-			if id != "" {
-				engine = id
+			engine := id
+			if engine == "" {
+				engine = upstream
 			}
-			s.obs.Response(upstream, id, failed, lat)
-		} else {
-			engine = "none"
+			s.obs.Response(upstream, id, false, lat)
+			s.m.responses.WithLabelValues(engine, codeClass(code)).Inc()
 		}
-		s.m.responses.WithLabelValues(engine, codeClass(code)).Inc()
 		s.m.headerLatency.Observe(lat.Seconds())
 		if attempts > 0 && st.granted > 0 {
 			st.class.refund(st.granted - (attempts - 1))
