@@ -83,6 +83,7 @@ Examples:
 				return fmt.Errorf("--format: %v", err)
 			}
 			var src workload.Source
+			var mooncakeRows []workload.MooncakeRow
 			switch wl {
 			case "mooncake":
 				if tracePath == "" {
@@ -92,6 +93,7 @@ Examples:
 				if err != nil {
 					return err
 				}
+				mooncakeRows = rows
 				if src, err = workload.NewMooncake(rows, workload.MooncakeOptions{Format: f, BlockTokens: blockTokens, MaxOutputTokens: maxOutput, Seed: seed}); err != nil {
 					return err
 				}
@@ -231,6 +233,12 @@ Examples:
 			}
 			if err != nil {
 				return err
+			}
+			if mooncakeRows != nil {
+				// Rows are sent in trace order, so those sent are a prefix.
+				n := min(rep.Requests.Sent, len(mooncakeRows))
+				ideal := workload.MooncakeIdeal(mooncakeRows[:n], blockTokens)
+				rep.IdealCachedShare, rep.IdealBlockShare = ideal.TokenShare(), ideal.BlockShare()
 			}
 			if err := rep.WriteTable(cmd.OutOrStdout()); err != nil {
 				return err

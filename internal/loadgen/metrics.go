@@ -263,6 +263,11 @@ type Report struct {
 	// loop) — the generator's own delay; large values mean it could not keep
 	// up.
 	SendLag Dist `json:"send_lag"`
+	// IdealCachedShare, when the workload knows it (a Mooncake replay), is
+	// the share of prompt tokens an unbounded prefix cache would serve for
+	// the rows sent; IdealBlockShare the same in the trace's blocks.
+	IdealCachedShare float64 `json:"ideal_cached_prompt_share,omitempty"`
+	IdealBlockShare  float64 `json:"ideal_block_share,omitempty"`
 	// Groups break the metrics down by "priority=NAME" and "region=NAME".
 	Groups map[string]Stats `json:"groups,omitempty"`
 	// Errors counts error messages (up to 20 distinct).

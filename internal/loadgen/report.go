@@ -62,6 +62,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.UsageRequests > 0 {
 		fmt.Fprintf(w, "prefix cache: %.1f%% of prompt tokens cached (%d of %d requests reported usage)\n", 100*r.CachedShare, r.UsageRequests, r.Requests.OK)
 	}
+	if r.IdealCachedShare > 0 {
+		fmt.Fprintf(w, "prefix cache ideal for the rows sent: %.1f%% of prompt tokens, %.1f%% of blocks (an unbounded cache, requests one after another)\n", 100*r.IdealCachedShare, 100*r.IdealBlockShare)
+	}
 	p("\tcount\tmean\tp50\tp90\tp99\tmax\t\n")
 	row := func(name string, d Dist) {
 		p("%s (ms)\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", name, d.Count, d.Mean, d.P50, d.P90, d.P99, d.Max)
