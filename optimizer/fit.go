@@ -168,4 +168,6 @@ func fitCurve(samples []Sample, mu float64, y []float64) (Curve, float64) {
 }
 
 // sortSamples orders samples by rate (for stable output).
-func sortSamples(s []Sample) { sort.Slice(s, func(i, j int) bool { return s[i].RatePerS < s[j].RatePerS }) }
+func sortSamples(s []Sample) {
+	sort.Slice(s, func(i, j int) bool { return s[i].RatePerS < s[j].RatePerS })
+}

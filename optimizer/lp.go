@@ -27,7 +27,7 @@ func solveLP(m *model, opts Options) (*Solution, error) {
 	}
 	nT := opts.Tangents
 	if nT <= 0 {
-		nT = 8
+		nT = 6
 	}
 	tangents := make([][]float64, len(m.eng)) // loads Y_s per engine
 	for j := range m.eng {
@@ -61,7 +61,7 @@ func solveLP(m *model, opts Options) (*Solution, error) {
 		saved = m.save(saved)
 		lower = obj
 		exact := m.objective()
-		if exact-lower <= 1e-6*math.Abs(exact) {
+		if exact-lower <= 1e-5*math.Abs(exact) {
 			break
 		}
 		added := false

@@ -110,6 +110,9 @@ func (p *Profile) Validate() error {
 		return fmt.Errorf("%w: per-token costs, reference shape and prefill rate must be ≥ 0 (got %g s, %g s, %g, %g, %g)",
 			ErrNonConvexProfile, p.PromptTokenSec, p.OutputTokenSec, p.RefPromptTokens, p.RefOutputTokens, p.PrefillTokensPerS)
 	}
+	if p.TTFT.Linear+p.TTFT.Queue+p.TBOT.Linear+p.TBOT.Queue <= 0 {
+		return fmt.Errorf("%w: latency does not grow with load (all linear and queue terms are 0)", ErrNonConvexProfile)
+	}
 	w := p.work(p.RefPromptTokens, p.RefOutputTokens)
 	if !(w > 0) {
 		return fmt.Errorf("%w: reference request has zero work (prompt_token_sec %g, output_token_sec %g)",

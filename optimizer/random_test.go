@@ -15,6 +15,7 @@ type genOpts struct {
 	load                                 float64 // total demand / total limit
 	withLast                             bool
 	stabilityMs                          float64
+	allEligible                          bool
 }
 
 // randomProblem builds a random instance: frontends and engines spread over
@@ -71,7 +72,7 @@ func randomProblem(rng *rand.Rand, o genOpts) *Problem {
 	for c := 0; c < o.classes; c++ {
 		cl := Class{ID: fmt.Sprintf("c%d", c), PromptTokens: 100 + 2000*rng.Float64(), OutputTokens: 20 + 400*rng.Float64()}
 		for j := 0; j < o.engines; j++ {
-			if c == 0 || rng.IntN(3) > 0 {
+			if c == 0 || o.allEligible || rng.IntN(3) > 0 {
 				cl.Eligible = append(cl.Eligible, j)
 			}
 		}

@@ -49,6 +49,9 @@ func Solve(p *Problem, opts Options) (*Solution, error) {
 		sol := m.result(Fast)
 		sol.Sweeps = sweeps
 		sol.Bound = bound
+		if !finite(bound) {
+			sol.Bound = 0 // every cost is ≥ 0
+		}
 		if !ok {
 			return sol, fmt.Errorf("%w: fast solver after %d sweeps (tolerance %g)", ErrNotConverged, sweeps, tol)
 		}
