@@ -18,6 +18,8 @@ type model struct {
 	sigma   float64   // stability cost per unit |x − x0|
 
 	eligible [][]bool // class → engine, built by pool
+	engIdx   map[string]int
+	lastBuf  []float64
 }
 
 type block struct {
@@ -29,7 +31,6 @@ type block struct {
 	prompt, output  float64
 	nu              float64 // demand dual
 	hasLast         bool
-	lastWeightTotal float64
 }
 
 type arc struct {
@@ -130,6 +131,25 @@ func compile(p *Problem) *model {
 			if p.Last != nil && p.Last.Weights != nil {
 				last = p.Last.Weights[p.Frontends[i].ID][cl.ID]
 			}
+			var lastW []float64 // dense by engine, from the (small) map
+			if last != nil {
+				if m.engIdx == nil {
+					m.engIdx = make(map[string]int, len(p.Engines))
+					for j := range p.Engines {
+						m.engIdx[p.Engines[j].ID] = j
+					}
+					m.lastBuf = make([]float64, len(p.Engines))
+				}
+				lastW = m.lastBuf
+				for j := range lastW {
+					lastW[j] = 0
+				}
+				for id, w := range last {
+					if j, ok := m.engIdx[id]; ok {
+						lastW[j] = w
+					}
+				}
+			}
 			elig := append([]int(nil), cl.Eligible...)
 			sort.Ints(elig)
 			b.lo = len(m.arcs)
@@ -141,7 +161,7 @@ func compile(p *Problem) *model {
 				ttft, tbot := pr.Latency(b.prompt, b.output, 0)
 				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.output*tbot, r: pr.ratio(b.prompt, b.output)}
 				if last != nil {
-					a.x0 = tot * last[p.Engines[j].ID]
+					a.x0 = tot * lastW[j]
 					a.sigma = m.sigma
 				}
 				m.arcs = append(m.arcs, a)
@@ -149,9 +169,6 @@ func compile(p *Problem) *model {
 			b.hi = len(m.arcs)
 			if last != nil {
 				b.hasLast = true
-				for _, w := range last {
-					b.lastWeightTotal += w
-				}
 			}
 			m.blocks = append(m.blocks, b)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"sort"
 )
 
 // Pooling: engines that no flow can tell apart — the same profile, the same
@@ -226,6 +227,11 @@ func (m *model) pool() *pooling {
 		// pooled last weights: demand-weighted sums, normalized by the
 		// group's demand (x0 = d·w is what the model charges against)
 		q.Last = &Allocation{Weights: map[string]map[string]map[string]float64{}}
+		eng := make(map[string]int, len(p.Engines))
+		for j := range p.Engines {
+			eng[p.Engines[j].ID] = j
+		}
+		var js []int
 		for i, f := range p.Frontends {
 			byClass := p.Last.Weights[f.ID]
 			if byClass == nil {
@@ -250,12 +256,17 @@ func (m *model) pool() *pooling {
 					qm[cl.ID] = qw
 				}
 				di := p.Demand[i][c].Total()
-				for j := range p.Engines {
-					if k := pl.pool[j]; k >= 0 {
-						if v, ok := w[p.Engines[j].ID]; ok {
-							qw[q.Engines[k].ID] += v * di / dg
-						}
+				// sum in engine order (map order would make the floating
+				// point sums, and so the output, vary from run to run)
+				js = js[:0]
+				for id := range w {
+					if j, ok := eng[id]; ok && pl.pool[j] >= 0 {
+						js = append(js, j)
 					}
+				}
+				sort.Ints(js)
+				for _, j := range js {
+					qw[q.Engines[pl.pool[j]].ID] += w[p.Engines[j].ID] * di / dg
 				}
 			}
 		}
