@@ -23,14 +23,14 @@ type model struct {
 }
 
 type block struct {
-	i, c            int
-	d               float64
-	dp              []float64 // demand per priority
-	s               []float64 // shed per priority (solution)
-	lo, hi          int       // arcs[lo:hi]
-	prompt, output  float64
-	nu              float64 // demand dual
-	hasLast         bool
+	i, c           int
+	d              float64
+	dp             []float64 // demand per priority
+	s              []float64 // shed per priority (solution)
+	lo, hi         int       // arcs[lo:hi]
+	prompt, output float64
+	nu             float64 // demand dual
+	hasLast        bool
 }
 
 type arc struct {
