@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/lni/goutils/leaktest"
 
@@ -113,5 +117,40 @@ func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
 	}
 	if n != 30 {
 		t.Fatalf("%d request records, want 30", n)
+	}
+}
+
+func TestLoadgenInterruptedPrintsWhatFinished(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	var got atomic.Int64
+	quit := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		select { // never answers
+		case <-r.Context().Done():
+		case <-quit:
+		}
+	}))
+	defer srv.Close()
+	defer close(quit)
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		stdout string
+		err    error
+	}
+	done := make(chan result)
+	go func() {
+		out, _, err := runLoadgen(ctx, "--url", srv.URL, "--model", "m", "--workload", "multiturn", "--arrival", "closed",
+			"--concurrency", "2", "--duration", "1h", "--progress=false")
+		done <- result{out, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for got.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	res := <-done
+	if res.err == nil || !strings.Contains(res.err.Error(), "interrupted") || !strings.Contains(res.stdout, "(interrupted)") || !strings.Contains(res.stdout, "2 cancelled") {
+		t.Fatalf("interrupted run: %v\n%s", res.err, res.stdout)
 	}
 }
