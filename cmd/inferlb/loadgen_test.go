@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -122,12 +123,14 @@ func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
 
 func TestLoadgenInterruptedPrintsWhatFinished(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
-	var got atomic.Int64
+	var got, gone atomic.Int64
 	quit := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // the server notices a client leaving only after the body
 		got.Add(1)
 		select { // never answers
 		case <-r.Context().Done():
+			gone.Add(1)
 		case <-quit:
 		}
 	}))
@@ -152,5 +155,13 @@ func TestLoadgenInterruptedPrintsWhatFinished(t *testing.T) {
 	res := <-done
 	if res.err == nil || !strings.Contains(res.err.Error(), "interrupted") || !strings.Contains(res.stdout, "(interrupted)") || !strings.Contains(res.stdout, "2 cancelled") {
 		t.Fatalf("interrupted run: %v\n%s", res.err, res.stdout)
+	}
+	// The cancelled requests' connections were closed: the server saw both
+	// clients leave.
+	for gone.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if gone.Load() != 2 {
+		t.Fatalf("the server saw %d of 2 cancelled clients leave", gone.Load())
 	}
 }
