@@ -1,0 +1,152 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/loadgen"
+	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/workload"
+	"github.com/inferlb/inferlb/optimizer"
+)
+
+// fixedShape is a workload of single-turn chat requests of one shape, each
+// with a different prompt (so the prefix cache does not help).
+type fixedShape struct {
+	prompt, output, n int
+	seed              uint64
+}
+
+func (s *fixedShape) Timed() bool { return false }
+
+func (s *fixedShape) Next(time.Duration) (workload.Request, bool) {
+	i := s.n
+	s.n++
+	words := s.prompt - 1 // the role marker is one token
+	if words < 1 {
+		words = 1
+	}
+	msgs := []tokens.Message{{Role: "user", Content: workload.Words(s.seed+uint64(i)*7919, words)}}
+	return workload.Request{Index: i, Messages: msgs, PromptTokens: tokens.CountChat(msgs), MaxTokens: s.output}, true
+}
+
+func init() {
+	var (
+		target, modelName, gpu, fleetPath string
+		prompt, output, points, requests  int
+		maxRate, timeScale                float64
+		timeout                           time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "profile --target URL --model MODEL --max-rate RPS",
+		Short: "Measure an engine's latency profile with a load sweep and fit it",
+		Long: `profile sends Poisson load of one request shape (--prompt-tokens,
+--output-tokens; every prompt different, so no prefix-cache hits) to one engine
+(a vLLM server or inferlb engine-sim) at --points rates from 10% to 80% of
+--max-rate (your estimate of its saturation rate), measures mean TTFT and TBOT
+at each, and fits the optimizer's queueing form (docs/optimizer.md):
+
+  TTFT(u) = base + linear·u + queue·u/(1−u),  u = rate / capacity   (same for TBOT)
+
+It prints the samples, the fitted capacity and curves with R² and RMSE, and a
+fleet-spec "profiles:" entry: with --fleet and --gpu, the fleet's profile for
+(--gpu, --model) with capacity_rps set to the fitted capacity and
+decode_step_ms to the fitted zero-load TBOT; the curves are in its comments.
+The other step-model fields cannot be identified from one request shape.`,
+		Example: `  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 4 &
+  inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 4 \
+      --fleet examples/fleet-3region.yaml --gpu H100`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if target == "" || modelName == "" || !(maxRate > 0) {
+				return fmt.Errorf("profile: --target, --model and --max-rate > 0 are required")
+			}
+			if points < 4 || requests < 20 || prompt < 2 || output < 2 {
+				return fmt.Errorf("profile: need --points ≥ 4, --requests ≥ 20, --prompt-tokens ≥ 2, --output-tokens ≥ 2")
+			}
+			var base *fleet.Profile
+			if fleetPath != "" {
+				spec, err := fleet.Load(fleetPath)
+				if err != nil {
+					return err
+				}
+				fp, ok := spec.Profile(gpu, modelName)
+				if !ok {
+					return fmt.Errorf("profile: fleet %s has no profile for gpu %q model %q", fleetPath, gpu, modelName)
+				}
+				base = &fp
+			}
+			out := cmd.OutOrStdout()
+			client := &loadgen.Client{BaseURL: strings.TrimRight(target, "/"), Model: modelName, IgnoreEOS: true, Timeout: timeout}
+			defer client.CloseIdleConnections()
+			var samples []optimizer.Sample
+			for k := 0; k < points; k++ {
+				rate := maxRate * (0.1 + 0.7*float64(k)/float64(points-1))
+				rep, err := loadgen.Run(cmd.Context(), loadgen.Config{
+					Client: client, Source: &fixedShape{prompt: prompt, output: output, seed: uint64(k+1) << 32},
+					Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: rate}, MaxRequests: requests,
+					Seed: uint64(k + 1), TimeScale: timeScale,
+				})
+				if err != nil {
+					return fmt.Errorf("profile: load at %.3g req/s: %w", rate, err)
+				}
+				if rep.Interrupted {
+					return fmt.Errorf("profile: interrupted")
+				}
+				if rep.Requests.OK < requests*9/10 {
+					return fmt.Errorf("profile: at %.3g req/s only %d of %d requests succeeded (errors: %v)", rate, rep.Requests.OK, requests, rep.Errors)
+				}
+				s := optimizer.Sample{RatePerS: rate, TTFTMs: rep.TTFT.Mean, TBOTMs: rep.TPOT.Mean}
+				fmt.Fprintf(out, "# rate %7.3f req/s: TTFT %8.2f ms  TBOT %7.3f ms  (%d ok)\n", rate, s.TTFTMs, s.TBOTMs, rep.Requests.OK)
+				samples = append(samples, s)
+			}
+			f, err := optimizer.FitProfile(samples)
+			if err != nil {
+				return fmt.Errorf("profile: %w", err)
+			}
+			return writeProfile(out, f, base, target, modelName, gpu, prompt, output)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&target, "target", "", "engine base URL, e.g. http://127.0.0.1:8000")
+	fl.StringVar(&modelName, "model", "", "model name to request (and to look up in --fleet)")
+	fl.StringVar(&gpu, "gpu", "", "GPU type of the engine (with --fleet: whose profile to update)")
+	fl.StringVar(&fleetPath, "fleet", "", "fleet spec whose (--gpu, --model) profile the output updates")
+	fl.IntVar(&prompt, "prompt-tokens", 200, "prompt tokens per request")
+	fl.IntVar(&output, "output-tokens", 200, "output tokens per request (ignore_eos)")
+	fl.Float64Var(&maxRate, "max-rate", 0, "estimated saturation rate (req/s, target time); the sweep covers 10%–80% of it")
+	fl.IntVar(&points, "points", 8, "number of load levels")
+	fl.IntVar(&requests, "requests", 300, "requests per load level")
+	fl.Float64Var(&timeScale, "time-scale", 0, "target's time scale (engine-sim --time-scale); rates and latencies are in target time")
+	fl.DurationVar(&timeout, "timeout", 5*time.Minute, "bound on one request")
+	rootCmd.AddCommand(cmd)
+}
+
+func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, modelName, gpu string, prompt, output int) error {
+	fmt.Fprintf(out, "# inferlb profile against %s, model %s, %d/%d-token requests\n", target, modelName, prompt, output)
+	fmt.Fprintf(out, "#   capacity %.3f req/s\n", f.CapacityRPS)
+	fmt.Fprintf(out, "#   TTFT(u) = %.3f + %.3f·u + %.3f·u/(1−u) ms   R² %.4f  RMSE %.3f ms\n", f.TTFT.Base, f.TTFT.Linear, f.TTFT.Queue, f.TTFTR2, f.TTFTRMSE)
+	fmt.Fprintf(out, "#   TBOT(u) = %.3f + %.3f·u + %.3f·u/(1−u) ms   R² %.4f  RMSE %.3f ms\n", f.TBOT.Base, f.TBOT.Linear, f.TBOT.Queue, f.TBOTR2, f.TBOTRMSE)
+	if base == nil {
+		fmt.Fprintln(out, "# (no --fleet/--gpu: no profiles entry to update)")
+		return nil
+	}
+	p := *base
+	p.CapacityRPS = float64(int(f.CapacityRPS*1000+0.5)) / 1000
+	p.DecodeStepMs = float64(int(f.TBOT.Base*1000+0.5)) / 1000
+	doc := struct {
+		Profiles []fleet.Profile `yaml:"profiles"`
+	}{[]fleet.Profile{p}}
+	enc := yaml.NewEncoder(out)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return err
+	}
+	return enc.Close()
+}
