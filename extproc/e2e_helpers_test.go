@@ -39,6 +39,8 @@ type engine struct {
 	n         int
 	hold      chan struct{} // non-nil: block until closed
 	arrived   atomic.Int64
+	failed    atomic.Int64
+	warmup    int64 // requests of the rig's readiness check (before arrived was reset)
 }
 
 type engineReply struct {
@@ -60,6 +62,7 @@ func newEngine(t *testing.T, id string) *engine {
 			<-hold
 		}
 		if fail {
+			e.failed.Add(1)
 			http.Error(w, `{"error":{"message":"engine failure"}}`, http.StatusInternalServerError)
 			return
 		}
@@ -245,7 +248,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 		t.Fatalf("rig not ready: %v", err)
 	}
 	for _, e := range r.engines {
-		e.arrived.Store(0)
+		e.warmup = e.arrived.Swap(0)
 	}
 	return r
 }

@@ -160,6 +160,12 @@ func (cp *ControlPlane) SetClusters(nodeID string, clusters []Cluster) error {
 			}},
 			ConnectTimeout: durationpb.New(time.Second),
 			LbPolicy:       clusterv3.Cluster_MAGLEV,
+			// Envoy's defaults (3 concurrent retries, 1024 requests) would
+			// cap tests, not the ext_proc's retry allowance.
+			CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+				MaxRequests: wrapperspb.UInt32(100000), MaxPendingRequests: wrapperspb.UInt32(100000),
+				MaxConnections: wrapperspb.UInt32(100000), MaxRetries: wrapperspb.UInt32(1000),
+			}}},
 			CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
 				UpdateMergeWindow: durationpb.New(0),
 			},
