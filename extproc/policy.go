@@ -190,8 +190,8 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 	for _, cs := range p.byModel {
 		// Most general class first (smallest context guarantee), then name.
 		sort.Slice(cs, func(i, j int) bool {
-			if cs[i].MinContext != cs[j].MinContext {
-				return cs[i].MinContext < cs[j].MinContext
+			if gi, gj := cs[i].guarantee(), cs[j].guarantee(); gi != gj {
+				return gi < gj
 			}
 			return cs[i].Name < cs[j].Name
 		})
@@ -220,6 +220,18 @@ func validHeaderValue(s string) error {
 	return nil
 }
 
+// guarantee is the longest request (prompt + output tokens) every engine of
+// the class accepts: the policy's max_context_tokens, which the control
+// plane sets to the smallest context limit among the class's engines. A
+// policy without it falls back to min_context_tokens (what the class asks of
+// its engines); 0 means unknown and covers anything.
+func (c *Class) guarantee() int {
+	if c.MaxContext > 0 {
+		return c.MaxContext
+	}
+	return c.MinContext
+}
+
 // Route picks the class for a model, residency and token need.
 //
 // Rule: among the classes serving the model whose residency equals the
@@ -227,7 +239,9 @@ func validHeaderValue(s string) error {
 // prefers classes without one), take the first, in order of increasing
 // context guarantee, whose guarantee covers need (prompt tokens plus
 // max_tokens; a guarantee of 0 covers anything); if none covers it, the one
-// with the largest guarantee (the engine then judges the request).
+// with the largest guarantee (the engine then judges the request). A class
+// whose engines include one with a short context limit never gets a request
+// longer than that limit while a class that covers it exists.
 func (p *Policy) Route(model, residency string, need int) (*Class, routeErr) {
 	cs := p.byModel[model]
 	if len(cs) == 0 {
@@ -243,7 +257,7 @@ func (p *Policy) Route(model, residency string, need int) (*Class, routeErr) {
 			case residency == "" && pass == 0 && c.Residency != "":
 				continue
 			}
-			if c.MinContext == 0 || c.MinContext >= need {
+			if g := c.guarantee(); g == 0 || g >= need {
 				best = c
 				break
 			}

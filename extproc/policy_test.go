@@ -90,6 +90,25 @@ func TestRouteRule(t *testing.T) {
 	}
 }
 
+// As the control plane publishes it for the example fleet: the general class
+// mixes 32k-context A100s with 128k H100s, so it guarantees 32k, and a 50k
+// request must go to the long-context class even though the general class
+// asks nothing of its engines' context.
+func TestRouteUsesTheGuaranteedContext(t *testing.T) {
+	tp := testPolicy()
+	tp.Classes[0].MaxContextTokens = 32768
+	tp.Classes[1].MinContextTokens, tp.Classes[1].MaxContextTokens = 65536, 131072
+	p, err := Compile(tp, newStates())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for need, want := range map[int]string{1000: "m-any", 32768: "m-any", 50000: "m-long", 131072: "m-long", 500000: "m-long"} {
+		if got, _ := p.Route("m", "", need); got == nil || got.Name != want {
+			t.Errorf("need %d: %v, want %s", need, got, want)
+		}
+	}
+}
+
 // Lowest priority first: a level's fraction counts only when every less
 // important level sheds everything.
 func TestShedFractionsGuarded(t *testing.T) {
