@@ -38,7 +38,7 @@ func Example() {
 	}
 	fmt.Printf("shed %.0f%%\n", 100*f.Shed[0].Fraction)
 	// Output:
-	// east-1: weight 0.51, utilization 0.37, network 1 ms, latency 2524 ms, congestion 1204 ms
-	// west-1: weight 0.49, utilization 0.36, network 60 ms, latency 2495 ms, congestion 1174 ms
+	// east-1: weight 0.51, utilization 0.37, network 1 ms, latency 1979 ms, congestion 920 ms
+	// west-1: weight 0.49, utilization 0.36, network 60 ms, latency 1951 ms, congestion 888 ms
 	// shed 0%
 }

@@ -2,6 +2,7 @@ package optimizer
 
 import (
 	"math"
+	"sort"
 )
 
 // fastSolver is Gauss–Seidel block coordinate descent: for each (frontend,
@@ -22,6 +23,7 @@ type fastSolver struct {
 	rho0, rhoMax float64
 	capTol       float64
 	shedBuf      []float64
+	exchangeOK   bool
 	// omega > 1 over-relaxes block steps (successive over-relaxation):
 	// the block sees its engines' curvature divided by omega.
 	omega float64
@@ -303,6 +305,7 @@ func (s *fastSolver) run(maxSweeps int) (int, bool, float64) {
 func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 	m := s.m
 	s.shedBuf = make([]float64, m.nPri)
+	s.exchangeOK = s.exchangeWork() <= 2_000_000
 	m.loads()
 	if s.viol() <= s.capTol && s.residual() <= s.capTol {
 		// already converged (e.g. an exact pooled solution)?
@@ -324,6 +327,11 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 			}
 		}
 		maxViol := s.multipliers(maxMove)
+		if s.exchangeOK && sweep%10 == 0 {
+			if s.exchange() > 0 {
+				m.loads()
+			}
+		}
 		if maxViol <= s.capTol {
 			obj, bound := s.gap()
 			lb = math.Max(lb, bound)
@@ -461,4 +469,131 @@ func (s *fastSolver) residual() float64 {
 		r = math.Max(r, math.Abs(t-b.d)/b.d)
 	}
 	return r
+}
+
+// exchange is a pass of pairwise exchanges: two flows of the same class and
+// request shape have arcs to the same engines with the same work ratio, so
+// moving δ of flow 1 from engine j to k while flow 2 moves δ from k to j
+// leaves every engine's load unchanged and changes the cost linearly (plus
+// the stability kinks). Block coordinate descent creeps along these
+// directions (each single-flow step changes loads and pays curvature); here
+// each pair's split is solved exactly: with the engines' pair totals fixed,
+// flow 1's share on each engine has a convex piecewise-linear cost, and the
+// cheapest segments are filled greedily. Returns the cost decrease.
+func (s *fastSolver) exchange() float64 {
+	m := s.m
+	gain := 0.0
+	type seg struct {
+		k           int
+		slope, size float64
+	}
+	var segs []seg
+	var take []float64
+	for b1 := range m.blocks {
+		p := &m.blocks[b1]
+		n := p.hi - p.lo
+		if n < 2 {
+			continue
+		}
+		for b2 := b1 + 1; b2 < len(m.blocks); b2++ {
+			q := &m.blocks[b2]
+			if q.c != p.c || q.hi-q.lo != n || q.prompt != p.prompt || q.output != p.output {
+				continue
+			}
+			a1, a2 := m.arcs[p.lo:p.hi], m.arcs[q.lo:q.hi]
+			x1 := 0.0
+			for k := range a1 {
+				x1 += a1[k].x
+			}
+			if x1 <= 0 {
+				continue
+			}
+			segs = segs[:0]
+			before := 0.0
+			for k := range a1 {
+				u, v := &a1[k], &a2[k]
+				tot := u.x + v.x
+				before += u.a*u.x + u.sigma*math.Abs(u.x-u.x0) + v.a*v.x + v.sigma*math.Abs(v.x-v.x0)
+				if tot <= 0 {
+					continue
+				}
+				// breakpoints of x ↦ (u.a−v.a)x + σ1|x−x01| + σ2|tot−x−x02|
+				pts := [4]float64{0, math.Min(math.Max(u.x0, 0), tot), math.Min(math.Max(tot-v.x0, 0), tot), tot}
+				if pts[1] > pts[2] {
+					pts[1], pts[2] = pts[2], pts[1]
+				}
+				for i := 0; i < 3; i++ {
+					lo, hi := pts[i], pts[i+1]
+					if hi <= lo {
+						continue
+					}
+					mid := (lo + hi) / 2
+					sl := u.a - v.a
+					if u.sigma > 0 {
+						if mid > u.x0 {
+							sl += u.sigma
+						} else {
+							sl -= u.sigma
+						}
+					}
+					if v.sigma > 0 {
+						if tot-mid > v.x0 {
+							sl -= v.sigma
+						} else {
+							sl += v.sigma
+						}
+					}
+					segs = append(segs, seg{k, sl, hi - lo})
+				}
+			}
+			sort.SliceStable(segs, func(i, j int) bool { return segs[i].slope < segs[j].slope })
+			if cap(take) < n {
+				take = make([]float64, n)
+			}
+			take = take[:n]
+			for k := range take {
+				take[k] = 0
+			}
+			rem := x1
+			for _, sg := range segs {
+				if rem <= 0 {
+					break
+				}
+				d := math.Min(rem, sg.size)
+				take[sg.k] += d
+				rem -= d
+			}
+			after := 0.0
+			for k := range a1 {
+				u, v := &a1[k], &a2[k]
+				tot := u.x + v.x
+				nx := math.Min(take[k], tot)
+				after += u.a*nx + u.sigma*math.Abs(nx-u.x0) + v.a*(tot-nx) + v.sigma*math.Abs(tot-nx-v.x0)
+			}
+			if after < before-1e-12*math.Abs(before) {
+				for k := range a1 {
+					u, v := &a1[k], &a2[k]
+					tot := u.x + v.x
+					u.x = math.Min(take[k], tot)
+					v.x = tot - u.x
+				}
+				gain += before - after
+			}
+		}
+	}
+	return gain
+}
+
+// exchangeWork estimates one exchange pass's cost (arc visits).
+func (s *fastSolver) exchangeWork() int {
+	perClass := map[int]int{}
+	for bi := range s.m.blocks {
+		perClass[s.m.blocks[bi].c]++
+	}
+	w := 0
+	for bi := range s.m.blocks {
+		b := &s.m.blocks[bi]
+		w += perClass[b.c] * (b.hi - b.lo) / 2
+	}
+	return w
 }

@@ -119,7 +119,7 @@ func TestShedLowestPriorityFirst(t *testing.T) {
 		RTTMs:      [][]float64{{1}},
 	}
 	for _, m := range []Method{Fast, Reference} {
-		sol, err := Solve(p, Options{Method: m})
+		sol, err := Solve(p, Options{Method: m, Tolerance: 1e-7})
 		if err != nil {
 			t.Fatal(err)
 		}
