@@ -1,8 +1,9 @@
 package optimizer
 
 import (
+	"cmp"
 	"math"
-	"sort"
+	"slices"
 )
 
 // fastSolver is Gauss–Seidel block coordinate descent: for each (frontend,
@@ -24,6 +25,8 @@ type fastSolver struct {
 	capTol       float64
 	shedBuf      []float64
 	exchangeOK   bool
+	// exchangeEvery is the number of sweeps between exchange passes.
+	exchangeEvery int
 	// omega > 1 over-relaxes block steps (successive over-relaxation):
 	// the block sees its engines' curvature divided by omega.
 	omega float64
@@ -306,6 +309,9 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 	m := s.m
 	s.shedBuf = make([]float64, m.nPri)
 	s.exchangeOK = s.exchangeWork() <= 2_000_000
+	if s.exchangeEvery <= 0 {
+		s.exchangeEvery = 10
+	}
 	m.loads()
 	if s.viol() <= s.capTol && s.residual() <= s.capTol {
 		// already converged (e.g. an exact pooled solution)?
@@ -327,7 +333,7 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 			}
 		}
 		maxViol := s.multipliers(maxMove)
-		if s.exchangeOK && sweep%10 == 0 {
+		if s.exchangeOK && sweep%s.exchangeEvery == 0 {
 			if s.exchange() > 0 {
 				m.loads()
 			}
@@ -546,7 +552,7 @@ func (s *fastSolver) exchange() float64 {
 					segs = append(segs, seg{k, sl, hi - lo})
 				}
 			}
-			sort.SliceStable(segs, func(i, j int) bool { return segs[i].slope < segs[j].slope })
+			slices.SortStableFunc(segs, func(x, y seg) int { return cmp.Compare(x.slope, y.slope) })
 			if cap(take) < n {
 				take = make([]float64, n)
 			}
