@@ -41,7 +41,7 @@ func benchFloor(b *testing.B, netHTTP bool) {
 	c := testClient(b, srv.URL)
 	c.NetHTTP = netHTTP
 	for b.Loop() {
-		probe := startJitterProbe()
+		probe := StartJitterProbe()
 		rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 100, out: 1},
 			Arrival: Arrival{Kind: Poisson, Rate: 500}, MaxRequests: 2000, Seed: 1})
 		jit := probe()
@@ -95,32 +95,4 @@ func cpuPressure() string {
 		}
 	}
 	return "unknown"
-}
-
-// startJitterProbe runs a goroutine that sleeps 1 ms at a time and records
-// how late it wakes; the returned function stops it and returns the
-// lateness. Its tail is the environment's (the OS scheduler, other processes,
-// the Go runtime), not the generator's: a TTFT tail no longer than it is
-// noise the generator cannot remove.
-func startJitterProbe() func() *Histogram {
-	done := make(chan struct{})
-	out := make(chan *Histogram)
-	go func() {
-		var h Histogram
-		for {
-			select {
-			case <-done:
-				out <- &h
-				return
-			default:
-			}
-			t := time.Now()
-			time.Sleep(time.Millisecond)
-			h.RecordDuration(time.Since(t) - time.Millisecond)
-		}
-	}()
-	return func() *Histogram {
-		close(done)
-		return <-out
-	}
 }

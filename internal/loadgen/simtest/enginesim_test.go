@@ -367,7 +367,7 @@ func ttftAgreement(t *testing.T, spec *fleet.Spec, attempt int) (problems []stri
 	var mu sync.Mutex
 	var ttfts []time.Duration
 	src := &regional{prompt: 400, out: 8, region: "eu-west"}
-	probe := startJitterProbe()
+	probe := loadgen.StartJitterProbe()
 	rep, err := loadgen.Run(context.Background(), loadgen.Config{Client: c, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: 25}, MaxRequests: n, Seed: uint64(attempt),
 		OnResult: func(_ *workload.Request, res *loadgen.Result) {
 			mu.Lock()
@@ -414,32 +414,6 @@ func ttftAgreement(t *testing.T, spec *fleet.Spec, attempt int) (problems []stri
 		}
 	}
 	return problems, time.Duration(lag.Mean()), time.Duration(jitter.Quantile(0.99))
-}
-
-// startJitterProbe runs a goroutine that sleeps 1 ms at a time and records
-// how late it wakes (the environment's scheduling noise); the returned
-// function stops it and returns the lateness.
-func startJitterProbe() func() *loadgen.Histogram {
-	done := make(chan struct{})
-	out := make(chan *loadgen.Histogram)
-	go func() {
-		var h loadgen.Histogram
-		for {
-			select {
-			case <-done:
-				out <- &h
-				return
-			default:
-			}
-			t := time.Now()
-			time.Sleep(time.Millisecond)
-			h.RecordDuration(time.Since(t) - time.Millisecond)
-		}
-	}()
-	return func() *loadgen.Histogram {
-		close(done)
-		return <-out
-	}
 }
 
 // regional is a workload of endless same-size chat requests from one region.
