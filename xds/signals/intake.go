@@ -108,18 +108,10 @@ func (in *Intake) Report(_ context.Context, r *policyv1.ReportRequest) error {
 		return err
 	}
 	now := in.now()
-	rep := report{received: now, req: r, end: now}
-	if r.IntervalEnd != nil {
-		rep.end = r.IntervalEnd.AsTime()
-	}
-	if r.IntervalStart != nil {
-		rep.start = r.IntervalStart.AsTime()
-	}
 	// Trust our own clock for the window: an instance's clock may be off.
 	// The interval's length is kept; its end is the receive time.
-	d := rep.end.Sub(rep.start)
-	rep.end = now
-	rep.start = now.Add(-d)
+	d := r.IntervalEnd.AsTime().Sub(r.IntervalStart.AsTime())
+	rep := report{received: now, req: r, start: now.Add(-d), end: now}
 	k := [2]string{r.NodeId, r.Instance}
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -137,11 +129,20 @@ func (in *Intake) validate(r *policyv1.ReportRequest) error {
 	if !in.nodes[r.NodeId] {
 		return fmt.Errorf("report: node_id %q is not a frontend of the fleet", r.NodeId)
 	}
-	if r.IntervalStart != nil && r.IntervalEnd != nil {
-		s, e := r.IntervalStart.AsTime(), r.IntervalEnd.AsTime()
-		if !e.After(s) {
-			return fmt.Errorf("report from %s/%s: interval_end %s is not after interval_start %s", r.NodeId, r.Instance, e.Format(time.RFC3339Nano), s.Format(time.RFC3339Nano))
-		}
+	// Rates are counts over the interval's length: without both ends the
+	// counts cannot be placed in the window (a missing start would spread
+	// them over decades and the demand would silently read as zero).
+	if r.IntervalStart == nil || r.IntervalEnd == nil {
+		return fmt.Errorf("report from %s/%s: interval_start and interval_end are required", r.NodeId, r.Instance)
+	}
+	if err := r.IntervalStart.CheckValid(); err != nil {
+		return fmt.Errorf("report from %s/%s: interval_start: %w", r.NodeId, r.Instance, err)
+	}
+	if err := r.IntervalEnd.CheckValid(); err != nil {
+		return fmt.Errorf("report from %s/%s: interval_end: %w", r.NodeId, r.Instance, err)
+	}
+	if s, e := r.IntervalStart.AsTime(), r.IntervalEnd.AsTime(); !e.After(s) {
+		return fmt.Errorf("report from %s/%s: interval_end %s is not after interval_start %s", r.NodeId, r.Instance, e.Format(time.RFC3339Nano), s.Format(time.RFC3339Nano))
 	}
 	var errs []error
 	for i, d := range r.Demand {

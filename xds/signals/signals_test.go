@@ -232,6 +232,11 @@ func TestIntake(t *testing.T) {
 		"shed":     {func(r *policyv1.ReportRequest) { r.Demand[0].Shed = 99 }, "shed 99 > requests 20"},
 		"errors":   {func(r *policyv1.ReportRequest) { r.Engines[0].Errors = 11 }, "errors 11 > responses 10"},
 		"interval": {func(r *policyv1.ReportRequest) { r.IntervalEnd = r.IntervalStart }, "is not after interval_start"},
+		// Without an interval the counts cannot become rates; they must not
+		// silently count as (almost) no demand.
+		"no start": {func(r *policyv1.ReportRequest) { r.IntervalStart = nil }, "interval_start and interval_end are required"},
+		"no end":   {func(r *policyv1.ReportRequest) { r.IntervalEnd = nil }, "interval_start and interval_end are required"},
+		"bad end":  {func(r *policyv1.ReportRequest) { r.IntervalEnd = &timestamppb.Timestamp{Seconds: 1, Nanos: -1} }, "interval_end: "},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := rep(20, 2)
@@ -241,7 +246,7 @@ func TestIntake(t *testing.T) {
 			}
 		})
 	}
-	if st := in.Status(); st.Rejected != 6 || st.Accepted != 10 {
+	if st := in.Status(); st.Rejected != 9 || st.Accepted != 10 {
 		t.Errorf("status %+v", st)
 	}
 }
