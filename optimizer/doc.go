@@ -40,12 +40,15 @@
 //
 // # Tolerances
 //
-// The fast solver stops when, within a sweep, no (frontend, class) moves more
-// than Options.Tolerance (default 1e-7) of its demand and no engine exceeds its
-// limit by more than Tolerance relative; capacity is therefore respected up to
-// that relative tolerance, and weights sum to 1 up to rounding (≤ 1e-12).
-// The reference LP is exact for its tangent approximation (Simplex tolerance
-// 1e-10); its tangent relaxation is a lower bound on the optimum
-// (Solution.Bound). On random small instances the fast solver's objective is
-// within 0.1% of the reference's (tested on 200 instances).
+// The fast solver stops when its certified relative gap, (objective − lower
+// bound)/objective, is at most Options.Tolerance (default 1e-4) and no engine
+// exceeds its limit by more than Tolerance/10 relative; or when the objective
+// improved by less than Tolerance/1000 over 100 sweeps (degenerate instances
+// creep with a loose bound). Solution.Bound is the lower bound reached.
+// Demand is conserved to 1e-12 relative and weights sum to 1 up to rounding.
+// The reference LP refines its tangents until its value (a lower bound) and
+// the exact objective at its solution agree to 1e-5; gonum's Simplex runs at
+// tolerance 1e-10 on a problem scaled to order one. On 200 random small
+// instances the fast solver's objective is within 0.1% of the reference's
+// (worst measured 0.034%).
 package optimizer

@@ -29,15 +29,17 @@ func (m Method) String() string {
 // Options tune Solve. The zero value is valid.
 type Options struct {
 	Method Method
-	// Tolerance is the relative accuracy of the fast solver: it stops when no
-	// block moves more than Tolerance × its demand in a sweep and no engine
-	// exceeds its capacity by more than Tolerance × capacity. 0 means 1e-7.
+	// Tolerance is the fast solver's relative optimality gap: it stops when
+	// (objective − lower bound)/objective ≤ Tolerance and no engine exceeds
+	// its limit by more than Tolerance/10 relative (or when the objective
+	// has stalled, see the package doc). 0 means 1e-4.
 	Tolerance float64
 	// MaxSweeps bounds the fast solver's sweeps over all blocks; 0 means
 	// 20000. On reaching it Solve returns the iterate with ErrNotConverged.
 	MaxSweeps int
-	// Tangents is the number of tangent lines per engine in the reference
-	// LP; 0 means 48. Its error is reported in Solution.Bound.
+	// Tangents is the number of initial tangent lines per engine in the
+	// reference LP (refined by Kelley cuts until the LP bound and the exact
+	// objective agree to 1e-5); 0 means 6.
 	Tangents int
 	// MaxReferenceArcs bounds the reference solver's size; 0 means 2000.
 	MaxReferenceArcs int
