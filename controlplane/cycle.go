@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -301,15 +302,54 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 // Seed sets the published weights (e.g. from a state file written by a
 // previous process), so the first cycle holds them unless the deadband is
 // crossed, and the translation reproduces the same versions.
-func (c *Controller) Seed(weights map[string]map[string]map[string]float64, version int64) {
-	for node, classes := range weights {
+//
+// A share that is not a finite number ≥ 0, or a negative version, is an
+// error and nothing is seeded: held by the deadband, such a share would
+// fail every cycle's translation. Nodes, classes and engines the fleet no
+// longer has (the spec changed between runs) are left out and named in
+// ignored, for the caller to report.
+func (c *Controller) Seed(weights map[string]map[string]map[string]float64, version int64) (ignored []string, err error) {
+	if version < 0 {
+		return nil, fmt.Errorf("seed: version %d is negative", version)
+	}
+	nodes, classes := map[string]bool{}, map[string]bool{}
+	for _, fe := range c.problem.frontends {
+		nodes[fe.NodeID] = true
+	}
+	for _, cl := range c.problem.classes {
+		classes[cl.Name] = true
+	}
+	seeded := map[string]*NodeDecision{}
+	for _, node := range slices.Sorted(maps.Keys(weights)) {
+		if !nodes[node] {
+			ignored = append(ignored, fmt.Sprintf("node %q", node))
+			continue
+		}
 		nd := &NodeDecision{NodeID: node, Classes: map[string]*ClassDecision{}}
-		for cl, w := range classes {
+		for _, cl := range slices.Sorted(maps.Keys(weights[node])) {
+			if !classes[cl] {
+				ignored = append(ignored, fmt.Sprintf("node %q class %q", node, cl))
+				continue
+			}
+			w := map[string]float64{}
+			for _, id := range slices.Sorted(maps.Keys(weights[node][cl])) {
+				v := weights[node][cl][id]
+				if !(v >= 0) || math.IsInf(v, 0) {
+					return nil, fmt.Errorf("seed: node %q class %q engine %q: share %v, want a finite number ≥ 0", node, cl, id, v)
+				}
+				if _, ok := c.profiles[id]; !ok {
+					ignored = append(ignored, fmt.Sprintf("node %q class %q engine %q", node, cl, id))
+					continue
+				}
+				w[id] = v
+			}
 			nd.Classes[cl] = &ClassDecision{Class: cl, Weights: w, util: -1}
 		}
-		c.published[node] = nd
+		seeded[node] = nd
 	}
+	maps.Copy(c.published, seeded)
 	c.version = max(c.version, version)
+	return ignored, nil
 }
 
 // Published returns the published weights: node → class → engine → share.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,7 +218,9 @@ func TestCycleSeedHoldsPublishedWeights(t *testing.T) {
 	// A restarted control plane, seeded from the state file, sees slightly
 	// different demand and still publishes the very same EDS.
 	b, _ := NewController(testFleet(t), DefaultConfig(), nil)
-	b.Seed(a.Published(), a.Version())
+	if ignored, err := b.Seed(a.Published(), a.Version()); err != nil || len(ignored) != 0 {
+		t.Fatalf("seed from the same fleet: ignored %v, err %v", ignored, err)
+	}
 	now = now.Add(30 * time.Second)
 	rb, err := b.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: demand(41, 19.5)})
 	if err != nil {
@@ -227,6 +230,42 @@ func TestCycleSeedHoldsPublishedWeights(t *testing.T) {
 		if ra.Nodes[n].Resources.EndpointVersion != rb.Nodes[n].Resources.EndpointVersion {
 			t.Errorf("%s: EDS version %s after restart, was %s", n, rb.Nodes[n].Resources.EndpointVersion, ra.Nodes[n].Resources.EndpointVersion)
 		}
+	}
+}
+
+// A state file is outside input: a share that would break every cycle's
+// translation is refused, and what the fleet no longer has is named, not
+// silently kept.
+func TestCycleSeedRejectsBadStateAndNamesStaleEntries(t *testing.T) {
+	c, err := NewController(testFleet(t), DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []float64{-0.5, math.Inf(1), math.NaN()} {
+		w := map[string]map[string]map[string]float64{"fe-east": {"chat": {"e-east-1": 1, "e-east-2": bad}}}
+		if _, err := c.Seed(w, 7); err == nil || !strings.Contains(err.Error(), `engine "e-east-2": share`) {
+			t.Errorf("share %v: err = %v, want a share error naming the engine", bad, err)
+		}
+	}
+	if _, err := c.Seed(nil, -1); err == nil {
+		t.Error("negative version accepted")
+	}
+	if len(c.Published()) != 0 || c.Version() != 0 {
+		t.Fatalf("a refused seed left state: %v, version %d", c.Published(), c.Version())
+	}
+	ignored, err := c.Seed(map[string]map[string]map[string]float64{
+		"fe-east": {"chat": {"e-east-1": 0.7, "e-gone": 0.3}, "old-class": {"e-east-1": 1}},
+		"fe-gone": {"chat": {"e-east-1": 1}},
+	}, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`node "fe-east" class "chat" engine "e-gone"`, `node "fe-east" class "old-class"`, `node "fe-gone"`}
+	if fmt.Sprint(ignored) != fmt.Sprint(want) {
+		t.Errorf("ignored %q, want %q", ignored, want)
+	}
+	if got := c.Published(); len(got) != 1 || fmt.Sprint(got["fe-east"]) != "map[chat:map[e-east-1:0.7]]" || c.Version() != 7 {
+		t.Errorf("seeded %v version %d", got, c.Version())
 	}
 }
 

@@ -393,7 +393,13 @@ func (r *Runner) loadState() error {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return fmt.Errorf("control plane state %s: %w", r.cfg.StateFile, err)
 	}
-	r.ctrl.Seed(st.Weights, st.Version)
+	ignored, err := r.ctrl.Seed(st.Weights, st.Version)
+	if err != nil {
+		return fmt.Errorf("control plane state %s: %w", r.cfg.StateFile, err)
+	}
+	if len(ignored) > 0 {
+		r.log.Warn("state file names what the fleet no longer has; ignored", "file", r.cfg.StateFile, "ignored", ignored)
+	}
 	r.log.Info("published weights restored", "file", r.cfg.StateFile, "version", st.Version)
 	return nil
 }

@@ -1,0 +1,33 @@
+package controlplane
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A state file that cannot be used stops the control plane at start with
+// an error naming the file, instead of a cycle that fails forever.
+func TestRunnerRefusesCorruptStateFile(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"negative share": `{"version": 3, "weights": {"fe-east": {"chat": {"e-east-1": -1}}}}`,
+		"not JSON":       `{"version": 3, "weights": `,
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".json")
+			if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := DefaultRunConfig()
+			cfg.Fleet, cfg.StateFile = testFleet(t), path
+			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+			if _, err := NewRunner(cfg); err == nil || !strings.Contains(err.Error(), path) {
+				t.Fatalf("err = %v, want an error naming %s", err, path)
+			}
+		})
+	}
+}
