@@ -50,6 +50,10 @@ type Config struct {
 	// StabilityMs: the cost the optimizer charges per moved request (a cold
 	// KV cache).
 	StabilityMs float64
+	// PenaltyCostMs: the optimizer's per-request charge per unit of outlier
+	// penalty (optimizer.Problem.PenaltyCostMs), so a failing or slow
+	// engine loses traffic even when capacity is not binding.
+	PenaltyCostMs float64
 	// DeadbandTV: smallest total-variation change of a (frontend, class)'s
 	// weights worth publishing.
 	DeadbandTV float64
@@ -92,6 +96,7 @@ func DefaultConfig() Config {
 		Translate:      translate.DefaultOptions(),
 		Headroom:       0.85,
 		StabilityMs:    30,
+		PenaltyCostMs:  1500,
 		DeadbandTV:     0.03,
 		ShedDeadband:   0.01,
 		IdleDemandPerS: 0.05,
@@ -112,6 +117,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.Headroom > 0 && c.Headroom < 1) {
 		bad("headroom", c.Headroom, "must be in (0, 1)")
+	}
+	if !(c.PenaltyCostMs >= 0) || math.IsInf(c.PenaltyCostMs, 0) {
+		bad("penalty_cost_ms", c.PenaltyCostMs, "must be ≥ 0 and finite")
 	}
 	if !(c.StabilityMs >= 0) {
 		bad("stability_ms", c.StabilityMs, "must be ≥ 0")
@@ -402,7 +410,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 
 	// 1–2. Engine views and penalties.
-	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs}
+	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs}
 	health := map[string]translate.Health{}
 	for _, e := range f.engines {
 		s, ok := sig[e.ID]

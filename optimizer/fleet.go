@@ -24,6 +24,9 @@ type DemandFile struct {
 	// StabilityMs is the cost of moving one request off its engine (a cold
 	// KV cache); default 0 (no stability term).
 	StabilityMs float64 `yaml:"stability_ms"`
+	// PenaltyCostMs is charged per request per unit of outlier penalty
+	// (Problem.PenaltyCostMs); default 0.
+	PenaltyCostMs float64 `yaml:"penalty_cost_ms"`
 	// RemapFactor: moved keys per unit of weight change (default 1.35).
 	RemapFactor float64 `yaml:"remap_factor"`
 	// Demand entries; a (frontend, class) not listed has no demand.
@@ -108,7 +111,7 @@ func ProfileFromFleet(fp fleet.Profile, prompt, output float64) (Profile, error)
 // engine's profile is its (GPU, model) profile with the first class of its
 // model as the reference request.
 func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
-	p := &Problem{Headroom: 0.85, StabilityMs: d.StabilityMs, RemapFactor: d.RemapFactor}
+	p := &Problem{Headroom: 0.85, StabilityMs: d.StabilityMs, PenaltyCostMs: d.PenaltyCostMs, RemapFactor: d.RemapFactor}
 	if d.Headroom != nil {
 		p.Headroom = *d.Headroom
 	}

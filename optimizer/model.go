@@ -159,7 +159,7 @@ func compile(p *Problem) *model {
 				}
 				pr := &p.Engines[j].Profile
 				ttft, tbot := pr.Latency(b.prompt, b.output, 0)
-				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.output*tbot, r: pr.ratio(b.prompt, b.output)}
+				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.output*tbot + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.ratio(b.prompt, b.output)}
 				if last != nil {
 					a.x0 = tot * lastW[j]
 					a.sigma = m.sigma

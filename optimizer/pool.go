@@ -104,6 +104,7 @@ func (m *model) poolKey(j int) uint64 {
 		pr.PrefillTokensPerS, pr.TTFT.Base, pr.TTFT.Linear, pr.TTFT.Queue, pr.TBOT.Base, pr.TBOT.Linear, pr.TBOT.Queue} {
 		put(v)
 	}
+	put(p.PenaltyCostMs * p.Engines[j].Penalty)
 	for i := range p.RTTMs {
 		put(p.RTTMs[i][j])
 	}
@@ -120,6 +121,11 @@ func (m *model) poolKey(j int) uint64 {
 func (m *model) sameEngine(j, k int) bool {
 	p := m.p
 	if p.Engines[j].Profile != p.Engines[k].Profile {
+		return false
+	}
+	// With a per-request penalty cost, engines of different penalties are
+	// not interchangeable.
+	if p.PenaltyCostMs*p.Engines[j].Penalty != p.PenaltyCostMs*p.Engines[k].Penalty {
 		return false
 	}
 	for i := range p.RTTMs {
@@ -176,6 +182,7 @@ func (m *model) pool() *pooling {
 	q := &Problem{
 		Priorities: p.Priorities,
 		Headroom:   p.Headroom, StabilityMs: p.StabilityMs, RemapFactor: p.RemapFactor,
+		PenaltyCostMs: p.PenaltyCostMs,
 	}
 	q.Demand = make([][]Demand, len(reps))
 	for g, i := range reps {
@@ -199,9 +206,16 @@ func (m *model) pool() *pooling {
 		for _, j := range mem {
 			c += m.eng[j].C
 		}
-		units := c / e0.Profile.CapacityRPS
+		// Members share the per-request penalty cost (the pool key includes
+		// it); the pooled engine carries the penalty so the cost applies,
+		// with its units scaled so its capacity stays the members' sum.
+		pen := 0.0
+		if p.PenaltyCostMs > 0 && e0.Penalty > 0 && e0.Penalty < 1 {
+			pen = e0.Penalty
+		}
+		units := c / (e0.Profile.CapacityRPS * (1 - pen))
 		q.Engines = append(q.Engines, Engine{ID: fmt.Sprintf("pool%d", k), Profile: e0.Profile,
-			Replicas: units, ReadyReplicas: units, Health: 1})
+			Replicas: units, ReadyReplicas: units, Health: 1, Penalty: pen})
 	}
 	for c := range p.Classes {
 		cl := p.Classes[c]

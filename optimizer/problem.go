@@ -40,6 +40,19 @@ type Problem struct {
 	// prefill rate. 0 turns the stability term off.
 	StabilityMs float64
 
+	// PenaltyCostMs is charged per request, per unit of an engine's outlier
+	// penalty, on top of the latency model: the expected price of the
+	// failures, retries and slowness that made the penalty. Removing
+	// capacity alone moves no traffic while capacity is not binding, so an
+	// engine failing half its requests would keep its share at low load;
+	// with this term it loses traffic to healthy engines at once. Scale it
+	// like the price of a failed request: a retry costs about one more
+	// end-to-end latency (1–2 s for a 200-token answer), so the control
+	// plane uses 1500 ms. A mild penalty of 0.05 then costs 75 ms, about a
+	// cross-region round trip: traffic goes to same-region peers first. 0 turns the term off. The cost is linear in the flow, so the
+	// problem stays convex.
+	PenaltyCostMs float64
+
 	// RemapFactor converts a change of weights into moved requests: with
 	// Envoy's weighted Maglev the share of keys that move is about 1.35× the
 	// total-variation distance of the weights. 0 means 1.35.
@@ -120,6 +133,9 @@ func frac(name string, v float64) error {
 func (p *Problem) Validate() error {
 	if !(p.Headroom > 0 && p.Headroom < 1) {
 		return fmt.Errorf("%w: headroom is %g, must be in (0, 1)", ErrInvalidProblem, p.Headroom)
+	}
+	if !(p.PenaltyCostMs >= 0) || !finite(p.PenaltyCostMs) {
+		return fmt.Errorf("%w: penalty cost is %g ms, must be ≥ 0", ErrInvalidProblem, p.PenaltyCostMs)
 	}
 	if !(p.StabilityMs >= 0) || !finite(p.StabilityMs) {
 		return fmt.Errorf("%w: stability cost is %g ms, must be ≥ 0", ErrInvalidProblem, p.StabilityMs)

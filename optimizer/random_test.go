@@ -132,5 +132,10 @@ func randomProblem(rng *rand.Rand, o genOpts) *Problem {
 			}
 		}
 	}
+	// Half the instances charge penalized engines per request (drawn last
+	// so the rest of the instance is what it was without the term).
+	if rng.IntN(2) == 0 {
+		p.PenaltyCostMs = 500 * rng.Float64()
+	}
 	return p
 }

@@ -96,8 +96,13 @@ func (m *model) explain(b *block, a *arc, capPrice float64) Explanation {
 	ex.Utilization = u
 	ex.NetworkMs = p.RTTMs[b.i][a.j]
 	ex.TTFTMs, ex.TBOTMs = pr.Latency(b.prompt, b.output, u)
-	ex.LatencyMs = ex.TTFTMs + b.output*ex.TBOTMs
 	ex.QueueingMs = a.r * e.kAt(u)
+	ex.OutlierCostMs = p.PenaltyCostMs * p.Engines[a.j].Penalty
+	// The latency the objective charges: zero-load latency (a.a less the
+	// network and outlier terms) plus the load-dependent part, so that the
+	// terms add up to the flow's price. TTFTMs and TBOTMs are the profile's
+	// curves at this load, shown beside it.
+	ex.LatencyMs = a.a - ex.NetworkMs - ex.OutlierCostMs + ex.QueueingMs
 	// marginal congestion: r·u·K'(u) = r·(g'(u) − K(u))
 	_, g1, _ := e.derivs(u)
 	ex.CongestionMs = a.r * (g1 - e.kAt(u))
@@ -105,7 +110,7 @@ func (m *model) explain(b *block, a *arc, capPrice float64) Explanation {
 	if e.nominal > 0 && p.Engines[a.j].Penalty > 0 {
 		ex.PenaltyMs = a.r * (e.kAt(u) - e.kAt(e.y/e.nominal))
 	}
-	ex.StabilityMs = b.nu - (ex.NetworkMs + ex.LatencyMs + ex.CongestionMs + ex.CapacityPriceMs)
+	ex.StabilityMs = b.nu - (ex.NetworkMs + ex.LatencyMs + ex.OutlierCostMs + ex.CongestionMs + ex.CapacityPriceMs)
 	if math.Abs(ex.StabilityMs) < 1e-9*math.Max(1, math.Abs(b.nu)) || a.sigma == 0 {
 		ex.StabilityMs = 0
 	}

@@ -108,15 +108,18 @@ type Weight struct {
 // more request of a flow to an engine. At the optimum, for every engine
 // with traffic,
 //
-//	NetworkMs + LatencyMs + CongestionMs + CapacityPriceMs + StabilityMs = PriceMs
+//	NetworkMs + LatencyMs + OutlierCostMs + CongestionMs + CapacityPriceMs + StabilityMs = PriceMs
 //
 // (LatencyMs already contains QueueingMs and PenaltyMs); engines without
 // traffic have a marginal cost ≥ PriceMs.
 type Explanation struct {
 	// NetworkMs is the round trip from the frontend.
 	NetworkMs float64
-	// LatencyMs is the predicted TTFT + output tokens × TBOT at the engine's
-	// solved load; TTFTMs and TBOTMs are its parts.
+	// LatencyMs is the request's latency as the objective charges it at the
+	// engine's solved load: zero-load TTFT + output × TBOT, plus QueueingMs.
+	// TTFTMs and TBOTMs are the profile's TTFT and TBOT curves at that load
+	// (the per-request congestion is shared by request size in the
+	// objective, so their sum can differ from LatencyMs by a few percent).
 	LatencyMs, TTFTMs, TBOTMs float64
 	// QueueingMs is the load-dependent part of LatencyMs (latency at the
 	// current load minus latency at zero load).
@@ -130,6 +133,10 @@ type Explanation struct {
 	// PenaltyMs is how much of LatencyMs is due to the outlier penalty
 	// (latency at the current load with the penalty minus without it).
 	PenaltyMs float64
+	// OutlierCostMs is Problem.PenaltyCostMs × the engine's penalty: the
+	// per-request charge for a misbehaving engine (failures, retries),
+	// beside the capacity the penalty removes.
+	OutlierCostMs float64
 	// StabilityMs is the stability term's share of the marginal cost: the
 	// rest of PriceMs once the other terms are counted, within ±the
 	// stability charge per moved request. Negative: the stability term holds

@@ -160,6 +160,7 @@ func printExplain(out io.Writer, sol *optimizer.Solution, frontend, engine strin
 		fmt.Fprintf(tw, "  latency at this load (TTFT %.0f + output × TBOT %.1f)\t%.1f ms\t\n", e.TTFTMs, e.TBOTMs, e.LatencyMs)
 		fmt.Fprintf(tw, "    of which queueing (load-dependent)\t%.1f ms\t\n", e.QueueingMs)
 		fmt.Fprintf(tw, "    of which outlier penalty\t%.1f ms\t\n", e.PenaltyMs)
+		fmt.Fprintf(tw, "  outlier cost (penalty × penalty cost)\t%.1f ms\t\n", e.OutlierCostMs)
 		fmt.Fprintf(tw, "  marginal congestion (cost to others)\t%.1f ms\t\n", e.CongestionMs)
 		fmt.Fprintf(tw, "  capacity price\t%.1f ms\t\n", e.CapacityPriceMs)
 		fmt.Fprintf(tw, "  stability\t%.1f ms\t\n", e.StabilityMs)
