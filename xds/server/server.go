@@ -11,7 +11,10 @@
 // ACKed per type, and NACKs (logged, counted in
 // inferlb_xds_nacks_total{type}, kept with their error message for the admin
 // view). A NACKed update changes nothing in Envoy: it keeps serving the last
-// config it accepted, and the status keeps that version as "acked".
+// config it accepted, and the status keeps that version as "acked". The
+// rejected update is not sent again (go-control-plane's snapshot cache
+// would, in a loop, on every state-of-the-world NACK); the next Publish
+// replaces it.
 package server
 
 import (
@@ -359,13 +362,24 @@ func (s *Server) callbacks() serverv3.Callbacks {
 		StreamClosedFunc:      closed(false),
 		DeltaStreamClosedFunc: closed(true),
 		StreamRequestFunc: func(id int64, r *discoveryv3.DiscoveryRequest) error {
-			s.onRequest(streamKey{false, id}, r.GetNode().GetId(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
+			rejected, ok := s.onRequest(streamKey{false, id}, r.GetNode().GetId(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
+			if ok {
+				// A state-of-the-world NACK carries the last version Envoy
+				// accepted; the cache, seeing it differ from the version it
+				// holds, would send the rejected update again at once, and
+				// Envoy would reject it again, in a loop of thousands a
+				// second. Told that Envoy has seen the rejected version, the
+				// cache waits for the next Publish instead.
+				r.VersionInfo = rejected
+			}
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
 			s.onResponse(streamKey{false, id}, resp.GetTypeUrl(), resp.GetNonce(), resp.GetVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(id int64, r *discoveryv3.DeltaDiscoveryRequest) error {
+			// Delta streams do not resend a NACKed update: the server
+			// tracks the versions it sent, not the ones Envoy accepted.
 			s.onRequest(streamKey{true, id}, r.GetNode().GetId(), r.GetTypeUrl(), r.GetResponseNonce(), "", r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
 			return nil
 		},
@@ -389,12 +403,15 @@ func (s *Server) onResponse(k streamKey, typeURL, nonce, version string) {
 	}
 }
 
-func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg string, nack bool) {
+// onRequest records what a request says: the stream's node, and for a reply
+// to one of our responses an ACK or a NACK. For a NACK of a response it
+// tracks, it returns the version that was rejected and true.
+func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg string, nack bool) (rejected string, isNACK bool) {
 	s.mu.Lock()
 	st, ok := s.streams[k]
 	if !ok {
 		s.mu.Unlock()
-		return
+		return "", false
 	}
 	if st.node == "" && nodeID != "" {
 		st.node = nodeID
@@ -402,7 +419,7 @@ func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg 
 	}
 	if st.node == "" || nonce == "" {
 		s.mu.Unlock()
-		return // initial request, not a reply
+		return "", false // initial request, not a reply
 	}
 	sentVersion, known := "", false
 	if v, ok := st.sent[nonce]; ok {
@@ -421,11 +438,11 @@ func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg 
 		s.mu.Unlock()
 		s.m.nacks.WithLabelValues(shortType(typeURL)).Inc()
 		s.log.Warn("xds NACK", "node", node, "type", shortType(typeURL), "rejected_version", sentVersion, "error", errMsg)
-		return
+		return sentVersion, known
 	}
 	if !known {
 		s.mu.Unlock()
-		return // reply to a nonce we no longer track (superseded)
+		return "", false // reply to a nonce we no longer track (superseded)
 	}
 	if version == "" {
 		version = sentVersion // delta requests carry no version
@@ -435,4 +452,5 @@ func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg 
 	delete(st.sent, nonce)
 	s.mu.Unlock()
 	s.m.acks.WithLabelValues(shortType(typeURL)).Inc()
+	return "", false
 }

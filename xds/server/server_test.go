@@ -182,6 +182,23 @@ func TestNACKKeepsLastGoodConfig(t *testing.T) {
 	if err := wantWeights(e, "inferlb_chat", map[string]uint32{eng[0]: 700, eng[1]: 300}); err != nil {
 		t.Fatalf("after NACK: %v", err)
 	}
+	// The next good update reaches Envoy, and by then the rejected one was
+	// not sent again: one NACK, not a resend loop.
+	next, _ := translate.Translate(node("fe", "r1", eng, []float64{0.4, 0.6}), testOptions())
+	if err := srv.Publish(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	if err := envoytest.Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
+		return wantWeights(e, "inferlb_chat", map[string]uint32{eng[0]: 400, eng[1]: 600})
+	}); err != nil {
+		t.Fatalf("good update after a NACK: %v", err)
+	}
+	if n := sumMetric(t, reg, "inferlb_xds_nacks_total"); n != 1 {
+		t.Errorf("nacks_total = %v after one rejected update: the server sent it again", n)
+	}
+	if st := srv.Status(); st[0].NACKs[0].Count != 1 || st[0].Acked["eds"] != next.EndpointVersion {
+		t.Errorf("status after the good update: %+v", st[0])
+	}
 }
 
 // sumMetric adds up a counter family in reg.
