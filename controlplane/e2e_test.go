@@ -89,7 +89,11 @@ func (e *e2e) startRunner(xdsListen string) {
 }
 
 // reportDemand plays the ext_proc services: every 100 ms each frontend
-// reports its demand (fe-east 40 req/s, fe-west 20 req/s).
+// reports its demand (fe-east 40 req/s, fe-west 20 req/s). Each report
+// covers the time since the last one and carries the requests of that time
+// (fractions carried over), so the control plane's demand estimate does not
+// fall when a loaded machine makes the ticker late: the weights then depend
+// on the demand, not on how starved the test machine is.
 func reportDemand(ctx context.Context, t *testing.T, addr string, wg *sync.WaitGroup) {
 	// Reconnect quickly after the control plane restarts (gRPC's default
 	// backoff grows to seconds).
@@ -106,14 +110,26 @@ func reportDemand(ctx context.Context, t *testing.T, addr string, wg *sync.WaitG
 		c := policyv1.NewReportsClient(conn)
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
+		rates := map[string]float64{"fe-east": 40, "fe-west": 20} // req/s
+		start := time.Now().Add(-100 * time.Millisecond)
+		last := map[string]time.Time{"fe-east": start, "fe-west": start} // end of the last accepted report
+		carry := map[string]float64{}                                    // fractions of a request
 		for {
 			now := time.Now()
-			for node, rate := range map[string]uint64{"fe-east": 4, "fe-west": 2} {
+			for node, rate := range rates {
+				// A report lost while the control plane restarts is merged
+				// into the next, which then covers the whole time since the
+				// last accepted one (as the ext_proc reporter does).
+				x := carry[node] + rate*now.Sub(last[node]).Seconds()
+				n := uint64(x)
 				rctx, cancel := context.WithTimeout(ctx, time.Second)
-				_, _ = c.Report(rctx, &policyv1.ReportRequest{NodeId: node, Instance: "test",
-					IntervalStart: timestamppb.New(now.Add(-100 * time.Millisecond)), IntervalEnd: timestamppb.New(now),
-					Demand: []*policyv1.DemandSample{{Class: "chat", Priority: "high", Requests: rate, PromptTokens: rate * 200, OutputTokens: rate * 200}}})
+				_, err := c.Report(rctx, &policyv1.ReportRequest{NodeId: node, Instance: "test",
+					IntervalStart: timestamppb.New(last[node]), IntervalEnd: timestamppb.New(now),
+					Demand: []*policyv1.DemandSample{{Class: "chat", Priority: "high", Requests: n, PromptTokens: n * 200, OutputTokens: n * 200}}})
 				cancel()
+				if err == nil {
+					last[node], carry[node] = now, x-float64(n)
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -423,7 +439,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		"/explain?node=fe-west&class=chat": {`"CapacityPriceMs"`, `"NetworkMs"`},
 		"/xds":                             {`"fe-east"`, `"acked"`, `"eds"`},
 		"/signals":                         {`"e-east-1"`, `"fe-east/chat/high"`},
-		"/metrics":                         {`inferlb_xds_nacks_total{type="eds"} 1`, "inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},
+		"/metrics":                         {"inferlb_xds_nacks_total{type=\"eds\"} 1\n", "inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},
 	} {
 		if err := envoytest.Poll(ctx, 5*time.Second, 50*time.Millisecond, func() error {
 			body := get(path)
