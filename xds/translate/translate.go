@@ -28,6 +28,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"slices"
@@ -322,6 +323,9 @@ func Translate(n Node, o Options) (*Resources, error) {
 			return nil, fmt.Errorf("translate node %s: class %q twice", n.NodeID, c.Name)
 		}
 		seen[c.Name] = true
+		if err := checkClassPolicy(c); err != nil {
+			return nil, fmt.Errorf("translate node %s class %s: %w", n.NodeID, c.Name, err)
+		}
 		name := o.ClusterName(c.Name)
 		cla, err := loadAssignment(name, c, n.Engines, o)
 		if err != nil {
@@ -511,6 +515,28 @@ func loadAssignment(name string, c Class, engines map[string]Engine, o Options) 
 	return cla, nil
 }
 
+// fractionSlack absorbs a solver's rounding (a shed rate a hair above the
+// demand it sheds); policy() clamps such a fraction into [0, 1].
+const fractionSlack = 1e-9
+
+// checkClassPolicy rejects policy numbers ext_proc could not apply as
+// meant: a fraction outside [0, 1] or not a number would be clamped or
+// misread there, far from the cause.
+func checkClassPolicy(c Class) error {
+	for _, l := range slices.Sorted(maps.Keys(c.ShedByLevel)) {
+		if f := c.ShedByLevel[l]; !(f >= -fractionSlack && f <= 1+fractionSlack) {
+			return fmt.Errorf("shed fraction of priority level %d must be in [0, 1], got %v", l, f)
+		}
+	}
+	if !(c.RetryBudgetFraction >= 0 && c.RetryBudgetFraction <= 1) {
+		return fmt.Errorf("retry budget fraction must be in [0, 1], got %v", c.RetryBudgetFraction)
+	}
+	if !(c.Utilization >= 0) || math.IsInf(c.Utilization, 0) {
+		return fmt.Errorf("utilization must be a finite number ≥ 0, got %v", c.Utilization)
+	}
+	return nil
+}
+
 func splitAddress(a string) (string, uint32, error) {
 	host, ps, err := net.SplitHostPort(a)
 	if err != nil {
@@ -537,7 +563,7 @@ func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
 		shed := map[uint32]float64{}
 		for l, f := range c.ShedByLevel {
 			if f > 0 {
-				shed[l] = f
+				shed[l] = min(f, 1)
 			}
 		}
 		p.Classes = append(p.Classes, &policyv1.ClassPolicy{

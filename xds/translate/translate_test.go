@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -222,6 +223,13 @@ func TestBadInput(t *testing.T) {
 		"duplicate class": {func(n *Node, o *Options) { n.Classes = append(n.Classes, n.Classes[0]) }, `class "llama8b" twice`},
 		"balance factor":  {func(n *Node, o *Options) { o.HashBalanceFactor = 50 }, "hash_balance_factor"},
 		"empty node":      {func(n *Node, o *Options) { n.NodeID = "" }, "node id is empty"},
+		// Policy numbers ext_proc acts on: never passed on out of range.
+		"shed above one":     {func(n *Node, o *Options) { n.Classes[0].ShedByLevel = map[uint32]float64{2: 1.5} }, "shed fraction of priority level 2 must be in [0, 1], got 1.5"},
+		"negative shed":      {func(n *Node, o *Options) { n.Classes[0].ShedByLevel = map[uint32]float64{0: -0.1} }, "shed fraction of priority level 0"},
+		"shed far above one": {func(n *Node, o *Options) { n.Classes[0].ShedByLevel = map[uint32]float64{1: 1 + 1e-6} }, "got 1.000001"},
+		"NaN shed":           {func(n *Node, o *Options) { n.Classes[0].ShedByLevel = map[uint32]float64{1: math.NaN()} }, "got NaN"},
+		"retry budget":       {func(n *Node, o *Options) { n.Classes[0].RetryBudgetFraction = 2 }, "retry budget fraction"},
+		"utilization":        {func(n *Node, o *Options) { n.Classes[0].Utilization = math.Inf(1) }, "utilization must be"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -232,6 +240,22 @@ func TestBadInput(t *testing.T) {
 				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A solver's rounding (a shed fraction a hair above 1) is not an error; the
+// policy carries at most 1.
+func TestShedFractionRoundingIsClamped(t *testing.T) {
+	n := sampleNode()
+	n.Classes[0].ShedByLevel = map[uint32]float64{1: 1 + 1e-12}
+	r, err := Translate(n, DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range r.Policy.Classes {
+		if f := c.ShedFractionByLevel[1]; c.Name == n.Classes[0].Name && f != 1 {
+			t.Errorf("class %s: shed fraction %v, want 1", c.Name, f)
+		}
 	}
 }
 
