@@ -73,14 +73,14 @@ Examples:
 				return fmt.Errorf("--url is required")
 			}
 			if err := checkURL(baseURL); err != nil {
-				return fmt.Errorf("--url: %v", err)
+				return fmt.Errorf("--url: %w", err)
 			}
 			if modelName == "" {
 				return fmt.Errorf("--model is required")
 			}
 			f, err := workload.ParseFormat(format)
 			if err != nil {
-				return fmt.Errorf("--format: %v", err)
+				return fmt.Errorf("--format: %w", err)
 			}
 			var src workload.Source
 			var mooncakeRows []workload.MooncakeRow
@@ -120,18 +120,18 @@ Examples:
 					dst  *workload.Range
 				}{{"--turns", turns, &opt.Turns}, {"--user-tokens", userTokens, &opt.UserTokens}, {"--output-tokens", outputTokens, &opt.OutputTokens}} {
 					if *x.dst, err = workload.ParseRange(x.s); err != nil {
-						return fmt.Errorf("%s: %v", x.flag, err)
+						return fmt.Errorf("%s: %w", x.flag, err)
 					}
 				}
 				if priorityMix != "" {
 					if opt.Priorities, err = workload.ParseShares(priorityMix); err != nil {
-						return fmt.Errorf("--priority-mix: %v", err)
+						return fmt.Errorf("--priority-mix: %w", err)
 					}
 				}
 				for _, s := range regionShares {
 					ph, err := workload.ParseRegionPhase(s)
 					if err != nil {
-						return fmt.Errorf("--region-shares: %v", err)
+						return fmt.Errorf("--region-shares: %w", err)
 					}
 					opt.Regions = append(opt.Regions, ph)
 				}
@@ -155,7 +155,7 @@ Examples:
 			}
 			kind, err := loadgen.ParseArrival(arrival)
 			if err != nil {
-				return fmt.Errorf("--arrival: %v", err)
+				return fmt.Errorf("--arrival: %w", err)
 			}
 			arr := loadgen.Arrival{Kind: kind, Rate: rate, Speedup: speedup, Concurrency: concurrency}
 			if kind != loadgen.Poisson && cmd.Flags().Changed("rate") {
@@ -184,7 +184,7 @@ Examples:
 						return fmt.Errorf("--region-url %q: want REGION=URL", s)
 					}
 					if err := checkURL(u); err != nil {
-						return fmt.Errorf("--region-url %q: %v", s, err)
+						return fmt.Errorf("--region-url %q: %w", s, err)
 					}
 					client.RegionURLs[region] = u
 				}
@@ -205,7 +205,7 @@ Examples:
 			if requestsOut != "" {
 				f, err := os.Create(requestsOut)
 				if err != nil {
-					return fmt.Errorf("--requests-out: %v", err)
+					return fmt.Errorf("--requests-out: %w", err)
 				}
 				bw := bufio.NewWriter(f)
 				enc := json.NewEncoder(bw)
@@ -228,7 +228,7 @@ Examples:
 			rep, err := loadgen.Run(cmd.Context(), cfg)
 			if closeLog != nil {
 				if cerr := closeLog(); cerr != nil && err == nil {
-					err = fmt.Errorf("--requests-out: %v", cerr)
+					err = fmt.Errorf("--requests-out: %w", cerr)
 				}
 			}
 			if err != nil {
@@ -245,7 +245,7 @@ Examples:
 			}
 			if jsonOut != "" {
 				if err := rep.WriteJSONFile(jsonOut); err != nil {
-					return fmt.Errorf("--json-out: %v", err)
+					return fmt.Errorf("--json-out: %w", err)
 				}
 			}
 			if rep.Interrupted {

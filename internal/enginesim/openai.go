@@ -119,7 +119,7 @@ func chatPrompt(raw json.RawMessage) ([]uint64, error) {
 	}
 	var msgs []chatMessage
 	if err := json.Unmarshal(raw, &msgs); err != nil {
-		return nil, fmt.Errorf("messages: must be an array of messages: %v", err)
+		return nil, fmt.Errorf("messages: must be an array of messages: %w", err)
 	}
 	if len(msgs) == 0 {
 		return nil, errors.New("messages: must not be empty")
@@ -137,7 +137,7 @@ func chatPrompt(raw json.RawMessage) ([]uint64, error) {
 		var s string
 		if c[0] == '"' {
 			if err := json.Unmarshal(c, &s); err != nil {
-				return nil, fmt.Errorf("messages[%d].content: %v", i, err)
+				return nil, fmt.Errorf("messages[%d].content: %w", i, err)
 			}
 			toks = tokens.Append(toks, s)
 			continue

@@ -355,7 +355,7 @@ func (c *Client) stream(body io.Reader, res *Result, keepText bool) error {
 		}
 		var ch apiChunk
 		if err := json.Unmarshal(data, &ch); err != nil {
-			return fmt.Errorf("malformed SSE chunk %.80q: %v", data, err)
+			return fmt.Errorf("malformed SSE chunk %.80q: %w", data, err)
 		}
 		if len(ch.Error) > 0 && string(ch.Error) != "null" {
 			return fmt.Errorf("error in stream: %s", ch.Error)

@@ -71,11 +71,11 @@ func ParseAzure(r io.Reader) ([]AzureRow, error) {
 		}
 		ctx, err := traceInt(fields[col["ContextTokens"]])
 		if err != nil {
-			return nil, fmt.Errorf("azure trace line %d: ContextTokens: %v", line, err)
+			return nil, fmt.Errorf("azure trace line %d: ContextTokens: %w", line, err)
 		}
 		gen, err := traceInt(fields[col["GeneratedTokens"]])
 		if err != nil {
-			return nil, fmt.Errorf("azure trace line %d: GeneratedTokens: %v", line, err)
+			return nil, fmt.Errorf("azure trace line %d: GeneratedTokens: %w", line, err)
 		}
 		if n := len(rows); n > 0 && t.Before(rows[n-1].Time) {
 			return nil, fmt.Errorf("azure trace line %d: TIMESTAMP %s is before the previous row's (rows must be in time order)", line, ts)
@@ -83,7 +83,7 @@ func ParseAzure(r io.Reader) ([]AzureRow, error) {
 		rows = append(rows, AzureRow{Time: t, ContextTokens: ctx, GeneratedTokens: gen})
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("azure trace line %d: %v", line+1, err)
+		return nil, fmt.Errorf("azure trace line %d: %w", line+1, err)
 	}
 	if len(col) == 0 {
 		return nil, fmt.Errorf("azure trace: empty (no header)")

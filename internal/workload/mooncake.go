@@ -50,7 +50,7 @@ func ParseMooncake(r io.Reader) ([]MooncakeRow, error) {
 		dec := json.NewDecoder(bytesReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&raw); err != nil {
-			return nil, fmt.Errorf("mooncake trace line %d: %v", line, err)
+			return nil, fmt.Errorf("mooncake trace line %d: %w", line, err)
 		}
 		if dec.More() {
 			return nil, fmt.Errorf("mooncake trace line %d: more than one JSON value on the line", line)
@@ -87,7 +87,7 @@ func ParseMooncake(r io.Reader) ([]MooncakeRow, error) {
 		rows = append(rows, row)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("mooncake trace line %d: %v", line+1, err)
+		return nil, fmt.Errorf("mooncake trace line %d: %w", line+1, err)
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("mooncake trace: no rows")

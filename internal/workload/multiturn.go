@@ -76,7 +76,7 @@ func ParseShares(s string) ([]Share, error) {
 		out = append(out, Share{name, v})
 	}
 	if err := validShares(out); err != nil {
-		return nil, fmt.Errorf("shares %q: %v", s, err)
+		return nil, fmt.Errorf("shares %q: %w", s, err)
 	}
 	return out, nil
 }
@@ -134,7 +134,7 @@ func ParseRegionPhase(s string) (RegionPhase, error) {
 	}
 	sh, err := ParseShares(rest)
 	if err != nil {
-		return RegionPhase{}, fmt.Errorf("region phase %q: %v", s, err)
+		return RegionPhase{}, fmt.Errorf("region phase %q: %w", s, err)
 	}
 	return RegionPhase{At: at, Shares: sh}, nil
 }
@@ -220,14 +220,14 @@ func NewMultiTurn(opt MultiTurnOptions) (*MultiTurn, error) {
 	}
 	if len(opt.Priorities) > 0 {
 		if err := validShares(opt.Priorities); err != nil {
-			return nil, fmt.Errorf("multiturn: priorities: %v", err)
+			return nil, fmt.Errorf("multiturn: priorities: %w", err)
 		}
 	}
 	opt.Regions = slices.Clone(opt.Regions)
 	sort.SliceStable(opt.Regions, func(i, j int) bool { return opt.Regions[i].At < opt.Regions[j].At })
 	for i, ph := range opt.Regions {
 		if err := validShares(ph.Shares); err != nil {
-			return nil, fmt.Errorf("multiturn: region phase at %v: %v", ph.At, err)
+			return nil, fmt.Errorf("multiturn: region phase at %v: %w", ph.At, err)
 		}
 		if i > 0 && ph.At == opt.Regions[i-1].At {
 			return nil, fmt.Errorf("multiturn: two region phases start at %v", ph.At)
