@@ -9,6 +9,7 @@
 package liveview
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,11 +20,8 @@ import (
 	"sync"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/xds/signals"
 )
 
 // EngineSample is one scrape of an engine's /metrics. Counters are totals
@@ -142,54 +140,27 @@ func scrapeEngine(ctx context.Context, client *http.Client, url string) (EngineS
 	return ParseEngineMetrics(b)
 }
 
-// ParseEngineMetrics reads vLLM-named metrics from Prometheus text format.
-// Values of every model_name are summed.
+// ParseEngineMetrics reads vLLM-named metrics from Prometheus text format,
+// with the control plane's parser (signals.ParseMetrics: values of every
+// label set summed; the running, waiting and KV-usage gauges required). A
+// counter the engine does not export reads as 0 here.
 func ParseEngineMetrics(text []byte) (EngineSample, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytesReader(text))
+	m, err := signals.ParseMetrics(bytes.NewReader(text))
 	if err != nil {
-		return EngineSample{}, fmt.Errorf("parse metrics: %w", err)
+		return EngineSample{}, err
 	}
-	var s EngineSample
-	sum := func(name string) float64 {
-		f, ok := fams[name]
-		if !ok {
+	z := func(v float64) float64 {
+		if math.IsNaN(v) {
 			return 0
 		}
-		t := 0.0
-		for _, m := range f.GetMetric() {
-			t += value(m)
-		}
-		return t
+		return v
 	}
-	s.Running = sum("vllm:num_requests_running")
-	s.Waiting = sum("vllm:num_requests_waiting")
-	s.KVUsage = sum("vllm:kv_cache_usage_perc")
-	s.PrefixHits = sum("vllm:prefix_cache_hits_total")
-	s.PrefixQueries = sum("vllm:prefix_cache_queries_total")
-	s.GenerationToks = sum("vllm:generation_tokens_total")
-	s.RequestsSuccess = sum("vllm:request_success_total")
-	if f, ok := fams["vllm:time_to_first_token_seconds"]; ok {
-		for _, m := range f.GetMetric() {
-			if h := m.GetHistogram(); h != nil {
-				s.TTFTSum += h.GetSampleSum()
-				s.TTFTCount += float64(h.GetSampleCount())
-			}
-		}
-	}
-	return s, nil
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Gauge != nil:
-		return m.GetGauge().GetValue()
-	case m.Counter != nil:
-		return m.GetCounter().GetValue()
-	case m.Untyped != nil:
-		return m.GetUntyped().GetValue()
-	}
-	return 0
+	return EngineSample{
+		Running: m.Running, Waiting: m.Waiting, KVUsage: m.KVUsage,
+		TTFTSum: z(m.TTFTSum), TTFTCount: z(m.TTFTCount),
+		PrefixHits: z(m.PrefixHits), PrefixQueries: z(m.PrefixQueries),
+		GenerationToks: z(m.GenTokens), RequestsSuccess: z(m.Success),
+	}, nil
 }
 
 // envoyClusters is the part of Envoy's /clusters?format=json we read.

@@ -147,6 +147,32 @@ func TestParseEngineMetricsRejectsGarbage(t *testing.T) {
 	}
 }
 
+// The live view reads engines as the control plane does: a target without
+// vLLM's gauges is not shown as an idle engine, and a counter it does not
+// export reads as 0.
+func TestParseEngineMetricsReadsVLLMNames(t *testing.T) {
+	text := `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 1
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.25
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="m"} 40
+vllm:generation_tokens_total{model_name="n"} 2
+`
+	s, err := ParseEngineMetrics([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Running != 3 || s.Waiting != 1 || s.KVUsage != 0.25 || s.GenerationToks != 42 || s.RequestsSuccess != 0 || s.TTFTCount != 0 {
+		t.Errorf("parsed %+v", s)
+	}
+	if _, err := ParseEngineMetrics([]byte("# TYPE up gauge\nup 1\n")); err == nil || !strings.Contains(err.Error(), "vllm:num_requests_running") {
+		t.Errorf("a non-vLLM /metrics: err = %v, want it to name the missing gauges", err)
+	}
+}
+
 func TestParseEnvoyClustersRejectsGarbage(t *testing.T) {
 	if _, err := ParseEnvoyClusters([]byte("{not json")); err == nil {
 		t.Fatal("want a parse error")
