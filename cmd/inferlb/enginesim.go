@@ -11,7 +11,14 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func init() {
+func init() { rootCmd.AddCommand(newEngineSimCmd()) }
+
+// profileFlags are the standalone profile's flags: they describe the engine
+// only without --fleet (with it, the fleet's profile does).
+var profileFlags = []string{"prefill-tokens-per-s", "overhead-ms", "decode-step-ms", "decode-step-per-seq-ms",
+	"max-running", "max-batched-tokens", "kv-capacity-tokens", "block-size", "max-context-tokens"}
+
+func newEngineSimCmd() *cobra.Command {
 	var (
 		fleetPath, engines, listen, gpu, modelName, region string
 		timeScale                                          float64
@@ -44,6 +51,27 @@ Standalone mode serves one engine; its profile comes from the fleet's
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			// The library reads 0 as "use the default"; on the command line
+			// a 0 is a value the user typed, not an omission.
+			if !(timeScale > 0) {
+				return fmt.Errorf("--time-scale: must be > 0, got %v", timeScale)
+			}
+			if defaultMaxTokens < 1 {
+				return fmt.Errorf("--default-max-tokens: must be at least 1, got %d", defaultMaxTokens)
+			}
+			if maxBody < 1 {
+				return fmt.Errorf("--max-body-bytes: must be at least 1, got %d", maxBody)
+			}
+			for _, name := range profileFlags {
+				if cmd.Flags().Changed(name) && (fleetPath != "" || listen == "") {
+					return fmt.Errorf("--%s is a standalone profile flag (--listen without --fleet); with --fleet the fleet's profile applies", name)
+				}
+			}
+			for _, name := range []string{"max-running", "max-batched-tokens", "block-size", "max-context-tokens"} {
+				if v, _ := cmd.Flags().GetInt(name); cmd.Flags().Changed(name) && v < 1 {
+					return fmt.Errorf("--%s: must be at least 1, got %d", name, v)
+				}
+			}
 			var spec *fleet.Spec
 			if fleetPath != "" {
 				var err error
@@ -138,5 +166,5 @@ Standalone mode serves one engine; its profile comes from the fleet's
 	f.IntVar(&prof.KVCapacityTokens, "kv-capacity-tokens", d.KVCapacityTokens, "standalone profile: KV cache size in tokens")
 	f.IntVar(&prof.BlockSize, "block-size", d.BlockSize, "standalone profile: KV block size in tokens")
 	f.IntVar(&prof.MaxContextTokens, "max-context-tokens", d.MaxContextTokens, "standalone profile: context limit (vLLM max_model_len)")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
