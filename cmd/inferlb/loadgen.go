@@ -78,6 +78,20 @@ Examples:
 			if modelName == "" {
 				return fmt.Errorf("--model is required")
 			}
+			// The library reads 0 as "use the default"; on the command line
+			// a 0 is a value the user typed, not an omission.
+			if !(timeScale > 0) {
+				return fmt.Errorf("--time-scale: must be > 0, got %v", timeScale)
+			}
+			if !(speedup > 0) {
+				return fmt.Errorf("--speedup: must be > 0, got %v", speedup)
+			}
+			if blockTokens < 1 {
+				return fmt.Errorf("--block-tokens: must be at least 1, got %d", blockTokens)
+			}
+			if maxConns < 1 {
+				return fmt.Errorf("--max-conns: must be at least 1, got %d", maxConns)
+			}
 			f, err := workload.ParseFormat(format)
 			if err != nil {
 				return fmt.Errorf("--format: %w", err)

@@ -52,6 +52,11 @@ func TestLoadgenRejectsBadFlags(t *testing.T) {
 		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--turns", "5-2"), "--turns: range \"5-2\""},
 		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--region-header", "x"), "--region-header applies with --direct-engine"},
 		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--format", "xml"), `--format: workload: unknown prompt format "xml"`},
+		// A typed 0 is not read as "the default".
+		{append(u, "--workload", "multiturn", "--arrival", "closed", "--concurrency", "2", "--time-scale", "0"), "--time-scale: must be > 0, got 0"},
+		{append(u, "--workload", "mooncake", "--trace", badTrace, "--speedup", "0"), "--speedup: must be > 0, got 0"},
+		{append(u, "--workload", "mooncake", "--trace", badTrace, "--block-tokens", "0"), "--block-tokens: must be at least 1, got 0"},
+		{append(u, "--workload", "multiturn", "--max-conns", "0"), "--max-conns: must be at least 1, got 0"},
 	}
 	for _, c := range cases {
 		_, _, err := runLoadgen(context.Background(), c.args...)
