@@ -111,6 +111,21 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if len(spec.Frontends) == 0 {
 		return nil, errors.New("demo: the fleet has no frontends")
 	}
+	if o.SurgeRegion != "" && o.SurgeAfter > 0 {
+		// A region no frontend is in would make the surge silently not
+		// happen.
+		var regions []string
+		for _, f := range spec.Frontends {
+			if f.Region == o.SurgeRegion {
+				regions = nil
+				break
+			}
+			regions = append(regions, f.Region)
+		}
+		if regions != nil {
+			return nil, fmt.Errorf("demo: surge region %q has no frontend (frontends are in %s)", o.SurgeRegion, strings.Join(regions, ", "))
+		}
+	}
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return nil, err
 	}

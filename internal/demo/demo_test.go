@@ -57,6 +57,21 @@ func freeBase(t *testing.T, n int) int {
 	return 0
 }
 
+// A surge in a region no frontend serves is refused before anything
+// starts, not run as a demo without a surge.
+func TestDemoRejectsUnknownSurgeRegion(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Run(context.Background(), Options{FleetPath: "../../examples/fleet-3region.yaml", OutDir: filepath.Join(dir, "out"),
+		Duration: time.Second, TimeScale: 1, Rate: 1, SurgeAfter: time.Second, SurgeRegion: "us-esat",
+		ControlInterval: time.Second, ViewInterval: time.Second, BasePort: 30000})
+	if err == nil || !strings.Contains(err.Error(), `surge region "us-esat" has no frontend`) {
+		t.Fatalf("err = %v, want the unknown surge region named", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "out")); !os.IsNotExist(err) {
+		t.Errorf("the refused demo created its output directory (stat: %v)", err)
+	}
+}
+
 // The README's first command, end to end: every component as its own
 // process, real Envoys, traffic through every frontend, nothing failing, and
 // a live view that shows every frontend up with traffic.
