@@ -339,9 +339,15 @@ func (r *Runner) cycle(ctx context.Context) {
 	r.last, r.ready = res, true
 	r.cycles++
 	r.mu.Unlock()
-	for _, rs := range res.Publish {
-		if err := r.srv.Publish(ctx, rs); err != nil {
-			r.log.Error("publish failed", "node", rs.NodeID, "err", err)
+	// Every node's current resources go to the server, not only the
+	// changed ones: the server sends only what differs from what it holds,
+	// so a publication that failed (or was replaced behind the controller's
+	// back) is retried next cycle instead of waiting for the weights to move.
+	failed := 0
+	for _, nd := range res.Nodes {
+		if err := r.srv.Publish(ctx, nd.Resources); err != nil {
+			failed++
+			r.log.Error("publish failed; retried next cycle", "node", nd.NodeID, "err", err)
 		}
 	}
 	outcome := "unchanged"
@@ -352,6 +358,9 @@ func (r *Runner) cycle(ctx context.Context) {
 				r.log.Error("state file", "err", err)
 			}
 		}
+	}
+	if failed > 0 {
+		outcome = "error"
 	}
 	r.m.cycles.WithLabelValues(outcome).Inc()
 	for _, nd := range res.Nodes {

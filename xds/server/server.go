@@ -217,7 +217,9 @@ func (s *Server) Stop() { s.grpc.Stop() }
 
 // Publish sets a node's resources. The CDS and EDS of one node go in one
 // snapshot (each node's EDS set equals its CDS's EDS clusters); the policy
-// goes to the LinearCache only when it changed.
+// goes to the LinearCache only when it changed. Publishing what the server
+// already holds does nothing, so a caller may publish every node every
+// cycle.
 func (s *Server) Publish(ctx context.Context, r *translate.Resources) error {
 	snap := &cachev3.Snapshot{}
 	cl := make([]types.Resource, 0, len(r.Clusters))
@@ -237,6 +239,13 @@ func (s *Server) Publish(ctx context.Context, r *translate.Resources) error {
 	ns := s.node(r.NodeID)
 	prev := ns.published
 	s.mu.Unlock()
+	policyVersion := ""
+	if r.Policy != nil {
+		policyVersion = r.Policy.Version
+	}
+	if prev.ClusterVersion == r.ClusterVersion && prev.EndpointVersion == r.EndpointVersion && prev.PolicyVersion == policyVersion {
+		return nil // already held: nothing to send, and At keeps the time of the change
+	}
 	if prev.ClusterVersion != r.ClusterVersion || prev.EndpointVersion != r.EndpointVersion {
 		if err := s.snap.SetSnapshot(ctx, r.NodeID, snap); err != nil {
 			return fmt.Errorf("publish %s: %w", r.NodeID, err)

@@ -324,3 +324,34 @@ func TestPolicyAndReports(t *testing.T) {
 	cancel()
 	_ = net.ErrClosed
 }
+
+// Publishing what the server already holds sends nothing and keeps the time
+// of the last change, so the control loop can publish every node every
+// cycle (and so retry one whose publication failed).
+func TestRepublishingTheSameResourcesIsANoOp(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	srv, _ := xdstest.StartServer(t, server.Config{Registry: reg})
+	ctx := context.Background()
+	r, err := translate.Translate(node("fe", "r1", []string{"127.0.0.1:1", "127.0.0.1:2"}, []float64{0.6, 0.4}), testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Publish(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	first := srv.Status()[0].Published
+	n := sumMetric(t, reg, "inferlb_xds_publishes_total")
+	if n != 3 { // cds, eds and policy
+		t.Fatalf("first publication counted %v, want 3", n)
+	}
+	same, _ := translate.Translate(node("fe", "r1", []string{"127.0.0.1:1", "127.0.0.1:2"}, []float64{0.6, 0.4}), testOptions())
+	if err := srv.Publish(ctx, same); err != nil {
+		t.Fatal(err)
+	}
+	if got := sumMetric(t, reg, "inferlb_xds_publishes_total"); got != n {
+		t.Errorf("republishing counted %v publications, want still %v", got, n)
+	}
+	if again := srv.Status()[0].Published; again != first {
+		t.Errorf("republishing changed the published state: %+v, was %+v", again, first)
+	}
+}
