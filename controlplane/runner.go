@@ -71,6 +71,8 @@ type Runner struct {
 	targets []signals.Target
 	kick    chan struct{}
 
+	// mu guards tracker (the scrape loop writes it, the cycle and the admin
+	// handlers read it), last, cycles, ready and the bound addresses.
 	mu                 sync.Mutex
 	tracker            *signals.Tracker
 	last               *Result

@@ -74,6 +74,8 @@ type Server struct {
 	reports ReportSink
 	m       metrics
 
+	// mu guards nodes and streams (and everything they point to): the
+	// go-control-plane callbacks, Publish and Status all touch them.
 	mu      sync.Mutex
 	nodes   map[string]*nodeState
 	streams map[streamKey]*streamState

@@ -64,14 +64,17 @@ type report struct {
 
 // Intake collects Reports. Safe for concurrent use.
 type Intake struct {
+	// Set by NewIntake, then read-only.
 	opt                        IntakeOptions
 	nodes, classes, priorities map[string]bool
-	mu                         sync.Mutex
-	byInstance                 map[[2]string][]report
-	lastReport                 map[string]time.Time // node → last report
-	accepted, rejected         uint64
-	lastRejection              string
-	lastRejectionAt            time.Time
+
+	// mu guards the fields below.
+	mu                 sync.Mutex
+	byInstance         map[[2]string][]report // (node, instance) → reports in arrival order
+	lastReport         map[string]time.Time   // node → last report
+	accepted, rejected uint64
+	lastRejection      string
+	lastRejectionAt    time.Time
 }
 
 // NewIntake returns an Intake.
