@@ -156,7 +156,13 @@ func (s *Server) Restart() error {
 		ln.Close()
 		return errors.New("enginesim: engine closed")
 	}
-	s.eng, _ = newReplicaSet(s.opts.Replicas, s.cfg, (*listener)(s))
+	eng, err := newReplicaSet(s.opts.Replicas, s.cfg, (*listener)(s))
+	if err != nil { // the options were valid at Start; never expected
+		s.mu.Unlock()
+		ln.Close()
+		return fmt.Errorf("enginesim: restart: %w", err)
+	}
+	s.eng = eng
 	s.eng.setFaults(s.faults.Slowdown, s.faults.Hang, s.vnow())
 	s.faults.Crash = false
 	s.faults.RestartAfterS = 0
