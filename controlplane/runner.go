@@ -145,7 +145,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		return nil, err
 	}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r.m.cycles = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_cycles_total", Help: "Control cycles by outcome (published, unchanged, fallback, error)."}, []string{"outcome"})
+	r.m.cycles = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_cycles_total", Help: "Control cycles by outcome: published, unchanged or error (one per cycle); fallback additionally counts the cycles whose allocator failed and the proportional fallback was used."}, []string{"outcome"})
 	r.m.cycleSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_cycle_seconds", Help: "Duration of a control cycle's logic (signals to resources).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
 	r.m.penalty = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_penalty", Help: "Outlier penalty per engine (share of capacity removed)."}, []string{"engine"})
