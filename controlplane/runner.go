@@ -135,7 +135,9 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		ids = append(ids, e.ID)
 		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address})
 	}
-	r.intake = signals.NewIntake(signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now})
+	if r.intake, err = signals.NewIntake(signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now}); err != nil {
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
 	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter}, ids)
 	r.scraper = &signals.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}

@@ -22,7 +22,8 @@ type IntakeOptions struct {
 	Nodes, Classes, Priorities []string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-	// MaxIntervals bounds the reports kept per (node, instance).
+	// MaxIntervals bounds the reports kept per (node, instance); 0 means
+	// 600.
 	MaxIntervals int
 }
 
@@ -77,8 +78,15 @@ type Intake struct {
 	lastRejectionAt    time.Time
 }
 
-// NewIntake returns an Intake.
-func NewIntake(opt IntakeOptions) *Intake {
+// NewIntake returns an Intake. The window must be positive: rates divide by
+// it.
+func NewIntake(opt IntakeOptions) (*Intake, error) {
+	if opt.Window <= 0 {
+		return nil, fmt.Errorf("intake: window must be positive, got %v", opt.Window)
+	}
+	if opt.MaxIntervals < 0 {
+		return nil, fmt.Errorf("intake: max intervals must be ≥ 0 (0: 600), got %d", opt.MaxIntervals)
+	}
 	set := func(xs []string) map[string]bool {
 		m := map[string]bool{}
 		for _, x := range xs {
@@ -86,12 +94,12 @@ func NewIntake(opt IntakeOptions) *Intake {
 		}
 		return m
 	}
-	if opt.MaxIntervals <= 0 {
+	if opt.MaxIntervals == 0 {
 		opt.MaxIntervals = 600
 	}
 	in := &Intake{opt: opt, nodes: set(opt.Nodes), classes: set(opt.Classes), priorities: set(opt.Priorities),
 		byInstance: map[[2]string][]report{}, lastReport: map[string]time.Time{}}
-	return in
+	return in, nil
 }
 
 func (in *Intake) now() time.Time {

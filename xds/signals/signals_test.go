@@ -193,8 +193,16 @@ func TestTrackerSmoothingStalenessAndRates(t *testing.T) {
 
 func TestIntake(t *testing.T) {
 	now := time.Unix(5000, 0)
-	in := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
+	in, err := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
 		Priorities: []string{"p", "q"}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rates divide by the window: a window of 0 is refused, not turned into
+	// infinite demand.
+	if _, err := NewIntake(IntakeOptions{}); err == nil || !strings.Contains(err.Error(), "window must be positive") {
+		t.Errorf("zero window: err = %v", err)
+	}
 	now = now.Add(20 * time.Second) // the intake has run for a whole window
 	rep := func(req, shed uint64) *policyv1.ReportRequest {
 		return &policyv1.ReportRequest{NodeId: "fe", Instance: "i1",
