@@ -2,6 +2,7 @@ package workload
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -38,7 +39,7 @@ func ParseMooncake(r io.Reader) ([]MooncakeRow, error) {
 	for sc.Scan() {
 		line++
 		b := sc.Bytes()
-		if len(trimSpace(b)) == 0 {
+		if len(bytes.TrimSpace(b)) == 0 {
 			continue
 		}
 		var raw struct {
@@ -47,7 +48,7 @@ func ParseMooncake(r io.Reader) ([]MooncakeRow, error) {
 			OutputLength *int   `json:"output_length"`
 			HashIDs      []int  `json:"hash_ids"`
 		}
-		dec := json.NewDecoder(bytesReader(b))
+		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&raw); err != nil {
 			return nil, fmt.Errorf("mooncake trace line %d: %w", line, err)
