@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -454,8 +453,6 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		}
 	}
 }
-
-var _ = net.JoinHostPort
 
 func tvInt(a, b map[string]uint32) float64 {
 	fa, fb := map[string]float64{}, map[string]float64{}
