@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,6 +71,7 @@ type Runner struct {
 	scraper *signals.Scraper
 	targets []signals.Target
 	kick    chan struct{}
+	ran     atomic.Bool // Run was called: a Runner runs once
 
 	// mu guards tracker (the scrape loop writes it, the cycle and the admin
 	// handlers read it), last, cycles, ready and the bound addresses.
@@ -191,6 +193,9 @@ func (r *Runner) Last() *Result {
 // Run serves until ctx is cancelled, then shuts everything down and
 // returns. Envoy keeps its last configuration meanwhile.
 func (r *Runner) Run(ctx context.Context) error {
+	if r.ran.Swap(true) {
+		return errors.New("control plane: Run called twice; a Runner runs once (its server, intake and state are spent)")
+	}
 	xl, err := net.Listen("tcp", r.cfg.XDSListen)
 	if err != nil {
 		return fmt.Errorf("control plane: xds listen: %w", err)
