@@ -36,10 +36,21 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// freeBase finds n consecutive free loopback ports.
+// freeBase finds n consecutive free loopback ports below the kernel's
+// ephemeral range: tests of other packages running at the same time take
+// their ports (listeners on :0, outgoing connections) from that range, and
+// one could land on a demo port between this check and the demo's bind.
 func freeBase(t *testing.T, n int) int {
 	t.Helper()
-	for base := 30000 + os.Getpid()%2000*10; base < 60000; base += 97 {
+	lo, hi := 10000, 60000
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var eph0, eph1 int
+		if _, err := fmt.Sscan(string(b), &eph0, &eph1); err == nil && eph0-n > lo+1000 {
+			hi = eph0 - n
+		}
+	}
+	span := (hi - lo) / 10
+	for base := lo + os.Getpid()%span*10/2; base < hi; base += 97 {
 		ok := true
 		for p := base; p < base+n && ok; p++ {
 			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
