@@ -231,6 +231,9 @@ type Controller struct {
 	problem  problemFrame
 
 	penalties map[string]float64
+	// impaired marks engines that were penalized, down or stale last cycle
+	// (never-scraped engines are not impaired), to notice recoveries.
+	impaired  map[string]bool
 	lastStep  time.Time
 	published map[string]*NodeDecision
 	planned   map[string]float64 // engine → planned load (ref req/s)
@@ -256,7 +259,7 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		alloc = OptimizerAllocator{}
 	}
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
-		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{},
+		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, impaired: map[string]bool{},
 		published: map[string]*NodeDecision{}, planned: map[string]float64{}}
 	f := &c.problem
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
@@ -412,6 +415,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	// 1–2. Engine views and penalties.
 	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs}
 	health := map[string]translate.Health{}
+	recovered := map[string]bool{}
 	for _, e := range f.engines {
 		s, ok := sig[e.ID]
 		state := signals.New
@@ -464,7 +468,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		} else if pen > 0 {
 			why = "recovering (decaying)"
 		}
-		if pen < 1e-3 {
+		if pen < minPenalty {
 			pen = 0
 		}
 		c.penalties[e.ID] = pen
@@ -472,6 +476,12 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		if pen == 0 {
 			v.PenaltyWhy = ""
 		}
+		impaired := pen > 0 || (state != signals.Up && state != signals.New)
+		if c.impaired[e.ID] && !impaired {
+			recovered[e.ID] = true
+			v.PenaltyWhy = "recovered: the stability term is lifted for its classes this cycle"
+		}
+		c.impaired[e.ID] = impaired
 		res.Engines = append(res.Engines, v)
 		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: prof, Replicas: reps, ReadyReplicas: reps,
 			Health: hf * (1 - v.BackgroundLoad), Penalty: pen})
@@ -516,7 +526,9 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		if nd := c.published[fe.NodeID]; nd != nil {
 			last.Weights[fe.NodeID] = map[string]map[string]float64{}
 			for cl, cd := range nd.Classes {
-				last.Weights[fe.NodeID][cl] = cd.Weights
+				if !c.touchesRecovered(cl, recovered) {
+					last.Weights[fe.NodeID][cl] = cd.Weights
+				}
 			}
 		}
 	}
@@ -701,6 +713,31 @@ func (c *Controller) workRatio(id string, flow *optimizer.Flow, cl fleet.Class) 
 		return 1
 	}
 	return (prompt*p.PromptTokenSec + output*p.OutputTokenSec) / ref
+}
+
+// minPenalty: smaller penalties are dropped to 0. Every penalty costs
+// PenaltyCostMs × penalty per request in the optimizer, so a lingering tail
+// (0.001 × 1500 ms still outweighs the congestion differences of a lightly
+// loaded fleet) would keep a recovered engine drained for many half-lives.
+const minPenalty = 0.01
+
+// touchesRecovered reports whether any engine eligible for the class
+// recovered this cycle. For such classes the cycle solves without the
+// stability term (no Last weights): the traffic a penalty or a failure took
+// away from the engine goes back. Stability would otherwise hold it away
+// for good at low load, where moving it back gains little latency, and the
+// move back is cheap: Maglev with the pre-fault weights maps conversations
+// to the engines they had before, whose caches still hold them.
+func (c *Controller) touchesRecovered(class string, recovered map[string]bool) bool {
+	if len(recovered) == 0 {
+		return false
+	}
+	for _, j := range c.problem.eligible[class] {
+		if recovered[c.problem.engines[j].ID] {
+			return true
+		}
+	}
+	return false
 }
 
 // maxContext is the longest request (prompt + output tokens) the class

@@ -1,0 +1,64 @@
+package controlplane
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/inferlb/inferlb/xds/signals"
+)
+
+// An engine failing half its requests loses its share at once, and once its
+// penalty has decayed it gets its share back, even at a load so low that
+// moving traffic back gains almost no latency (where the stability term
+// alone would hold the traffic away for good).
+func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Penalty.HalfLife = time.Second
+	c, err := NewController(testFleet(t), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	quiet := func() map[string]fake {
+		m := map[string]fake{}
+		for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
+			m[id] = fake{reqPerS: 1, promptTokS: 200, genTokS: 200, ttftMs: 30, tbotMs: 7}
+		}
+		return m
+	}
+	step := func(ev map[string]signals.Evidence) *Result {
+		t.Helper()
+		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, quiet()), Demand: demand(0.3, 0.3), Evidence: ev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := step(nil)
+	base := share(r, "fe-east", "e-east-1")
+	if base < 0.2 {
+		t.Fatalf("healthy e-east-1 starts with share %.3f", base)
+	}
+	// 50% errors reported by ext_proc for e-east-1 (127.0.0.1:19001).
+	now = now.Add(time.Second)
+	r = step(map[string]signals.Evidence{"127.0.0.1:19001": {Responses: 100, Errors: 50}})
+	if got := share(r, "fe-east", "e-east-1"); got > 0.02 {
+		t.Fatalf("failing engine keeps share %.3f (penalty %.2f)", got, view(r, "e-east-1").Penalty)
+	}
+	// Recovery: no more errors; the penalty decays below the cutoff within
+	// log2(0.9/0.01) ≈ 6.5 half-lives, and the engine gets its share back.
+	var back float64
+	for k := 0; k < 12; k++ {
+		now = now.Add(time.Second)
+		r = step(nil)
+		back = share(r, "fe-east", "e-east-1")
+		if back >= base/2 {
+			t.Logf("share %.3f → 0 → %.3f after %d s of recovery", base, back, k+1)
+			return
+		}
+	}
+	t.Fatalf("after 12 half-lives the recovered engine has share %.3f (was %.3f), penalty %.3f (%s)",
+		back, base, view(r, "e-east-1").Penalty, view(r, "e-east-1").PenaltyWhy)
+}
