@@ -399,6 +399,12 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	dt := time.Duration(0)
 	if !c.lastStep.IsZero() {
 		dt = in.Now.Sub(c.lastStep)
+	} else if len(c.published) > 0 {
+		// First cycle after Seed: the engines carry what the seeded
+		// weights send them. Without a plan of this process's own, that
+		// load would read as background and shrink every busy engine's
+		// capacity (shedding, moving weights) right after a restart.
+		c.planned = c.plannedFromPublished(in.Demand)
 	}
 	c.lastStep = in.Now
 	decay := 1.0
@@ -702,6 +708,42 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	c.published = res.Nodes
 	c.planned = planned
 	return res, nil
+}
+
+// plannedFromPublished is the load (reference req/s per engine) the
+// published weights send at the given demand: what a cycle plans, for a
+// controller that has published but not yet planned (seeded at start).
+func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.DemandRate) map[string]float64 {
+	planned := map[string]float64{}
+	for _, fe := range c.problem.frontends {
+		nd := c.published[fe.NodeID]
+		if nd == nil {
+			continue
+		}
+		for _, cl := range c.problem.classes {
+			cd := nd.Classes[cl.Name]
+			if cd == nil {
+				continue
+			}
+			rate := 0.0
+			for _, pr := range c.problem.priorities {
+				rate += dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}].RequestsPerS
+			}
+			sum := 0.0
+			for _, w := range cd.Weights {
+				sum += w
+			}
+			if sum <= 0 {
+				continue
+			}
+			for id, w := range cd.Weights {
+				if _, ok := c.profiles[id]; ok {
+					planned[id] += w / sum * rate * c.workRatio(id, nil, cl)
+				}
+			}
+		}
+	}
+	return planned
 }
 
 // workRatio converts a flow's requests into the engine's reference requests.

@@ -233,6 +233,51 @@ func TestCycleSeedHoldsPublishedWeights(t *testing.T) {
 	}
 }
 
+// A restarted control plane, seeded from the state file, sees the engines
+// carrying the traffic its published weights send them. That load is its own
+// frontends', not background: the first cycle must not shrink the busy
+// engines' capacity and move the weights away from the warm caches.
+func TestCycleSeededRestartDoesNotTakeItsOwnTrafficForBackground(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	a, _ := NewController(testFleet(t), DefaultConfig(), nil)
+	if _, err := a.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20)}); err != nil {
+		t.Fatal(err)
+	}
+	// The engines now carry what a planned: their observed utilization is
+	// the planned one (as decode work).
+	busy := map[string]fake{}
+	for id, load := range a.planned {
+		prof := a.profiles[id]
+		util := load / prof.CapacityRPS
+		busy[id] = fake{reqPerS: load, genTokS: util / prof.OutputTokenSec}
+	}
+	now = now.Add(5 * time.Second)
+	ra, err := a.Step(ctx, Inputs{Now: now, Engines: engines(now, busy), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := NewController(testFleet(t), DefaultConfig(), nil)
+	if _, err := b.Seed(a.Published(), a.Version()); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(5 * time.Second)
+	rb, err := b.Step(ctx, Inputs{Now: now, Engines: engines(now, busy), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range rb.Engines {
+		if v.BackgroundLoad > 0.02 {
+			t.Errorf("restarted: %s background load %.3f (observed %.3f, planned %.3f): its own traffic", v.ID, v.BackgroundLoad, v.ObservedUtilization, v.PlannedUtilization)
+		}
+	}
+	for _, n := range []string{"fe-east", "fe-west"} {
+		if ra.Nodes[n].Resources.EndpointVersion != rb.Nodes[n].Resources.EndpointVersion {
+			t.Errorf("%s: restart moved the weights %v → %v", n, ra.Nodes[n].Classes["chat"].Weights, rb.Nodes[n].Classes["chat"].Weights)
+		}
+	}
+}
+
 // A state file is outside input: a share that would break every cycle's
 // translation is refused, and what the fleet no longer has is named, not
 // silently kept.
