@@ -212,7 +212,21 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 			NodeID: node, Region: node[3:], XDSAddress: e.xds, Delta: delta, ListenerPort: e.ports[node], Retries: 1})})
 	}
 
-	// 1. Each node shows its own optimizer weights.
+	// 1. Each node shows its own optimizer weights: those of a steady
+	// loop, after a few cycles that started from published weights (the
+	// first cycle solves cold, without the stability term, and a later one
+	// may still move by more than the deadband).
+	if err := envoytest.Poll(ctx, 15*time.Second, 50*time.Millisecond, func() error {
+		e.runner.mu.Lock()
+		n := e.runner.cycles
+		e.runner.mu.Unlock()
+		if n < 4 {
+			return fmt.Errorf("%d cycles so far", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	for _, node := range []string{"fe-east", "fe-west"} {
 		if err := envoytest.Poll(ctx, 15*time.Second, 50*time.Millisecond, func() error { return e.envoyMatches(node) }); err != nil {
 			t.Fatal(err)
