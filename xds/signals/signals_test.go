@@ -2,6 +2,7 @@ package signals
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -140,6 +141,29 @@ func TestScrapeConcurrentWithTimeouts(t *testing.T) {
 	healthy.Store(false)
 	if s := s.Scrape(context.Background(), Target{"a", addr(ok.URL)}); s.Healthy || !strings.Contains(s.HealthErr.Error(), "503") {
 		t.Errorf("503 health: %+v", s)
+	}
+}
+
+// A /health that only ever timed out says nothing: the engine is unknown
+// (stale), not down, until some /health answers; a timeout after that keeps
+// the last verdict, a refusal is down.
+func TestTrackerHealthTimeoutIsNotDown(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tr := NewTracker(TrackerOptions{StaleAfter: 3 * time.Second}, []string{"e"})
+	timeout := context.DeadlineExceeded
+	m := Metrics{Running: 1, Waiting: 0, KVUsage: 0.1}
+	tr.Observe(Sample{ID: "e", At: t0, HealthErr: timeout, Metrics: m})
+	if got := tr.Engines(t0)[0].Status(); got != Stale {
+		t.Fatalf("after a timed-out first /health: %v, want stale", got)
+	}
+	tr.Observe(Sample{ID: "e", At: t0.Add(time.Second), Healthy: true, Metrics: m})
+	tr.Observe(Sample{ID: "e", At: t0.Add(2 * time.Second), HealthErr: timeout, Metrics: m})
+	if got := tr.Engines(t0.Add(2 * time.Second))[0].Status(); got != Up {
+		t.Fatalf("healthy, then a timeout: %v, want up", got)
+	}
+	tr.Observe(Sample{ID: "e", At: t0.Add(3 * time.Second), HealthErr: errors.New("connection refused"), Metrics: m})
+	if got := tr.Engines(t0.Add(3 * time.Second))[0].Status(); got != Down {
+		t.Fatalf("refused: %v, want down", got)
 	}
 }
 

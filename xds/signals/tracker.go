@@ -28,7 +28,8 @@ const (
 	Up State = iota
 	// Down: /health failed on the last scrape.
 	Down
-	// Stale: no fresh metrics; load unknown.
+	// Stale: no fresh metrics, or no /health verdict yet (every one timed
+	// out); load or health unknown.
 	Stale
 	// New: never scraped yet.
 	New
@@ -73,16 +74,18 @@ type Engine struct {
 func (e Engine) Status() State { return e.state }
 
 type track struct {
-	e         Engine
-	prev      Metrics
-	prevAt    time.Time
-	havePrev  bool
-	healthOK  bool
-	scraped   bool
-	hasTTFT   bool
-	hasTBOT   bool
-	hasGauges bool
-	hasRates  bool
+	e        Engine
+	prev     Metrics
+	prevAt   time.Time
+	havePrev bool
+	healthOK bool
+	// healthKnown: some /health answered (or failed) without timing out.
+	healthKnown bool
+	scraped     bool
+	hasTTFT     bool
+	hasTBOT     bool
+	hasGauges   bool
+	hasRates    bool
 }
 
 // Tracker turns samples into smoothed signals. Not safe for concurrent
@@ -128,7 +131,7 @@ func (t *Tracker) Observe(s Sample) (changed bool) {
 	// A /health that timed out says nothing (an overloaded engine answers
 	// late): keep the last verdict. Refused or non-2xx is a failure.
 	if !isTimeout(s.HealthErr) {
-		tr.healthOK = s.Healthy
+		tr.healthOK, tr.healthKnown = s.Healthy, true
 	}
 	tr.e.LastError = ""
 	if s.HealthErr != nil {
@@ -192,6 +195,10 @@ func (t *Tracker) state(tr *track, now time.Time) State {
 	switch {
 	case !tr.scraped:
 		return New
+	case !tr.healthKnown:
+		// Every /health so far timed out: an overloaded engine answers
+		// late, so this says nothing yet; unknown, not down.
+		return Stale
 	case !tr.healthOK:
 		return Down
 	case tr.e.LastMetrics.IsZero() || (t.opt.StaleAfter > 0 && now.Sub(tr.e.LastMetrics) > t.opt.StaleAfter):
