@@ -30,6 +30,12 @@ type fastSolver struct {
 	// omega > 1 over-relaxes block steps (successive over-relaxation):
 	// the block sees its engines' curvature divided by omega.
 	omega float64
+	// stalled is set when iterate stopped on the stall rule rather than
+	// on the certified gap (then the explanations' stationarity residual
+	// is not certified either).
+	stalled bool
+	// scratch per arc of a block for gap: base marginal, stability up/down
+	gb, gu, gd []float64
 	// scratch per arc of the current block
 	m0, hg, xc, p0, rr, r, x0, sg []float64
 }
@@ -307,6 +313,7 @@ func (s *fastSolver) run(maxSweeps int) (int, bool, float64) {
 // already known (from a relaxation), or -Inf.
 func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 	m := s.m
+	s.stalled = false
 	s.shedBuf = make([]float64, m.nPri)
 	s.exchangeOK = s.exchangeWork() <= 2_000_000
 	if s.exchangeEvery <= 0 {
@@ -315,7 +322,7 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 	m.loads()
 	if s.viol() <= s.capTol && s.residual() <= s.capTol {
 		// already converged (e.g. an exact pooled solution)?
-		if obj, bound := s.gap(); obj-math.Max(lb, bound) <= s.tol*math.Abs(obj) {
+		if obj, bound, resid := s.gap(); obj-math.Max(lb, bound) <= s.tol*math.Abs(obj) && resid <= s.tol*math.Abs(obj) {
 			return 0, true, math.Max(lb, bound)
 		}
 	}
@@ -339,9 +346,10 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 			}
 		}
 		if maxViol <= s.capTol {
-			obj, bound := s.gap()
+			obj, bound, resid := s.gap()
 			lb = math.Max(lb, bound)
-			if obj-lb <= s.tol*math.Abs(obj) {
+			stationary := resid <= s.tol*math.Abs(obj)
+			if obj-lb <= s.tol*math.Abs(obj) && stationary {
 				return sweep, true, lb
 			}
 			// Stalled: degenerate exchanges between flows (two flows trading
@@ -351,6 +359,7 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 			old := hist[sweep%stallWindow]
 			hist[sweep%stallWindow] = obj
 			if old != 0 && old-obj <= 1e-3*s.tol*math.Abs(obj) {
+				s.stalled = true
 				return sweep, true, lb
 			}
 		}
@@ -365,7 +374,7 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 // point, whose minimum over each flow's simplex (routes and shed
 // priorities) is found greedily. A stability kink at x = x0 takes the
 // subgradient closest to the flow's price.
-func (s *fastSolver) gap() (obj, bound float64) {
+func (s *fastSolver) gap() (obj, bound, resid float64) {
 	m := s.m
 	obj = m.objective() // also refreshes loads
 	lag := obj
@@ -378,23 +387,36 @@ func (s *fastSolver) gap() (obj, bound float64) {
 	lin := 0.0 // Σ_b min over the simplex of ⟨∇L, x' − x⟩
 	for bi := range m.blocks {
 		b := &m.blocks[bi]
-		cur, gmin := 0.0, math.Inf(1)
-		for k := b.lo; k < b.hi; k++ {
-			a := &m.arcs[k]
-			e := &m.eng[a.j]
-			g1, _ := e.marginal(e.y)
-			g := a.a + a.r*(g1+e.lam)
-			switch {
-			case a.sigma == 0:
-			case a.x > a.x0:
-				g += a.sigma
-			case a.x < a.x0:
-				g -= a.sigma
-			default:
-				g += math.Max(-a.sigma, math.Min(a.sigma, b.nu-g))
-			}
-			cur += g * a.x
+		// At a stability kink take the subgradient closest to the flow's
+		// price ν (flowPrice, the cheapest route's marginal cost): then
+		// gmin = ν and −lin ≥ Σ_k x_k·(g_k − ν), the weighted stationarity
+		// residual of the explanations, so a certified gap bounds it.
+		n := b.hi - b.lo
+		if cap(s.gb) < n {
+			s.gb, s.gu, s.gd = make([]float64, n), make([]float64, n), make([]float64, n)
+		}
+		nu, routed := math.Inf(1), false
+		for k := 0; k < n; k++ {
+			a := &m.arcs[b.lo+k]
+			s.gb[k], s.gu[k], s.gd[k] = m.marginals(b, a)
+			nu = math.Min(nu, s.gb[k]+s.gu[k])
+			routed = routed || a.x > 0
+		}
+		if !routed {
+			nu = m.flowPrice(b)
+		}
+		cur, gmin, xsum := 0.0, math.Inf(1), 0.0
+		for k := 0; k < n; k++ {
+			x := m.arcs[b.lo+k].x
+			base := s.gb[k]
+			g := base + math.Max(s.gd[k], math.Min(s.gu[k], nu-base))
+			cur += g * x
+			xsum += x
 			gmin = math.Min(gmin, g)
+		}
+		if xsum > 0 {
+			// Σ_k x_k·(g_k − gmin), gmin = ν: the explanations' residual
+			resid += math.Max(0, cur-gmin*xsum)
 		}
 		best, rem := 0.0, b.d
 		for _, p := range m.shedOrd {
@@ -417,7 +439,7 @@ func (s *fastSolver) gap() (obj, bound float64) {
 		}
 		lin += best - cur
 	}
-	return obj, lag + lin
+	return obj, lag + lin, resid
 }
 
 // multipliers does the augmented-Lagrangian update λ ← max(0, λ + ρ·(Y −

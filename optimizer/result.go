@@ -17,7 +17,10 @@ func (m *model) result(method Method) *Solution {
 		er := EngineResult{ID: p.Engines[j].ID, LoadRPS: e.y, CapacityRPS: e.C, LimitRPS: e.limit}
 		if e.C > 0 {
 			er.Utilization = e.y / e.C
-			price[j] = math.Max(0, e.lam+e.rho*(e.y-e.limit))
+			// The multiplier itself: the fast solver's last block steps
+			// were stationary for max(0, λ_old + ρ·(Y − limit)), which is
+			// λ after its update; the reference sets λ from its duals.
+			price[j] = e.lam
 			er.CapacityPriceMs = price[j]
 			er.TTFTMs, er.TBOTMs = pr.Latency(pr.RefPromptTokens, pr.RefOutputTokens, er.Utilization)
 		}
@@ -43,6 +46,7 @@ func (m *model) result(method Method) *Solution {
 			}
 			b := &m.blocks[bi]
 			f.DemandPerS = b.d
+			b.nu = m.flowPrice(b)
 			f.PriceMs = b.nu
 			var last map[string]float64
 			if p.Last != nil && p.Last.Weights != nil {
@@ -86,7 +90,64 @@ func (m *model) result(method Method) *Solution {
 	return sol
 }
 
-// explain decomposes arc a's marginal cost.
+// heldEps is the distance from the last allocation (relative to the flow's
+// demand) within which an arc counts as held at the stability kink.
+const heldEps = 1e-9
+
+// marginals returns arc a's marginal cost without the stability term,
+// base = a.a + r·(G'(Y) + λ), and the stability charge of moving one more
+// request onto the arc (up) and of taking one off it (down): ±σ off the
+// kink, +σ and −σ at it (x = x0).
+func (m *model) marginals(b *block, a *arc) (base, up, down float64) {
+	e := &m.eng[a.j]
+	g1, _ := e.marginal(e.y)
+	base = a.a + a.r*(g1+e.lam)
+	if a.sigma == 0 {
+		return base, 0, 0
+	}
+	eps := heldEps * b.d
+	switch {
+	case a.x > a.x0+eps:
+		return base, a.sigma, a.sigma
+	case a.x < a.x0-eps:
+		return base, -a.sigma, -a.sigma
+	}
+	return base, a.sigma, -a.sigma
+}
+
+// flowPrice is the flow's price ν at the current point (loads, x, s and
+// capacity multipliers λ): the marginal cost of routing one more request,
+// min over the flow's eligible arcs of base + up. At an optimum every used
+// arc's marginal cost equals it (the demand constraint's dual) and unused
+// arcs cost at least as much; away from it, used arcs exceed it by their
+// stationarity residual, which the fast solver's gap bounds. A flow that
+// routes nothing is priced at its most expensive shed priority (or the
+// cheapest route if that is lower).
+func (m *model) flowPrice(b *block) float64 {
+	nu, routed := math.Inf(1), false
+	for k := b.lo; k < b.hi; k++ {
+		a := &m.arcs[k]
+		base, up, _ := m.marginals(b, a)
+		nu = math.Min(nu, base+up)
+		if a.x > 0 {
+			routed = true
+		}
+	}
+	if routed {
+		return nu
+	}
+	shed := 0.0
+	for p, s := range b.s {
+		if s > 0 {
+			shed = math.Max(shed, m.shed[p])
+		}
+	}
+	return math.Min(nu, shed)
+}
+
+// explain decomposes arc a's marginal cost at the current point; b.nu must
+// be the flow's price (flowPrice). The terms add up to base + stability
+// (see marginals), which equals b.nu for a used arc at an optimum.
 func (m *model) explain(b *block, a *arc, capPrice float64) Explanation {
 	p := m.p
 	e := &m.eng[a.j]
@@ -99,9 +160,9 @@ func (m *model) explain(b *block, a *arc, capPrice float64) Explanation {
 	ex.QueueingMs = a.r * e.kAt(u)
 	ex.OutlierCostMs = p.PenaltyCostMs * p.Engines[a.j].Penalty
 	// The latency the objective charges: zero-load latency (a.a less the
-	// network and outlier terms) plus the load-dependent part, so that the
-	// terms add up to the flow's price. TTFTMs and TBOTMs are the profile's
-	// curves at this load, shown beside it.
+	// network and outlier terms) plus the load-dependent part r·K(u); with
+	// G(Y) = C·g(Y/C), g(u) = u·K(u), the arc's marginal cost is
+	// a.a + r·g'(u) = a.a + r·K(u) + r·u·K'(u).
 	ex.LatencyMs = a.a - ex.NetworkMs - ex.OutlierCostMs + ex.QueueingMs
 	// marginal congestion: r·u·K'(u) = r·(g'(u) − K(u))
 	_, g1, _ := e.derivs(u)
@@ -110,9 +171,15 @@ func (m *model) explain(b *block, a *arc, capPrice float64) Explanation {
 	if e.nominal > 0 && p.Engines[a.j].Penalty > 0 {
 		ex.PenaltyMs = a.r * (e.kAt(u) - e.kAt(e.y/e.nominal))
 	}
-	ex.StabilityMs = b.nu - (ex.NetworkMs + ex.LatencyMs + ex.OutlierCostMs + ex.CongestionMs + ex.CapacityPriceMs)
-	if math.Abs(ex.StabilityMs) < 1e-9*math.Max(1, math.Abs(b.nu)) || a.sigma == 0 {
-		ex.StabilityMs = 0
+	// Stability: +σ where the arc carries more than its last allocation
+	// (one more request here moves one more), −σ where less (one more
+	// request here moves one back); at the kink (held at the last
+	// allocation) whatever in [−σ, σ] brings the sum to the flow's price.
+	base := ex.NetworkMs + ex.LatencyMs + ex.OutlierCostMs + ex.CongestionMs + ex.CapacityPriceMs
+	if _, up, down := m.marginals(b, a); up == down {
+		ex.StabilityMs = up
+	} else {
+		ex.StabilityMs = math.Max(down, math.Min(up, b.nu-base))
 	}
 	return ex
 }

@@ -67,6 +67,10 @@ type Solution struct {
 	// ShedCostMs[p] is the cost actually charged per shed request of
 	// priority p (see Solve).
 	ShedCostMs []float64
+
+	// stalled: the fast solver stopped on its stall rule, not on the
+	// certified gap (for tests of the explanation identity).
+	stalled bool
 }
 
 // Flow is the result for one (frontend, class).
@@ -81,9 +85,13 @@ type Flow struct {
 	Shed []Shed
 	// Predicted means over routed traffic, ms.
 	TTFTMs, TBOTMs, NetworkMs, LatencyMs float64
-	// PriceMs is the marginal cost of one more request of this flow (the
-	// demand constraint's dual): every used engine's marginal cost equals it
-	// up to the stability band.
+	// PriceMs is the marginal cost of one more request of this flow: the
+	// cheapest eligible engine's marginal cost at the solved point (see
+	// Explanation), which at the optimum is the demand constraint's dual.
+	// Every used engine's explanation terms add up to it (within the
+	// solver's tolerance, see Explanation) and unused engines cost at least
+	// as much. A flow that routes nothing is priced at its most expensive
+	// shed priority's cost.
 	PriceMs float64
 }
 
@@ -105,30 +113,42 @@ type Weight struct {
 }
 
 // Explanation decomposes the marginal cost (ms per request) of sending one
-// more request of a flow to an engine. At the optimum, for every engine
-// with traffic,
+// more request of a flow to an engine: the derivative of the objective
+// along the arc, a + r·g'(u) with a the round trip + zero-load latency +
+// outlier cost, r the request's work relative to the engine's reference
+// request, g(u) = u·K(u) the engine's cost per unit capacity and K(u) the
+// reference request's load-dependent latency; plus r × the capacity price
+// and the stability charge. For every engine with traffic,
 //
 //	NetworkMs + LatencyMs + OutlierCostMs + CongestionMs + CapacityPriceMs + StabilityMs = PriceMs
 //
-// (LatencyMs already contains QueueingMs and PenaltyMs); engines without
-// traffic have a marginal cost ≥ PriceMs.
+// at the optimum (LatencyMs already contains QueueingMs and PenaltyMs);
+// engines without traffic have a marginal cost ≥ PriceMs. At a solved point
+// the left side is never below PriceMs (PriceMs is the cheapest route's
+// marginal cost); by how much it exceeds it is the point's stationarity
+// residual: for the fast solver, Σ over weights of RatePerS × excess ≤
+// Tolerance × Objective when it stops on its certified gap (see
+// docs/optimizer.md for the stall rule and the reference solver).
 type Explanation struct {
 	// NetworkMs is the round trip from the frontend.
 	NetworkMs float64
 	// LatencyMs is the request's latency as the objective charges it at the
 	// engine's solved load: zero-load TTFT + output × TBOT, plus QueueingMs.
 	// TTFTMs and TBOTMs are the profile's TTFT and TBOT curves at that load
-	// (the per-request congestion is shared by request size in the
-	// objective, so their sum can differ from LatencyMs by a few percent).
+	// for this request's shape; LatencyMs = TTFTMs + output tokens × TBOTMs
+	// (exactly, unless the class or the profile's reference has no output
+	// tokens).
 	LatencyMs, TTFTMs, TBOTMs float64
 	// QueueingMs is the load-dependent part of LatencyMs (latency at the
 	// current load minus latency at zero load).
 	QueueingMs float64
 	// CongestionMs is the marginal congestion: the extra latency one more
-	// request imposes on everyone already at the engine.
+	// request imposes on everyone already at the engine, r·u·K'(u) =
+	// r·(g'(u) − K(u)).
 	CongestionMs float64
-	// CapacityPriceMs is the engine capacity constraint's dual, scaled to
-	// this flow's request size: > 0 only when the engine is at its headroom.
+	// CapacityPriceMs is the engine capacity constraint's dual (the fast
+	// solver's augmented-Lagrangian multiplier λ), scaled to this flow's
+	// request size (× r): > 0 only when the engine is at its headroom.
 	CapacityPriceMs float64
 	// PenaltyMs is how much of LatencyMs is due to the outlier penalty
 	// (latency at the current load with the penalty minus without it).
@@ -137,10 +157,12 @@ type Explanation struct {
 	// per-request charge for a misbehaving engine (failures, retries),
 	// beside the capacity the penalty removes.
 	OutlierCostMs float64
-	// StabilityMs is the stability term's share of the marginal cost: the
-	// rest of PriceMs once the other terms are counted, within ±the
-	// stability charge per moved request. Negative: the stability term holds
-	// traffic here; positive: it holds traffic away.
+	// StabilityMs is the stability term's share of the marginal cost, σ =
+	// Problem.StabilityMs × RemapFactor/2 per moved request: +σ where the
+	// engine gets more of the flow than its last weight (one more request
+	// here moves one more), −σ where it gets less (the term holds traffic
+	// here), and at exactly the last allocation the value in [−σ, σ] that
+	// brings the sum to PriceMs. 0 without a last allocation.
 	StabilityMs float64
 	// Utilization is the engine's solved utilization of its available
 	// capacity.
@@ -155,7 +177,8 @@ type EngineResult struct {
 	// LimitRPS = Headroom × CapacityRPS.
 	LoadRPS, CapacityRPS, LimitRPS float64
 	Utilization                    float64
-	// CapacityPriceMs is the capacity dual per reference request.
+	// CapacityPriceMs is the capacity dual per reference request (the same
+	// λ as in the explanations).
 	CapacityPriceMs float64
 	// TTFTMs and TBOTMs are the reference request's predicted latencies.
 	TTFTMs, TBOTMs float64

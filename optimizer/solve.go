@@ -28,9 +28,10 @@ func Solve(p *Problem, opts Options) (*Solution, error) {
 			return &fastSolver{m: m, tol: tol, capTol: tol / 10, rho0: 0.1, rhoMax: 1, omega: 1.5}
 		}
 		var (
-			sweeps int
-			ok     bool
-			bound  = math.Inf(-1)
+			stalled bool
+			sweeps  int
+			ok      bool
+			bound   = math.Inf(-1)
 		)
 		if pl := m.pool(); pl != nil && !opts.NoPooling {
 			pm := compile(pl.problem)
@@ -42,12 +43,15 @@ func Solve(p *Problem, opts Options) (*Solution, error) {
 			var n int
 			n, ok, bound = s.iterate(maxSweeps, bound)
 			sweeps += n
+			stalled = s.stalled
 		} else {
 			s := newSolver(m)
 			sweeps, ok, bound = s.run(maxSweeps)
+			stalled = s.stalled
 		}
 		sol := m.result(Fast)
 		sol.Sweeps = sweeps
+		sol.stalled = stalled
 		sol.Bound = bound
 		if !finite(bound) {
 			sol.Bound = 0 // every cost is ≥ 0
