@@ -167,12 +167,12 @@ func explanationStats(t *testing.T, name string, p *Problem, sol *Solution) (max
 //     creeping at a flat objective, about one in five here): not certified;
 //     tested ≤ 100 × Tolerance × Objective and 5% of PriceMs per weight
 //     (measured: 46× and 2.6%);
-//   - above, reference: its duals are reconstructed from a primal solution
-//     of the tangent LP, whose exact marginal costs differ between tangent
-//     points; where no engine is at its limit, tested ≤ 2% of PriceMs per
-//     weight (measured 1.5%). At a saturated engine the capacity price is a
-//     heuristic (the largest gap among its users) and the identity can be off
-//     by more than the price itself, so only the lower side is asserted.
+//   - above, reference: not certified. Its duals are reconstructed from the
+//     primal solution of the tangent LP (lpDuals), and its Kelley loop stops
+//     when the objective agrees to 1e-5, which leaves the split between
+//     engines of nearly equal marginal cost loose (the objective is flat
+//     there, its derivative not); tested ≤ 15% of PriceMs per weight
+//     (measured: 8.6% worst, 99% of weights within 0.84%).
 func TestExplanationProperties(t *testing.T) {
 	stallW := 0.0
 	check := func(name string, p *Problem, sol *Solution, tol float64) (float64, bool) {
@@ -180,11 +180,7 @@ func TestExplanationProperties(t *testing.T) {
 		rel, weighted := explanationStats(t, name, p, sol)
 		switch {
 		case sol.Method == Reference:
-			sat := false
-			for _, e := range sol.Engines {
-				sat = sat || e.LoadRPS > e.LimitRPS*(1-1e-6)
-			}
-			if !sat && rel > 0.02 {
+			if rel > 0.15 {
 				t.Errorf("%s: reference explanation off by %.3g%% of the price", name, 100*rel)
 			}
 		case sol.stalled:

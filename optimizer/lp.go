@@ -232,49 +232,86 @@ func (m *model) lpOnce(tangents [][]float64) (float64, error) {
 	return opt, nil
 }
 
-// lpDuals fills the demand duals ν and capacity prices from the primal
-// solution of the reference LP, using the exact marginal costs: an engine at
-// its limit gets the capacity price that makes its marginal cost equal the
-// flow price of its users (the largest gap), and ν is the smallest marginal
-// cost over the flow's used arcs (or the shed cost when shedding).
+// lpDuals fills the demand duals ν and capacity prices λ from the primal
+// solution of the reference LP, using the exact marginal costs (base =
+// a + r·G'(Y), plus the stability charge of one more request, up). The
+// duals are propagated over the graph of flows and full engines: a flow's
+// ν is known from a used arc to an engine below its limit (the smallest
+// base + up among them) or from a partly shed priority (its shed cost); a
+// full engine's λ is the largest gap (ν − base − up)/r among its users
+// whose ν is known; a flow whose used arcs all go to full engines then
+// gets ν from the smallest base + r·λ + up among those with λ known, and so
+// on. Engines the propagation does not reach keep λ = 0. flowPrice later
+// recomputes ν from these λ as the cheapest route.
 func (m *model) lpDuals() {
+	full := make([]bool, len(m.eng))
+	lamKnown := make([]bool, len(m.eng))
 	for j := range m.eng {
-		m.eng[j].lam, m.eng[j].rho = 0, 0
+		e := &m.eng[j]
+		e.lam, e.rho = 0, 0
+		full[j] = e.C > 0 && e.y >= e.limit*(1-1e-9)
+		lamKnown[j] = !full[j]
 	}
-	// flow prices without capacity price, from engines below their limit
+	used := func(b *block, a *arc) bool { return a.x > 1e-12*b.d }
+	nuKnown := make([]bool, len(m.blocks))
 	for bi := range m.blocks {
 		b := &m.blocks[bi]
 		b.nu = math.Inf(1)
 		for p, s := range b.s {
-			if s > 1e-9*b.d {
+			if s > 1e-9*b.d && s < b.dp[p]*(1-1e-9) {
 				b.nu = math.Min(b.nu, m.shed[p])
 			}
 		}
-		best := math.Inf(1)
 		for k := b.lo; k < b.hi; k++ {
 			a := &m.arcs[k]
-			e := &m.eng[a.j]
-			g1, _ := e.marginal(e.y)
-			mc := a.a + a.r*g1
-			if a.x > 1e-12*b.d && e.y < e.limit*(1-1e-9) {
-				best = math.Min(best, mc)
+			if used(b, a) && !full[a.j] {
+				base, up, _ := m.marginals(b, a) // λ = 0 here
+				b.nu = math.Min(b.nu, base+up)
 			}
 		}
-		if !math.IsInf(best, 1) && math.IsInf(b.nu, 1) {
-			b.nu = best
-		}
+		nuKnown[bi] = !math.IsInf(b.nu, 1)
 	}
-	for bi := range m.blocks {
-		b := &m.blocks[bi]
-		for k := b.lo; k < b.hi; k++ {
-			a := &m.arcs[k]
-			e := &m.eng[a.j]
-			if a.x <= 1e-12*b.d || e.y < e.limit*(1-1e-9) || math.IsInf(b.nu, 1) {
+	for changed := true; changed; {
+		changed = false
+		// λ of full engines from users with a known ν
+		for j := range m.eng {
+			if lamKnown[j] {
 				continue
 			}
-			g1, _ := e.marginal(e.y)
-			if gap := (b.nu - a.a - a.r*g1) / a.r; gap > e.lam {
-				e.lam = gap
+			lam, found := 0.0, false
+			for bi := range m.blocks {
+				b := &m.blocks[bi]
+				if !nuKnown[bi] {
+					continue
+				}
+				for k := b.lo; k < b.hi; k++ {
+					a := &m.arcs[k]
+					if a.j != j || !used(b, a) {
+						continue
+					}
+					base, up, _ := m.marginals(b, a) // e.lam is still 0
+					lam, found = math.Max(lam, (b.nu-base-up)/a.r), true
+				}
+			}
+			if found {
+				m.eng[j].lam, lamKnown[j], changed = lam, true, true
+			}
+		}
+		// ν of flows whose used arcs reach an engine with a known λ
+		for bi := range m.blocks {
+			if nuKnown[bi] {
+				continue
+			}
+			b := &m.blocks[bi]
+			for k := b.lo; k < b.hi; k++ {
+				a := &m.arcs[k]
+				if used(b, a) && lamKnown[a.j] {
+					base, up, _ := m.marginals(b, a)
+					b.nu = math.Min(b.nu, base+up)
+				}
+			}
+			if !math.IsInf(b.nu, 1) {
+				nuKnown[bi], changed = true, true
 			}
 		}
 	}
