@@ -377,6 +377,7 @@ func (s *fastSolver) iterate(maxSweeps int, lb float64) (int, bool, float64) {
 func (s *fastSolver) gap() (obj, bound, resid float64) {
 	m := s.m
 	obj = m.objective() // also refreshes loads
+	m.cacheMarginals()
 	lag := obj
 	for j := range m.eng {
 		e := &m.eng[j]
@@ -395,12 +396,19 @@ func (s *fastSolver) gap() (obj, bound, resid float64) {
 		if cap(s.gb) < n {
 			s.gb, s.gu, s.gd = make([]float64, n), make([]float64, n), make([]float64, n)
 		}
+		// (plain comparisons: math.Min and math.Max are slow here, and
+		// nothing is NaN)
 		nu, routed := math.Inf(1), false
 		for k := 0; k < n; k++ {
 			a := &m.arcs[b.lo+k]
-			s.gb[k], s.gu[k], s.gd[k] = m.marginals(b, a)
-			nu = math.Min(nu, s.gb[k]+s.gu[k])
-			routed = routed || a.x > 0
+			base, up, down := m.marginals(b, a)
+			s.gb[k], s.gu[k], s.gd[k] = base, up, down
+			if base+up < nu {
+				nu = base + up
+			}
+			if a.x > 0 {
+				routed = true
+			}
 		}
 		if !routed {
 			nu = m.flowPrice(b)
@@ -408,11 +416,18 @@ func (s *fastSolver) gap() (obj, bound, resid float64) {
 		cur, gmin, xsum := 0.0, math.Inf(1), 0.0
 		for k := 0; k < n; k++ {
 			x := m.arcs[b.lo+k].x
-			base := s.gb[k]
-			g := base + math.Max(s.gd[k], math.Min(s.gu[k], nu-base))
+			st := nu - s.gb[k]
+			if st > s.gu[k] {
+				st = s.gu[k]
+			} else if st < s.gd[k] {
+				st = s.gd[k]
+			}
+			g := s.gb[k] + st
 			cur += g * x
 			xsum += x
-			gmin = math.Min(gmin, g)
+			if g < gmin {
+				gmin = g
+			}
 		}
 		if xsum > 0 {
 			// Σ_k x_k·(g_k − gmin), gmin = ν: the explanations' residual

@@ -244,6 +244,7 @@ func (m *model) lpOnce(tangents [][]float64) (float64, error) {
 // on. Engines the propagation does not reach keep λ = 0. flowPrice later
 // recomputes ν from these λ as the cheapest route.
 func (m *model) lpDuals() {
+	m.cacheMarginals()
 	full := make([]bool, len(m.eng))
 	lamKnown := make([]bool, len(m.eng))
 	for j := range m.eng {

@@ -17,7 +17,8 @@ type model struct {
 	shedOrd []int     // priorities, cheapest shed first
 	sigma   float64   // stability cost per unit |x − x0|
 
-	eligible [][]bool // class → engine, built by pool
+	g1       []float64 // G'(Y) per engine at the current loads (cacheMarginals)
+	eligible [][]bool  // class → engine, built by pool
 	engIdx   map[string]int
 	lastBuf  []float64
 }

@@ -6,6 +6,7 @@ import "math"
 func (m *model) result(method Method) *Solution {
 	p := m.p
 	m.loads()
+	m.cacheMarginals()
 	sol := &Solution{Method: method, Bound: math.NaN(), ShedCostMs: append([]float64(nil), m.shed...)}
 	sol.Objective = m.objective()
 
@@ -98,10 +99,10 @@ const heldEps = 1e-9
 // base = a.a + r·(G'(Y) + λ), and the stability charge of moving one more
 // request onto the arc (up) and of taking one off it (down): ±σ off the
 // kink, +σ and −σ at it (x = x0).
+//
+// It reads G'(Y) from m.g1, which cacheMarginals fills for the current loads.
 func (m *model) marginals(b *block, a *arc) (base, up, down float64) {
-	e := &m.eng[a.j]
-	g1, _ := e.marginal(e.y)
-	base = a.a + a.r*(g1+e.lam)
+	base = a.a + a.r*(m.g1[a.j]+m.eng[a.j].lam)
 	if a.sigma == 0 {
 		return base, 0, 0
 	}
@@ -113,6 +114,19 @@ func (m *model) marginals(b *block, a *arc) (base, up, down float64) {
 		return base, -a.sigma, -a.sigma
 	}
 	return base, a.sigma, -a.sigma
+}
+
+// cacheMarginals stores every engine's G'(Y) at its current load in m.g1
+// (for marginals and flowPrice).
+func (m *model) cacheMarginals() {
+	if len(m.g1) != len(m.eng) {
+		m.g1 = make([]float64, len(m.eng))
+	}
+	for j := range m.eng {
+		if e := &m.eng[j]; e.C > 0 {
+			m.g1[j], _ = e.marginal(e.y)
+		}
+	}
 }
 
 // flowPrice is the flow's price ν at the current point (loads, x, s and
