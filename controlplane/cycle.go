@@ -256,7 +256,7 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		return nil, fmt.Errorf("control plane config: %w", err)
 	}
 	if alloc == nil {
-		alloc = OptimizerAllocator{}
+		alloc = OptimizerAllocator{Options: optimizer.Options{Tolerance: DefaultSolverTolerance}}
 	}
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
 		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, impaired: map[string]bool{},

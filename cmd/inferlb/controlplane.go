@@ -9,16 +9,18 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
 func init() {
 	d := controlplane.DefaultRunConfig()
 	var (
-		fleetPath string
-		lbPolicy  string
-		allocator string
-		logLevel  string
+		fleetPath       string
+		lbPolicy        string
+		allocator       string
+		logLevel        string
+		solverTolerance float64
 	)
 	cmd := &cobra.Command{
 		Use:   "control-plane --fleet FILE",
@@ -67,7 +69,10 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 			}
 			switch allocator {
 			case "optimizer":
-				d.Allocator = controlplane.OptimizerAllocator{}
+				if !(solverTolerance > 0 && solverTolerance < 1) {
+					return fmt.Errorf("--solver-tolerance: want a gap in (0, 1), got %g", solverTolerance)
+				}
+				d.Allocator = controlplane.OptimizerAllocator{Options: optimizer.Options{Tolerance: solverTolerance}}
 			case "proportional":
 				d.Allocator = controlplane.ProportionalAllocator{}
 			default:
@@ -93,6 +98,7 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.DurationVar(&d.Warmup, "warmup", d.Warmup, "wait this long (scrapes and reports) before the first publication")
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
 	f.StringVar(&allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
+	f.Float64Var(&solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
 	f.StringVar(&lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")
 	f.Uint32Var(&d.Cycle.Translate.HashBalanceFactor, "hash-balance-factor", d.Cycle.Translate.HashBalanceFactor, "bounded-load factor in percent (>= 100, 0 = off)")
 	f.Uint64Var(&d.Cycle.Translate.MaglevTableSize, "maglev-table-size", d.Cycle.Translate.MaglevTableSize, "Maglev table size (a prime)")
