@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"time"
@@ -21,6 +22,7 @@ func init() {
 		cfg                                service.Config
 		logLevel, printBootstrap, fallback string
 		cpuProfile                         string
+		gcPercent                          int
 		envoyPort                          int
 	)
 	cmd := &cobra.Command{
@@ -59,6 +61,18 @@ Print a frontend Envoy bootstrap that uses this service:
 			if printBootstrap != "" {
 				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, envoyPort)
 			}
+			// The request path allocates per decision (protobuf messages, the
+			// body copy); its live heap is small (the bodies in flight), so
+			// collecting less often buys CPU: GOGC 400 cut CPU per 8 KB
+			// decision by about a fifth in `inferlb bench extproc`
+			// (0.13 → 0.10 ms at concurrency 150). GOGC in the environment
+			// wins, as usual.
+			if _, set := os.LookupEnv("GOGC"); !set {
+				if gcPercent <= 0 {
+					return fmt.Errorf("--gc-percent must be positive, got %d (use GOGC=off to disable the collector)", gcPercent)
+				}
+				debug.SetGCPercent(gcPercent)
+			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {
@@ -88,6 +102,7 @@ Print a frontend Envoy bootstrap that uses this service:
 	f.StringVar(&printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
 	f.IntVar(&envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
 	f.StringVar(&fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
+	f.IntVar(&gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
 	f.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
 	_ = f.MarkHidden("cpu-profile")
 	rootCmd.AddCommand(cmd)
