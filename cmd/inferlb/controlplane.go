@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -46,11 +44,10 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 /explain, /signals, /xds (ACK/NACK per node), /metrics, /healthz and /readyz.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			if fleetPath == "" {
 				return fmt.Errorf("--fleet is required")
 			}

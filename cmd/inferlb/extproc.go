@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"runtime/debug"
@@ -50,11 +49,11 @@ Print a frontend Envoy bootstrap that uses this service:
   inferlb extproc --print-bootstrap fail-closed --node-id fe-eu --control-plane 127.0.0.1:18000 --envoy-port 10000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			cfg.Logger = log
 			if cfg.BodyLimit <= 0 {
 				return fmt.Errorf("--body-limit must be positive, got %d", cfg.BodyLimit)
 			}

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -28,6 +29,16 @@ vLLM-compatible engine simulator), loadgen (an LLM-aware load generator),
 solve (the optimizer on its own).`,
 	SilenceUsage:  true,
 	SilenceErrors: true,
+}
+
+// newLogger returns a text slog logger on stderr at the --log-level given
+// (debug, info, warn or error); any other value is an error, not a default.
+func newLogger(level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
 }
 
 func main() {
