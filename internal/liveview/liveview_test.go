@@ -66,6 +66,13 @@ static_resources:
     load_assignment:
       cluster_name: engines
       endpoints: [{ lb_endpoints: [%s, %s] }]
+  # Not an engine (like the xDS and ext_proc clusters of a real frontend):
+  # the view must leave it out of the weight shares.
+  - name: not_an_engine
+    type: STATIC
+    load_assignment:
+      cluster_name: not_an_engine
+      endpoints: [{ lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 9}}}}] }]
 `, port, host(e1, 3), host(e2, 1))})
 	defer env.Stop() // before leaktest's check, which runs ahead of t.Cleanup
 

@@ -63,8 +63,13 @@ func (c *Collector) Build(prev, cur Sample) View {
 	for _, fn := range v.Frontends {
 		fs := cur.Frontends[fn]
 		v.FrontUp[fn] = fs.Up
+		// Only clusters of engines count: Envoy's own clusters (the xDS
+		// server, the ext_proc service) would dilute the average.
 		clusterTotal := map[string]float64{}
-		for _, hs := range fs.Hosts {
+		for addr, hs := range fs.Hosts {
+			if addrToID[addr] == "" {
+				continue
+			}
 			for _, h := range hs {
 				if h.Priority == 0 && h.Healthy {
 					clusterTotal[h.Cluster] += float64(h.Weight)
@@ -72,7 +77,6 @@ func (c *Collector) Build(prev, cur Sample) View {
 			}
 		}
 		ws, ts := map[string]float64{}, map[string]float64{}
-		nClusters := map[string]int{}
 		var totalRq float64
 		for addr, hs := range fs.Hosts {
 			id := addrToID[addr]
@@ -83,7 +87,6 @@ func (c *Collector) Build(prev, cur Sample) View {
 				if h.Priority == 0 && h.Healthy && clusterTotal[h.Cluster] > 0 {
 					ws[id] += float64(h.Weight) / clusterTotal[h.Cluster]
 				}
-				nClusters[id]++
 				if p, ok := findHost(prev.Frontends[fn], addr, h.Cluster); ok && h.RqTotal >= p.RqTotal {
 					ts[id] += h.RqTotal - p.RqTotal
 					totalRq += h.RqTotal - p.RqTotal
