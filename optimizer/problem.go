@@ -234,5 +234,20 @@ func (p *Problem) Validate() error {
 			}
 		}
 	}
+	// Last weights become x0 = demand × weight in the stability term: a NaN
+	// there made every objective NaN, so the solver ran to MaxSweeps and
+	// reported ErrNotConverged instead of the bad input. Ids that no longer
+	// exist are fine (engines come and go between cycles); values are not.
+	if p.Last != nil {
+		for fe, classes := range p.Last.Weights {
+			for cl, ws := range classes {
+				for eng, w := range ws {
+					if err := frac(fmt.Sprintf("last weight of frontend %q class %q engine %q", fe, cl, eng), w); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
 	return nil
 }

@@ -168,6 +168,8 @@ func TestSentinelErrors(t *testing.T) {
 		{"health > 1", func(p *Problem) { p.Engines[1].Health = 1.5 }, ErrInvalidProblem},
 		{"duplicate engine", func(p *Problem) { p.Engines[1].ID = p.Engines[0].ID }, ErrInvalidProblem},
 		{"ragged RTT", func(p *Problem) { p.RTTMs[0] = p.RTTMs[0][:1] }, ErrInvalidProblem},
+		{"NaN last weight", func(p *Problem) { p.Last = lastWeight(p, math.NaN()) }, ErrInvalidProblem},
+		{"negative last weight", func(p *Problem) { p.Last = lastWeight(p, -0.5) }, ErrInvalidProblem},
 	}
 	for _, c := range cases {
 		p := base()
@@ -179,4 +181,13 @@ func TestSentinelErrors(t *testing.T) {
 			t.Logf("%s: %v", c.name, err)
 		}
 	}
+}
+
+// lastWeight is a previous allocation giving w to the first eligible engine
+// of frontend 0's first class.
+func lastWeight(p *Problem, w float64) *Allocation {
+	eng := p.Engines[p.Classes[0].Eligible[0]].ID
+	return &Allocation{Weights: map[string]map[string]map[string]float64{
+		p.Frontends[0].ID: {p.Classes[0].ID: {eng: w}},
+	}}
 }
