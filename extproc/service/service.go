@@ -45,7 +45,7 @@ type Config struct {
 	// PolicyFile is a RoutingPolicy in protobuf JSON, used from start until
 	// the control plane sends one ("" = none: 503 until then).
 	PolicyFile string
-	// BodyLimit is the request body limit in bytes.
+	// BodyLimit is the request body limit in bytes (0: extproc.DefaultBodyLimit).
 	BodyLimit int
 	// ReportInterval between Reports (default 1 s).
 	ReportInterval time.Duration
@@ -81,6 +81,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 10 * time.Second
+	}
+	// The same limit must reach both the server (413 beyond it) and gRPC's
+	// receive limit: left at 0, the server took its 4 MiB default while gRPC
+	// was capped at 1 MiB, so bodies in between failed the stream instead.
+	switch {
+	case cfg.BodyLimit < 0:
+		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
+	case cfg.BodyLimit == 0:
+		cfg.BodyLimit = extproc.DefaultBodyLimit
 	}
 	if cfg.ControlPlane != "" && cfg.NodeID == "" {
 		return errors.New("--node-id is required with --control-plane")

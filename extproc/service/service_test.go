@@ -11,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/lni/goutils/leaktest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
@@ -90,4 +94,69 @@ func TestBadPolicyFile(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "empty model") {
 		t.Fatalf("want a precise error, got %v", err)
 	}
+}
+
+// A Config without BodyLimit accepts bodies up to extproc.DefaultBodyLimit
+// end to end: gRPC's receive limit follows the same default, so a 2 MiB body
+// gets a routing decision, not a failed stream.
+func TestDefaultBodyLimit(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	pf := filepath.Join(t.TempDir(), "p.json")
+	b, _ := protojson.Marshal(&policyv1.RoutingPolicy{Version: "file",
+		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}})
+	if err := os.WriteFile(pf, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- service.Run(ctx, service.Config{Listen: "127.0.0.1:0", PolicyFile: pf,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:  func(g, _ string) { ready <- g }})
+	}()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	st, err := extprocv3.NewExternalProcessorClient(conn).Process(sctx, grpc.MaxCallSendMsgSize(8<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"}}}}}}
+	if err := st.Send(hdr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", 2<<20) + `"}]}`
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		Body: []byte(body), EndOfStream: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatalf("2 MiB body under the default limit: %v", err)
+	}
+	if resp.GetRequestBody() == nil {
+		t.Fatalf("want a routing decision, got %v", resp.GetImmediateResponse().GetStatus())
+	}
+	_ = st.CloseSend()
 }
