@@ -191,3 +191,24 @@ func lastWeight(p *Problem, w float64) *Allocation {
 		p.Frontends[0].ID: {p.Classes[0].ID: {eng: w}},
 	}}
 }
+
+// TestBadOptions: options outside their documented range are refused with
+// ErrInvalidProblem, not run with a NaN tolerance or a degenerate LP.
+func TestBadOptions(t *testing.T) {
+	for _, o := range []Options{
+		{Tolerance: math.NaN()},
+		{Tolerance: -1e-3},
+		{Tolerance: math.Inf(1)},
+		{MaxSweeps: -1},
+		{Method: Reference, Tangents: 1},
+		{Method: Reference, Tangents: -2},
+		{Method: Reference, MaxReferenceArcs: -1},
+	} {
+		if _, err := Solve(fleetProblem(2, 4, false), o); !errors.Is(err, ErrInvalidProblem) {
+			t.Errorf("%+v: got %v, want ErrInvalidProblem", o, err)
+		}
+	}
+	if _, err := Solve(fleetProblem(2, 4, false), Options{Method: Reference, Tangents: 2}); err != nil {
+		t.Errorf("2 tangents: %v", err)
+	}
+}

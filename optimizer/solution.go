@@ -39,7 +39,7 @@ type Options struct {
 	MaxSweeps int
 	// Tangents is the number of initial tangent lines per engine in the
 	// reference LP (refined by Kelley cuts until the LP bound and the exact
-	// objective agree to 1e-5); 0 means 6.
+	// objective agree to 1e-5); 0 means 6, otherwise at least 2.
 	Tangents int
 	// MaxReferenceArcs bounds the reference solver's size; 0 means 2000.
 	MaxReferenceArcs int

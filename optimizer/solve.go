@@ -13,6 +13,9 @@ func Solve(p *Problem, opts Options) (*Solution, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	m := compile(p)
 	switch opts.Method {
 	case Auto, Fast:
@@ -64,4 +67,22 @@ func Solve(p *Problem, opts Options) (*Solution, error) {
 		return solveLP(m, opts)
 	}
 	return nil, fmt.Errorf("%w: unknown method %d", ErrInvalidProblem, opts.Method)
+}
+
+// validate refuses options the zero-means-default rule does not cover: a
+// negative or NaN tolerance used to fall through (NaN never converged, a
+// negative one silently became 1e-4), and a single tangent divided by zero
+// when spacing the reference LP's tangent points (an "unbounded" LP error).
+func (o Options) validate() error {
+	switch {
+	case !(o.Tolerance >= 0) || math.IsInf(o.Tolerance, 0):
+		return fmt.Errorf("%w: tolerance %g, must be finite and ≥ 0 (0: default)", ErrInvalidProblem, o.Tolerance)
+	case o.MaxSweeps < 0:
+		return fmt.Errorf("%w: max sweeps %d, must be ≥ 0 (0: default)", ErrInvalidProblem, o.MaxSweeps)
+	case o.Tangents < 0 || o.Tangents == 1:
+		return fmt.Errorf("%w: %d tangents per engine, must be 0 (default) or ≥ 2", ErrInvalidProblem, o.Tangents)
+	case o.MaxReferenceArcs < 0:
+		return fmt.Errorf("%w: max reference arcs %d, must be ≥ 0 (0: default)", ErrInvalidProblem, o.MaxReferenceArcs)
+	}
+	return nil
 }
