@@ -212,11 +212,36 @@ func cpuSeconds(pid int) (float64, error) {
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 > len(s) {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
 	fields := strings.Fields(s[i+2:])
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name, want ≥ 13", pid, len(fields))
+	}
 	// fields[0] is state (field 3); utime is field 14, stime 15.
-	ut, _ := strconv.ParseFloat(fields[11], 64)
-	st, _ := strconv.ParseFloat(fields[12], 64)
+	ut, err := strconv.ParseFloat(fields[11], 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat utime: %w", pid, err)
+	}
+	st, err := strconv.ParseFloat(fields[12], 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat stime: %w", pid, err)
+	}
 	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
+}
+
+// cpuReader reads CPU times and keeps the first error, so a table of
+// figures is not printed from a failed read (0 CPU seconds: a silently
+// wrong, even negative, CPU per request).
+type cpuReader struct{ err error }
+
+func (r *cpuReader) seconds(pid int) float64 {
+	v, err := cpuSeconds(pid)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return v
 }
 
 func freePort() (int, error) {
@@ -394,15 +419,19 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
 		})
 		for _, c := range b.concurrency {
-			cpu0, _ := cpuSeconds(ch.cmd.Process.Pid)
+			var cr cpuReader
+			cpu0 := cr.seconds(ch.cmd.Process.Pid)
 			t0 := time.Now()
 			ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
 				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
 			})
 			el := time.Since(t0).Seconds()
-			cpu1, _ := cpuSeconds(ch.cmd.Process.Pid)
+			cpu1 := cr.seconds(ch.cmd.Process.Pid)
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if cr.err != nil {
+				return fmt.Errorf("ext_proc child's CPU time: %w", cr.err)
 			}
 			if ok == 0 {
 				return fmt.Errorf("no decision succeeded: %v", ferr)
@@ -626,16 +655,20 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 				})
 				return res{rps: float64(ok) / time.Since(t0).Seconds(), p50: lat.pct(0.5), p99: lat.pct(0.99), bad: bad, err: ferr}
 			}
-			ea0, _ := cpuSeconds(alone.cmd.Process.Pid)
+			var cr cpuReader
+			ea0 := cr.seconds(alone.cmd.Process.Pid)
 			a := one(aloneURL)
-			ea1, _ := cpuSeconds(alone.cmd.Process.Pid)
-			cpu0, _ := cpuSeconds(ch.cmd.Process.Pid)
-			ew0, _ := cpuSeconds(with.cmd.Process.Pid)
+			ea1 := cr.seconds(alone.cmd.Process.Pid)
+			cpu0 := cr.seconds(ch.cmd.Process.Pid)
+			ew0 := cr.seconds(with.cmd.Process.Pid)
 			wres := one(withURL)
-			cpu1, _ := cpuSeconds(ch.cmd.Process.Pid)
-			ew1, _ := cpuSeconds(with.cmd.Process.Pid)
+			cpu1 := cr.seconds(ch.cmd.Process.Pid)
+			ew1 := cr.seconds(with.cmd.Process.Pid)
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if cr.err != nil {
+				return fmt.Errorf("CPU time of Envoy or ext_proc: %w", cr.err)
 			}
 			reqs := wres.rps * b.duration.Seconds()
 			areqs := a.rps * b.duration.Seconds()
