@@ -200,6 +200,12 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		if e.GetAddress() == "" {
 			return nil, fmt.Errorf("policy: engines[%d] (%q): empty address", i, e.GetId())
 		}
+		// One address is one engine (the fleet spec refuses duplicates);
+		// a second entry used to overwrite the first silently, so evidence
+		// from that upstream was reported against whichever id came last.
+		if other, dup := p.engines[e.GetAddress()]; dup {
+			return nil, fmt.Errorf("policy: engines[%d] (%q): address %q already belongs to %q", i, e.GetId(), e.GetAddress(), other)
+		}
 		p.engines[e.GetAddress()] = e.GetId()
 	}
 	return p, nil

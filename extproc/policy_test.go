@@ -45,6 +45,9 @@ func TestCompileRejects(t *testing.T) {
 		{func(p *policyv1.RoutingPolicy) { p.DefaultPriority = "vip" }, `default_priority "vip"`},
 		{func(p *policyv1.RoutingPolicy) { p.Priorities[1].Level = 0 }, "level 0 already used"},
 		{func(p *policyv1.RoutingPolicy) { p.Engines = []*policyv1.EngineRef{{Id: "e"}} }, "empty address"},
+		{func(p *policyv1.RoutingPolicy) {
+			p.Engines = []*policyv1.EngineRef{{Id: "e1", Address: "10.0.0.1:8000"}, {Id: "e2", Address: "10.0.0.1:8000"}}
+		}, `address "10.0.0.1:8000" already belongs to "e1"`},
 	}
 	for _, c := range cases {
 		p := testPolicy()
