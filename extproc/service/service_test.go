@@ -55,7 +55,12 @@ func TestRun(t *testing.T) {
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready:  func(_, h string) { ready <- h }})
 	}()
-	h := <-ready
+	var h string
+	select { // a Run that fails at start never calls Ready: fail, don't hang
+	case h = <-ready:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	}
 	if code, body := get(t, "http://"+h+"/policy"); code != 200 || !strings.Contains(body, `"version":"file"`) {
 		t.Fatalf("policy: %d %s", code, body)
 	}
