@@ -56,6 +56,16 @@ func Render(p Params) (string, error) {
 	if p.NodeID == "" || p.ListenPort <= 0 || p.ExtProcPort <= 0 || p.XDSPort <= 0 || p.BodyLimit <= 0 {
 		return "", fmt.Errorf("envoyconfigs: NodeID, ListenPort, ExtProcPort, XDSPort and BodyLimit are required")
 	}
+	// A port past 65535 renders a bootstrap Envoy refuses with a message
+	// about its own schema; say which parameter is wrong instead.
+	for _, port := range []struct {
+		name string
+		v    int
+	}{{"ListenPort", p.ListenPort}, {"ExtProcPort", p.ExtProcPort}, {"XDSPort", p.XDSPort}} {
+		if port.v > 65535 {
+			return "", fmt.Errorf("envoyconfigs: %s %d is not a TCP port (1–65535)", port.name, port.v)
+		}
+	}
 	if p.NodeCluster == "" {
 		p.NodeCluster = p.NodeID
 	}

@@ -58,4 +58,8 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailOpen, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1}); err == nil {
 		t.Fatal("fail-open without a fallback cluster accepted")
 	}
+	_, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 70000, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1})
+	if err == nil || !strings.Contains(err.Error(), "ListenPort 70000") {
+		t.Fatalf("port 70000: want an error naming ListenPort, got %v", err)
+	}
 }
