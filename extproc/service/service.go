@@ -86,6 +86,10 @@ func Run(ctx context.Context, cfg Config) error {
 	// receive limit: left at 0, the server took its 4 MiB default while gRPC
 	// was capped at 1 MiB, so bodies in between failed the stream instead.
 	switch {
+	case cfg.Listen == "":
+		// net.Listen would take "" as every interface on a random port:
+		// an ext_proc service Envoy cannot find, open to the network.
+		return errors.New("no ext_proc listen address (--listen)")
 	case cfg.BodyLimit < 0:
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
 	case cfg.BodyLimit == 0:

@@ -165,3 +165,10 @@ func TestDefaultBodyLimit(t *testing.T) {
 	}
 	_ = st.CloseSend()
 }
+
+func TestNoListenAddress(t *testing.T) {
+	err := service.Run(context.Background(), service.Config{})
+	if err == nil || !strings.Contains(err.Error(), "listen address") {
+		t.Fatalf("want an error naming the listen address, got %v", err)
+	}
+}
