@@ -6,6 +6,7 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -184,9 +185,16 @@ func Run(ctx context.Context, cfg Config) error {
 				return
 			}
 			w.Header().Set("content-type", "application/json")
-			connected := sub != nil && sub.Connected()
-			fmt.Fprintf(w, "{\"version\":%q,\"node\":%q,\"region\":%q,\"control_plane_connected\":%v,\"classes\":%d}\n",
-				p.Version, p.NodeID, p.Region, connected, len(p.Classes()))
+			// encoding/json, not %q: Go quoting writes \x escapes (a
+			// control character or invalid UTF-8 in the control plane's
+			// version string), which are not JSON.
+			_ = json.NewEncoder(w).Encode(struct {
+				Version   string `json:"version"`
+				Node      string `json:"node"`
+				Region    string `json:"region"`
+				Connected bool   `json:"control_plane_connected"`
+				Classes   int    `json:"classes"`
+			}{p.Version, p.NodeID, p.Region, sub != nil && sub.Connected(), len(p.Classes())})
 		})
 		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		wg.Add(1)

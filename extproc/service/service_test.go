@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -170,5 +171,46 @@ func TestNoListenAddress(t *testing.T) {
 	err := service.Run(context.Background(), service.Config{})
 	if err == nil || !strings.Contains(err.Error(), "listen address") {
 		t.Fatalf("want an error naming the listen address, got %v", err)
+	}
+}
+
+// /policy is JSON whatever the control plane put in the version string.
+func TestPolicyEndpointIsJSON(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	pf := filepath.Join(t.TempDir(), "p.json")
+	b, _ := protojson.Marshal(&policyv1.RoutingPolicy{Version: "v\x01\x7f é",
+		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}})
+	if err := os.WriteFile(pf, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- service.Run(ctx, service.Config{Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", PolicyFile: pf,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:  func(_, h string) { ready <- h }})
+	}()
+	var h string
+	select {
+	case h = <-ready:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	}
+	code, body := get(t, "http://"+h+"/policy")
+	http.DefaultClient.CloseIdleConnections()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var got struct {
+		Version string `json:"version"`
+		Classes int    `json:"classes"`
+	}
+	if err := json.Unmarshal([]byte(body), &got); code != 200 || err != nil {
+		t.Fatalf("/policy: %d %q: %v", code, body, err)
+	}
+	if got.Version != "v\x01\x7f é" || got.Classes != 1 {
+		t.Fatalf("/policy: %+v", got)
 	}
 }
