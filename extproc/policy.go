@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 )
@@ -94,10 +95,16 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 	if err := validHeaderValue(p.Region); err != nil {
 		return nil, fmt.Errorf("policy: region: %w", err)
 	}
+	if err := labelValue(p.Version); err != nil {
+		return nil, fmt.Errorf("policy: version: %w", err)
+	}
 	levels := map[uint32]string{}
 	for i, pr := range rp.GetPriorities() {
 		if pr.GetName() == "" {
 			return nil, fmt.Errorf("policy: priorities[%d]: empty name", i)
+		}
+		if err := labelValue(pr.GetName()); err != nil {
+			return nil, fmt.Errorf("policy: priorities[%d]: name: %w", i, err)
 		}
 		if _, dup := p.priorities[pr.GetName()]; dup {
 			return nil, fmt.Errorf("policy: priorities[%d]: duplicate name %q", i, pr.GetName())
@@ -158,6 +165,9 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		if err := validHeaderValue(c.Name); err != nil {
 			return nil, fmt.Errorf("%s: name: %w", where, err)
 		}
+		if err := labelValue(c.Name); err != nil {
+			return nil, fmt.Errorf("%s: name: %w", where, err)
+		}
 		seen[c.Name] = true
 		raw := make([]float64, p.maxLevel+1)
 		for l, f := range cp.GetShedFractionByLevel() {
@@ -203,6 +213,9 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		// One address is one engine (the fleet spec refuses duplicates);
 		// a second entry used to overwrite the first silently, so evidence
 		// from that upstream was reported against whichever id came last.
+		if err := labelValue(e.GetId()); err != nil {
+			return nil, fmt.Errorf("policy: engines[%d]: id: %w", i, err)
+		}
 		if other, dup := p.engines[e.GetAddress()]; dup {
 			return nil, fmt.Errorf("policy: engines[%d] (%q): address %q already belongs to %q", i, e.GetId(), e.GetAddress(), other)
 		}
@@ -212,6 +225,17 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 }
 
 func fraction(f float64) bool { return f >= 0 && f <= 1 }
+
+// labelValue rejects what Prometheus refuses as a label value: the version,
+// class, priority and engine names become metric labels, and WithLabelValues
+// panics on invalid UTF-8 (protobuf's decoder already refuses it on the
+// wire, but SetPolicy takes Go values too).
+func labelValue(s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%q is not valid UTF-8", s)
+	}
+	return nil
+}
 
 // validHeaderValue rejects what Envoy would refuse in a header value.
 func validHeaderValue(s string) error {

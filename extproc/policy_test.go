@@ -48,6 +48,12 @@ func TestCompileRejects(t *testing.T) {
 		{func(p *policyv1.RoutingPolicy) {
 			p.Engines = []*policyv1.EngineRef{{Id: "e1", Address: "10.0.0.1:8000"}, {Id: "e2", Address: "10.0.0.1:8000"}}
 		}, `address "10.0.0.1:8000" already belongs to "e1"`},
+		{func(p *policyv1.RoutingPolicy) { p.Version = "v\xff" }, "version: \"v\\xff\" is not valid UTF-8"},
+		{func(p *policyv1.RoutingPolicy) { p.Priorities[0].Name = "hi\xff" }, "not valid UTF-8"},
+		{func(p *policyv1.RoutingPolicy) { p.Classes[0].Name = "m\xff" }, "not valid UTF-8"},
+		{func(p *policyv1.RoutingPolicy) {
+			p.Engines = []*policyv1.EngineRef{{Id: "e\xff", Address: "10.0.0.1:8000"}}
+		}, "not valid UTF-8"},
 	}
 	for _, c := range cases {
 		p := testPolicy()
