@@ -142,6 +142,14 @@ func printExplain(out io.Writer, sol *optimizer.Solution, frontend, engine strin
 	if !known {
 		return fmt.Errorf("solve: unknown frontend %q", frontend)
 	}
+	// A mistyped engine would otherwise read as "sends no traffic to it".
+	knownEngine := false
+	for _, e := range sol.Engines {
+		knownEngine = knownEngine || e.ID == engine
+	}
+	if !knownEngine {
+		return fmt.Errorf("solve: unknown engine %q", engine)
+	}
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
