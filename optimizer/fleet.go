@@ -145,11 +145,18 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
 		}
 		p.Engines = append(p.Engines, Engine{ID: e.ID, Profile: prof, Replicas: reps, ReadyReplicas: reps, Health: 1})
 	}
+	stated := map[string]int{}
 	for k, st := range d.Engines {
 		j, ok := engIdx[st.ID]
 		if !ok {
 			return nil, fmt.Errorf("%w: engines[%d]: unknown engine %q", ErrInvalidProblem, k, st.ID)
 		}
+		// A second entry used to override the first silently (its penalty
+		// even when it stated none), as demand entries listed twice do not.
+		if prev, dup := stated[st.ID]; dup {
+			return nil, fmt.Errorf("%w: engines[%d]: engine %q already stated in engines[%d]", ErrInvalidProblem, k, st.ID, prev)
+		}
+		stated[st.ID] = k
 		e := &p.Engines[j]
 		if st.Health != nil {
 			e.Health = *st.Health

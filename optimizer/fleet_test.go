@@ -69,6 +69,7 @@ func TestFromFleetErrors(t *testing.T) {
 		"unknown class":    {Demand: []DemandEntry{{Frontend: "frontend-us-east", Class: "nope", RatePerS: map[string]float64{"critical": 1}}}},
 		"unknown priority": {Demand: []DemandEntry{{Frontend: "frontend-us-east", Class: "general", RatePerS: map[string]float64{"gold": 1}}}},
 		"unknown engine":   {Engines: []EngineState{{ID: "nope"}}},
+		"engine twice":     {Engines: []EngineState{{ID: "us-west-a100-3", Penalty: 0.2}, {ID: "us-west-a100-3"}}},
 		"bad headroom":     {Headroom: &neg},
 	} {
 		if _, err := FromFleet(spec, d); !errors.Is(err, ErrInvalidProblem) {
