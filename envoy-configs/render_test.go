@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/lni/goutils/leaktest"
+	"gopkg.in/yaml.v3"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc/cpfake"
@@ -61,5 +62,37 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 	_, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 70000, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1})
 	if err == nil || !strings.Contains(err.Error(), "ListenPort 70000") {
 		t.Fatalf("port 70000: want an error naming ListenPort, got %v", err)
+	}
+}
+
+// IPv6 hosts (as `--listen [::1]:9002` gives them) render as YAML strings:
+// unquoted, "::1" broke the flow mapping it sits in.
+func TestRenderIPv6Hosts(t *testing.T) {
+	y, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n",
+		ListenAddress: "::1", ListenPort: 10000, ExtProcHost: "::1", ExtProcPort: 9002, XDSHost: "fd00::2", XDSPort: 18000, BodyLimit: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		StaticResources struct {
+			Listeners []struct {
+				Address struct {
+					SocketAddress struct {
+						Address string `yaml:"address"`
+					} `yaml:"socket_address"`
+				} `yaml:"address"`
+			} `yaml:"listeners"`
+		} `yaml:"static_resources"`
+	}
+	if err := yaml.Unmarshal([]byte(y), &doc); err != nil {
+		t.Fatalf("rendered bootstrap is not YAML: %v", err)
+	}
+	if l := doc.StaticResources.Listeners; len(l) == 0 || l[0].Address.SocketAddress.Address != "::1" {
+		t.Fatalf("listener address: %+v", l)
+	}
+	for _, want := range []string{`address: "::1", port_value: 9002`, `address: "fd00::2", port_value: 18000`} {
+		if !strings.Contains(y, want) {
+			t.Errorf("bootstrap lacks %s", want)
+		}
 	}
 }
