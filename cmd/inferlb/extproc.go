@@ -57,6 +57,14 @@ Print a frontend Envoy bootstrap that uses this service:
 			if cfg.BodyLimit <= 0 {
 				return fmt.Errorf("--body-limit must be positive, got %d", cfg.BodyLimit)
 			}
+			// The service reads 0 as its default (1 s, 10 s): from the
+			// command line, 0 or less would silently mean that.
+			if cfg.ReportInterval <= 0 {
+				return fmt.Errorf("--report-interval must be positive, got %v", cfg.ReportInterval)
+			}
+			if cfg.ShutdownGrace <= 0 {
+				return fmt.Errorf("--shutdown-grace must be positive, got %v", cfg.ShutdownGrace)
+			}
 			if printBootstrap != "" {
 				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, envoyPort)
 			}

@@ -80,7 +80,7 @@ func Run(ctx context.Context, cfg Config) error {
 		h, _ := os.Hostname()
 		cfg.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
-	if cfg.ShutdownGrace <= 0 {
+	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = 10 * time.Second
 	}
 	// The same limit must reach both the server (413 beyond it) and gRPC's
@@ -91,6 +91,9 @@ func Run(ctx context.Context, cfg Config) error {
 		// net.Listen would take "" as every interface on a random port:
 		// an ext_proc service Envoy cannot find, open to the network.
 		return errors.New("no ext_proc listen address (--listen)")
+	case cfg.ReportInterval < 0 || cfg.ShutdownGrace < 0:
+		// 0 means the default; a negative one used to mean it silently too.
+		return fmt.Errorf("negative report interval %v or shutdown grace %v", cfg.ReportInterval, cfg.ShutdownGrace)
 	case cfg.BodyLimit < 0:
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
 	case cfg.BodyLimit == 0:

@@ -214,3 +214,19 @@ func TestPolicyEndpointIsJSON(t *testing.T) {
 		t.Fatalf("/policy: %+v", got)
 	}
 }
+
+func TestNegativeDurations(t *testing.T) {
+	for _, cfg := range []service.Config{
+		{Listen: "127.0.0.1:0", ReportInterval: -time.Second},
+		{Listen: "127.0.0.1:0", ShutdownGrace: -time.Second},
+	} {
+		// Bounded: a Run that accepted the config would serve until cancelled.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		err := service.Run(ctx, cfg)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "negative") {
+			t.Errorf("%+v: want an error, got %v", cfg, err)
+		}
+	}
+}
