@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 func runLoadgen(ctx context.Context, args ...string) (stdout, stderr string, err error) {
@@ -152,9 +154,13 @@ func TestLoadgenInterruptedPrintsWhatFinished(t *testing.T) {
 			"--concurrency", "2", "--duration", "1h", "--progress=false")
 		done <- result{out, err}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for got.Load() < 2 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	if err := envoytest.Poll(context.Background(), 10*time.Second, 5*time.Millisecond, func() error {
+		if n := got.Load(); n < 2 {
+			return fmt.Errorf("the server saw %d of 2 requests", n)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err) // cancel anyway, so the run ends
 	}
 	cancel()
 	res := <-done
@@ -163,10 +169,12 @@ func TestLoadgenInterruptedPrintsWhatFinished(t *testing.T) {
 	}
 	// The cancelled requests' connections were closed: the server saw both
 	// clients leave.
-	for gone.Load() < 2 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if gone.Load() != 2 {
-		t.Fatalf("the server saw %d of 2 cancelled clients leave", gone.Load())
+	if err := envoytest.Poll(context.Background(), 10*time.Second, 5*time.Millisecond, func() error {
+		if n := gone.Load(); n != 2 {
+			return fmt.Errorf("the server saw %d of 2 cancelled clients leave", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
