@@ -43,7 +43,8 @@ type Request struct {
 	PromptTokens int
 	// Messages is the number of chat messages (0 for completions).
 	Messages int
-	// PrefixHash is a 64-bit FNV-1a hash of the conversation's stable
+	// PrefixHash is a 64-bit hash (XXH64 of each text, chained with FNV
+	// steps) of the conversation's stable
 	// prefix: for chat, the role and the first PrefixBytes bytes of decoded
 	// text of every message up to and including the first user message
 	// (normally the system prompt and the first user turn); for

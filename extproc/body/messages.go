@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/bits"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // tokenString reads a string at p.i, validating it and counting the tokens of
@@ -493,49 +495,32 @@ func (p *parser) prompt(r *Request) error {
 }
 
 // hashText folds the first PrefixBytes decoded bytes of a validated raw JSON
-// string into h: plain runs byte by byte, escapes decoded.
+// string into h. The text is hashed with XXH64 (fixed seed, so every ext_proc
+// replica derives the same key) and folded in with one FNV step; escapes are
+// decoded first, so "\u00e9" and "é" hash alike.
 func hashText(h uint64, raw []byte) uint64 {
-	n := 0
-	for len(raw) > 0 && n < PrefixBytes {
-		k := bytes.IndexByte(raw, '\\')
-		if k < 0 {
-			k = len(raw)
-		}
-		k = min(k, PrefixBytes-n)
-		for _, c := range raw[:k] {
-			h = (h ^ uint64(c)) * fnvPrime
-		}
-		n += k
-		raw = raw[k:]
-		if len(raw) == 0 || n >= PrefixBytes || raw[0] != '\\' {
-			continue
-		}
-		// One escape: decode it (a \u pair may take 12 bytes).
-		w := 6
-		if raw[1] != 'u' {
-			w = 2
-		} else if _, used := decodeU(raw[:min(len(raw), 12)]); used == 12 {
-			w = 12
-		}
-		walkString(raw[:w], func(c byte) bool {
-			if n < PrefixBytes {
-				h = (h ^ uint64(c)) * fnvPrime
-				n++
-			}
-			return n < PrefixBytes
-		})
-		raw = raw[w:]
+	head := raw[:min(len(raw), PrefixBytes)]
+	if bytes.IndexByte(head, '\\') < 0 {
+		// Plain text (the usual case): the raw bytes are the decoded ones.
+		return (h ^ xxhash.Sum64(head)) * fnvPrime
 	}
-	return h
+	return (h ^ hashEscaped(raw)) * fnvPrime
 }
 
-func hashPrefix(raw []byte) uint64 {
-	h := uint64(fnvOffset)
+// hashEscaped is XXH64 of the first PrefixBytes decoded bytes of raw. Kept
+// out of hashText so the common path has no 2 KB stack frame.
+//
+//go:noinline
+func hashEscaped(raw []byte) uint64 {
+	var buf [PrefixBytes]byte
 	n := 0
 	walkString(raw, func(c byte) bool {
-		h = (h ^ uint64(c)) * fnvPrime
+		buf[n] = c
 		n++
 		return n < PrefixBytes
 	})
-	return h
+	return xxhash.Sum64(buf[:n])
 }
+
+// hashPrefix is the stable-prefix hash of a completion prompt.
+func hashPrefix(raw []byte) uint64 { return hashText(fnvOffset, raw) }

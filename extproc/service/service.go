@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"sync"
 	"time"
 
@@ -29,6 +28,11 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 )
+
+// streamWorkers is the size of the gRPC server's stream worker pool: above
+// the number of ext_proc streams a busy frontend keeps open (one per
+// in-flight request). Idle workers cost a parked goroutine each.
+const streamWorkers = 512
 
 // Config is the service's configuration (the command's flags).
 type Config struct {
@@ -127,7 +131,12 @@ func Run(ctx context.Context, cfg Config) error {
 		grpc.InitialWindowSize(4<<20),
 		grpc.InitialConnWindowSize(64<<20),
 		grpc.SharedWriteBuffer(true),
-		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		// Every in-flight HTTP request holds one ext_proc stream, so
+		// hundreds are open at once. A pool of long-lived workers serves
+		// them on goroutines whose stacks have already grown: with fewer
+		// workers than open streams, each new stream starts a goroutine
+		// that grows its stack again (about 5% of CPU at 150 concurrent).
+		grpc.NumStreamWorkers(streamWorkers),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	srv.Register(g)
