@@ -124,6 +124,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	g := grpc.NewServer(
+		// Request bodies decoded with one copy instead of two (see extproc.Codec).
+		grpc.ForceServerCodecV2(extproc.Codec{}),
 		grpc.MaxRecvMsgSize(cfg.BodyLimit+(1<<20)), // a whole buffered body plus headers
 		grpc.MaxConcurrentStreams(100000),
 		// Whole bodies arrive in one message: windows large enough that a
