@@ -1,17 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,10 +26,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
-	"github.com/inferlb/inferlb/extproc/cpfake"
-	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 // benchCmd groups the project's measurement commands; other components may
@@ -49,6 +44,8 @@ type extprocBench struct {
 	protocol    bool
 	conns       int
 	childProf   string
+	// envoyWorkers is Envoy's --concurrency in the Envoy comparison.
+	envoyWorkers int
 }
 
 func init() {
@@ -91,6 +88,9 @@ balancer's own cost.
 			if b.duration <= 0 {
 				return fmt.Errorf("--duration must be positive")
 			}
+			if b.envoyWorkers < 1 {
+				return fmt.Errorf("--envoy-workers must be at least 1, got %d", b.envoyWorkers)
+			}
 			if envoyOnly && protocolOnly {
 				return fmt.Errorf("--envoy-only and --protocol-only exclude each other")
 			}
@@ -103,6 +103,7 @@ balancer's own cost.
 	f.StringVar(&conc, "concurrency", "1,16,150", "concurrent requests, comma-separated")
 	f.StringVar(&sizes, "sizes", "8192,225280", "chat body sizes in bytes, comma-separated")
 	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
+	f.IntVar(&b.envoyWorkers, "envoy-workers", runtime.NumCPU(), "Envoy worker threads (--concurrency) in the Envoy comparison; Envoy's own default is one per CPU")
 	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")
 	f.BoolVar(&protocolOnly, "protocol-only", false, "only the protocol benchmark")
 	f.StringVar(&b.childProf, "child-cpu-profile", "", "write the ext_proc child's CPU profile to this file")
@@ -453,234 +454,4 @@ func sizeName(n int) string {
 		return fmt.Sprintf("%d KB", n/1024)
 	}
 	return fmt.Sprintf("%d B", n)
-}
-
-// envoyProc is an Envoy process run by the benchmark.
-type envoyProc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
-}
-
-func startEnvoy(ctx context.Context, dir, name, bootstrap string, port int) (*envoyProc, error) {
-	bin, err := envoytest.Binary()
-	if err != nil {
-		return nil, err
-	}
-	cfg := filepath.Join(dir, name+".yaml")
-	bootstrap += "\nadmin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 0 }\n"
-	if err := os.WriteFile(cfg, []byte(bootstrap), 0o644); err != nil {
-		return nil, err
-	}
-	e := &envoyProc{done: make(chan struct{}), log: filepath.Join(dir, name+".log")}
-	e.cmd = exec.Command(bin, "-c", cfg, "--log-level", "warning", "--log-path", e.log, "--concurrency", "1",
-		"--disable-hot-restart", "--use-dynamic-base-id", "--drain-time-s", "1")
-	if err := e.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { _ = e.cmd.Wait(); close(e.done) }()
-	if err := waitTCP(ctx, fmt.Sprintf("127.0.0.1:%d", port), e.done); err != nil {
-		e.stop()
-		b, _ := os.ReadFile(e.log)
-		return nil, fmt.Errorf("envoy %s: %w\n%s", name, err, b)
-	}
-	return e, nil
-}
-
-func (e *envoyProc) stop() {
-	_ = e.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-e.done:
-	case <-time.After(5 * time.Second):
-		_ = e.cmd.Process.Kill()
-		<-e.done
-	}
-}
-
-// envoyAlone is the baseline: the same listener limits and timeouts, a
-// static cluster to the upstream, hashed on the session id, no ext_proc.
-func envoyAlone(port, upstreamPort, bodyLimit int) string {
-	return fmt.Sprintf(`static_resources:
-  listeners:
-  - name: alone
-    address: { socket_address: { address: 127.0.0.1, port_value: %d } }
-    per_connection_buffer_limit_bytes: %d
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: alone
-          request_timeout: 0s
-          stream_idle_timeout: 300s
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: { prefix: "/" }
-                route:
-                  cluster: upstream
-                  hash_policy: [{ header: { header_name: x-session-id } }]
-                  timeout: 0s
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    lb_policy: MAGLEV
-    connect_timeout: 1s
-    circuit_breakers: { thresholds: [{ max_requests: 100000, max_pending_requests: 100000, max_connections: 100000 }] }
-    load_assignment:
-      cluster_name: upstream
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } } }] }]
-`, port, bodyLimit, upstreamPort)
-}
-
-func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
-	// Upstream: reads the body, answers a small completion at once.
-	ul, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-	us := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("content-type", "application/json")
-		_, _ = w.Write(reply)
-	}), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = us.Serve(ul) }()
-	defer us.Close()
-	upPort := ul.Addr().(*net.TCPAddr).Port
-
-	cp, err := cpfake.New("")
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
-	if err := cp.SetClusters(benchNode, []cpfake.Cluster{{Name: "class-llama", HashBalanceFactor: 150,
-		Endpoints: []cpfake.Endpoint{{Addr: ul.Addr().String(), Weight: 1}}}}); err != nil {
-		return err
-	}
-	if err := cp.SetPolicy(benchPolicy()); err != nil {
-		return err
-	}
-	ch, err := startExtProcChild(ctx, dir, bodyLimit, cp.Addr, "")
-	if err != nil {
-		return err
-	}
-	defer ch.stop()
-	_, xp, _ := net.SplitHostPort(cp.Addr)
-	xdsPort, _ := strconv.Atoi(xp)
-	_, ep, _ := net.SplitHostPort(ch.addr)
-	extPort, _ := strconv.Atoi(ep)
-
-	alonePort, err := freePort()
-	if err != nil {
-		return err
-	}
-	withPort, err := freePort()
-	if err != nil {
-		return err
-	}
-	boot, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: benchNode, Region: "local",
-		ListenPort: withPort, ExtProcPort: extPort, XDSPort: xdsPort, BodyLimit: bodyLimit})
-	if err != nil {
-		return err
-	}
-	alone, err := startEnvoy(ctx, dir, "alone", envoyAlone(alonePort, upPort, bodyLimit), alonePort)
-	if err != nil {
-		return err
-	}
-	defer alone.stop()
-	with, err := startEnvoy(ctx, dir, "with-extproc", boot, withPort)
-	if err != nil {
-		return err
-	}
-	defer with.stop()
-
-	maxConc := 0
-	for _, c := range b.concurrency {
-		maxConc = max(maxConc, c)
-	}
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: maxConc, MaxConnsPerHost: 0}}
-	defer hc.CloseIdleConnections()
-	post := func(url string, body []byte, session string) error {
-		req, _ := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
-		req.Header.Set("content-type", "application/json")
-		req.Header.Set("x-session-id", session)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	}
-	aloneURL := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", alonePort)
-	withURL := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", withPort)
-	// Ready when the frontend has its cluster from the control plane.
-	warm := chatBodies(1024, 1)[0]
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if err := post(withURL, warm, "ready"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			return fmt.Errorf("envoy with ext_proc not ready: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval
-	}
-
-	fmt.Fprintf(out, "\nEnvoy alone vs Envoy + ext_proc (1 worker each, same upstream answering at once), %v per cell\n", b.duration)
-	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "body\tconcurrency\talone req/s\t+ext_proc req/s\tratio\talone p50\t+ext_proc p50\tadded p50 ms\talone p99\t+ext_proc p99\tadded p99 ms\tEnvoy CPU ms/req alone\t+ext_proc\text_proc CPU ms/req\terrors\t")
-	for _, size := range b.sizes {
-		bodies := chatBodies(size, 64)
-		for _, c := range b.concurrency {
-			type res struct {
-				rps      float64
-				p50, p99 time.Duration
-				bad      int64
-				err      error
-			}
-			one := func(url string) res {
-				t0 := time.Now()
-				ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
-					return post(url, bodies[(w*131+i)%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
-				})
-				return res{rps: float64(ok) / time.Since(t0).Seconds(), p50: lat.pct(0.5), p99: lat.pct(0.99), bad: bad, err: ferr}
-			}
-			var cr cpuReader
-			ea0 := cr.seconds(alone.cmd.Process.Pid)
-			a := one(aloneURL)
-			ea1 := cr.seconds(alone.cmd.Process.Pid)
-			cpu0 := cr.seconds(ch.cmd.Process.Pid)
-			ew0 := cr.seconds(with.cmd.Process.Pid)
-			wres := one(withURL)
-			cpu1 := cr.seconds(ch.cmd.Process.Pid)
-			ew1 := cr.seconds(with.cmd.Process.Pid)
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if cr.err != nil {
-				return fmt.Errorf("CPU time of Envoy or ext_proc: %w", cr.err)
-			}
-			reqs := wres.rps * b.duration.Seconds()
-			areqs := a.rps * b.duration.Seconds()
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t%d/%d\t\n", sizeName(size), c,
-				a.rps, wres.rps, wres.rps/a.rps, ms(a.p50), ms(wres.p50), ms(wres.p50-a.p50), ms(a.p99), ms(wres.p99), ms(wres.p99-a.p99),
-				(ea1-ea0)*1000/max(areqs, 1), (ew1-ew0)*1000/max(reqs, 1), (cpu1-cpu0)*1000/max(reqs, 1), a.bad, wres.bad)
-			for _, e := range []error{a.err, wres.err} {
-				if e != nil {
-					slog.Warn("bench request failed", "err", e)
-				}
-			}
-		}
-	}
-	return tw.Flush()
 }

@@ -34,6 +34,30 @@ import (
 // in-flight request). Idle workers cost a parked goroutine each.
 const streamWorkers = 512
 
+// ServerOptions are the ext_proc gRPC server's options for bodies up to
+// bodyLimit bytes (also used by `inferlb bench extproc` for its null
+// processor, so both meet Envoy on the same terms).
+func ServerOptions(bodyLimit int) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		// Request bodies decoded with one copy instead of two (see extproc.Codec).
+		grpc.ForceServerCodecV2(extproc.Codec{}),
+		grpc.MaxRecvMsgSize(bodyLimit + (1 << 20)), // a whole buffered body plus headers
+		grpc.MaxConcurrentStreams(100000),
+		// Whole bodies arrive in one message: windows large enough that a
+		// 220 KB body needs no flow-control round trip.
+		grpc.InitialWindowSize(4 << 20),
+		grpc.InitialConnWindowSize(64 << 20),
+		grpc.SharedWriteBuffer(true),
+		// Every in-flight HTTP request holds one ext_proc stream, so
+		// hundreds are open at once. A pool of long-lived workers serves
+		// them on goroutines whose stacks have already grown: with fewer
+		// workers than open streams, each new stream starts a goroutine
+		// that grows its stack again (about 5% of CPU at 150 concurrent).
+		grpc.NumStreamWorkers(streamWorkers),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
 // Config is the service's configuration (the command's flags).
 type Config struct {
 	// Listen is the ext_proc gRPC address Envoy connects to.
@@ -123,24 +147,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer(
-		// Request bodies decoded with one copy instead of two (see extproc.Codec).
-		grpc.ForceServerCodecV2(extproc.Codec{}),
-		grpc.MaxRecvMsgSize(cfg.BodyLimit+(1<<20)), // a whole buffered body plus headers
-		grpc.MaxConcurrentStreams(100000),
-		// Whole bodies arrive in one message: windows large enough that a
-		// 220 KB body needs no flow-control round trip.
-		grpc.InitialWindowSize(4<<20),
-		grpc.InitialConnWindowSize(64<<20),
-		grpc.SharedWriteBuffer(true),
-		// Every in-flight HTTP request holds one ext_proc stream, so
-		// hundreds are open at once. A pool of long-lived workers serves
-		// them on goroutines whose stacks have already grown: with fewer
-		// workers than open streams, each new stream starts a goroutine
-		// that grows its stack again (about 5% of CPU at 150 concurrent).
-		grpc.NumStreamWorkers(streamWorkers),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
 	srv.Register(g)
 
 	ctx, cancel := context.WithCancel(ctx)

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lni/goutils/leaktest"
+
+	"github.com/inferlb/inferlb/internal/envoytest"
+)
+
+// runAsMain makes this test binary act as the inferlb command when the
+// environment says so: `bench extproc` starts the ext_proc service by
+// re-executing itself.
+const runAsMain = "INFERLB_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runAsMain) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// bench extproc runs end to end on a small cell: the protocol table and the
+// three-way Envoy comparison, every setup answering without errors.
+func TestBenchExtProcSmoke(t *testing.T) {
+	if _, err := envoytest.Binary(); err != nil {
+		t.Fatalf("Envoy needed (scripts/setup.sh): %v", err)
+	}
+	t.Cleanup(leaktest.AfterTest(t))
+	t.Setenv(runAsMain, "1")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cmd := rootCmd
+	cmd.SetOut(&out)
+	defer cmd.SetOut(nil)
+	cmd.SetArgs([]string{"bench", "extproc", "--duration", "300ms", "--concurrency", "4", "--sizes", "4096", "--envoy-workers", "1"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatalf("bench extproc: %v\n%s", err, out.String())
+	}
+	// Protocol row: decisions/s, then zero errors at the end.
+	if !regexp.MustCompile(`(?m)^\s+4 KB\s+4\s+[1-9]\d*\s.*\s0$`).MatchString(out.String()) {
+		t.Errorf("no error-free protocol row for 4 KB at concurrency 4:\n%s", out.String())
+	}
+	for _, setup := range []string{"Envoy alone", "+ null ext_proc", "+ inferlb ext_proc"} {
+		re := regexp.MustCompile(`(?m)^\s+4 KB\s+4\s+` + regexp.QuoteMeta(setup) + `\s+[1-9]\d*\s.*\s0$`)
+		if !re.MatchString(out.String()) {
+			t.Errorf("no error-free row for %q:\n%s", setup, out.String())
+		}
+	}
+	if strings.Count(out.String(), "4 KB") != 4 {
+		t.Errorf("want 4 rows (1 protocol, 3 Envoy):\n%s", out.String())
+	}
+}
