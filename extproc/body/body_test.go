@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -241,10 +242,26 @@ func chatBody(size int) []byte {
 	return []byte(fmt.Sprintf(`{"model":"llama-3-8b","stream":true,"max_tokens":256,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"%s"}]}`, sb.String()))
 }
 
+// plainBody is a chat body whose user message is plain English-like text:
+// words of 3–7 letters, picked pseudo-randomly, separated by single spaces,
+// with no escapes.
+func plainBody(size int) []byte {
+	var sb strings.Builder
+	words := []string{"the", "quick", "brown", "foxes", "jump", "over", "lazy", "dogs", "while", "ten", "happy", "birds", "sing", "softly", "outside", "and"}
+	x := uint32(2463534242)
+	for sb.Len() < size-300 {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		sb.WriteString(words[x%uint32(len(words))])
+		sb.WriteByte(' ')
+	}
+	return []byte(fmt.Sprintf(`{"model":"llama-3-8b","stream":true,"max_tokens":256,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"%s"}]}`, sb.String()))
+}
+
 func BenchmarkParse(b *testing.B) {
-	for _, size := range []int{8 << 10, 220 << 10} {
-		body := chatBody(size)
-		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
+	bench := func(name string, body []byte) {
+		b.Run(name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			var r Request
@@ -254,6 +271,12 @@ func BenchmarkParse(b *testing.B) {
 				}
 			}
 		})
+	}
+	for _, size := range []int{8 << 10, 220 << 10} {
+		bench(fmt.Sprintf("%dKB", size>>10), chatBody(size))
+	}
+	for _, size := range []int{8 << 10, 220 << 10} {
+		bench(fmt.Sprintf("plain%dKB", size>>10), plainBody(size))
 	}
 }
 
@@ -270,4 +293,151 @@ func BenchmarkEncodingJSON(b *testing.B) {
 			}
 		})
 	}
+}
+
+// refString scans the JSON string whose opening quote is b[i] the slow,
+// obvious way and returns the index of its closing quote, or ok false if it
+// is not a valid JSON string.
+func refString(b []byte, i int) (end int, ok bool) {
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return j, true
+		case c < 0x20:
+			return 0, false
+		case c == '\\':
+			if j+1 >= len(b) {
+				return 0, false
+			}
+			switch b[j+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				j++
+			case 'u':
+				if j+6 > len(b) {
+					return 0, false
+				}
+				for _, h := range b[j+2 : j+6] {
+					if !strings.ContainsRune("0123456789abcdefABCDEF", rune(h)) {
+						return 0, false
+					}
+				}
+				j += 5
+			default:
+				return 0, false
+			}
+		}
+	}
+	return 0, false
+}
+
+// checkTokenString runs tokenString on the string at b[i] and compares its
+// verdict, span and count with refString and tokens.Count of the text as
+// encoding/json decodes it.
+func checkTokenString(t *testing.T, b []byte, i int) {
+	t.Helper()
+	p := parser{b: b, i: i}
+	span, n, err := p.tokenString()
+	end, ok := refString(b, i)
+	if ok != (err == nil) {
+		t.Fatalf("tokenString(%q) error %v, reference valid %v", b[i:], err, ok)
+	}
+	if !ok {
+		if !IsSyntax(err) {
+			t.Fatalf("tokenString(%q): error %v is not a syntax error", b[i:], err)
+		}
+		return
+	}
+	if span != [2]int{i + 1, end} || p.i != end+1 {
+		t.Fatalf("tokenString(%q): span %v, p.i %d; want [%d %d], %d", b[i:], span, p.i, i+1, end, end+1)
+	}
+	raw := b[i : end+1]
+	var s string
+	if utf8.Valid(raw) {
+		if err := json.Unmarshal(raw, &s); err != nil {
+			t.Fatalf("encoding/json rejects %q: %v", raw, err)
+		}
+	} else {
+		// encoding/json would substitute U+FFFD for invalid bytes,
+		// changing run lengths; the token rule counts bytes.
+		s = decodeString(raw[1 : len(raw)-1])
+	}
+	if want := tokens.Count(s); n != want {
+		t.Fatalf("tokenString(%q) = %d tokens, tokens.Count(%q) = %d", raw, n, s, want)
+	}
+}
+
+// tokenPieces are the raw JSON pieces randomStringBody strings together.
+var tokenPieces = []string{
+	" ", " ", " ", "  ", "a", "é", "😀", `\n`, `\t`, `\r`, `\"`, `\\`, `\/`,
+	`\b`, `\f`, `\u00e9`, `\u0020`, `\u0041`, `\ud83d\ude00`, `\ud83d`,
+	`\udc00`, `\ud83dx`, `\uD83D\uDE00`,
+}
+
+// randomStringBody writes a raw JSON string body (no quotes) of words of
+// 1–40 bytes (runs longer than 8 and 16), spaces and escapes.
+func randomStringBody(rnd *rand.Rand, sb *strings.Builder, pieces int) {
+	for range pieces {
+		switch rnd.IntN(4) {
+		case 0, 1:
+			l := 1 + rnd.IntN(8)
+			if rnd.IntN(4) == 0 {
+				l = 1 + rnd.IntN(40)
+			}
+			for range l {
+				sb.WriteByte("abcdefghijklmnopqrstuvwxyz"[rnd.IntN(26)])
+			}
+		case 2:
+			sb.WriteByte(' ')
+		default:
+			sb.WriteString(tokenPieces[rnd.IntN(len(tokenPieces))])
+		}
+	}
+}
+
+// The string's start and end fall at every alignment relative to the 8- and
+// 16-byte words, and the string is followed by 0–20 more bytes.
+func TestTokenStringMatchesTokenRule(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	var sb strings.Builder
+	for iter := range 20000 {
+		sb.Reset()
+		pad := iter % 17
+		sb.WriteString(strings.Repeat("x", pad))
+		sb.WriteByte('"')
+		randomStringBody(rnd, &sb, rnd.IntN(1+iter%60))
+		sb.WriteByte('"')
+		sb.WriteString(`,"y":1}   `[:rnd.IntN(11)])
+		b := []byte(sb.String())
+		checkTokenString(t, b, pad)
+		// Every truncation is an unterminated (or cut-escape) string.
+		if iter%10 == 0 {
+			for end := pad; end < len(b); end++ {
+				checkTokenString(t, b[:end:end], pad)
+			}
+		}
+	}
+	// Special bytes at every position of a word.
+	for _, c := range []string{`\n`, `\u00e9`, "\x01", `\q`, `"`} {
+		for pos := range 40 {
+			s := `"` + strings.Repeat("abcdefg ", 6)[:pos] + c + ` word"`
+			checkTokenString(t, []byte(s), 0)
+		}
+	}
+}
+
+func FuzzTokenString(f *testing.F) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	var sb strings.Builder
+	for pad := range 16 {
+		sb.Reset()
+		randomStringBody(rnd, &sb, 30)
+		f.Add([]byte(sb.String()+`"`), uint8(pad))
+	}
+	f.Add([]byte(`abcdefghijklmnopqrstuvwxyz abcdefghi \u00e9\u00e9\u00e9\u00e9 x"`), uint8(3))
+	f.Add([]byte("a\x1fb\""), uint8(0))
+	f.Fuzz(func(t *testing.T, raw []byte, pad uint8) {
+		b := append(bytes.Repeat([]byte{'x'}, int(pad%16)), '"')
+		b = append(b, raw...)
+		checkTokenString(t, b, int(pad%16))
+	})
 }

@@ -11,9 +11,13 @@ import (
 // tokenString reads a string at p.i, validating it and counting the tokens of
 // its decoded text under the token rule, in one pass. It returns the raw span.
 //
-// The hot loop looks at 8 bytes at a time: a word without a quote, backslash
-// or control byte is counted from its space mask with a few bit operations;
-// other words go byte by byte up to the special byte.
+// plainTokens counts the text up to the next special byte (quote, backslash
+// or control) 16 bytes at a time; the special byte itself (an escape, the
+// closing quote or an error) is handled here, as are the last few bytes of
+// the body, byte by byte.
+//
+// Between bytes, run is the length of the current text run modulo tokenRun,
+// as in the byte-at-a-time rule (0: the next text byte starts a token).
 func (p *parser) tokenString() (span [2]int, tokens int, err error) {
 	if p.peek() != '"' {
 		return span, 0, p.syntax("expected a string")
@@ -23,46 +27,8 @@ func (p *parser) tokenString() (span [2]int, tokens int, err error) {
 	n, run := 0, 0
 	i := start
 	for {
-		for i+8 <= len(b) {
-			w := binary.LittleEndian.Uint64(b[i:])
-			if special := hasLess(w, 0x20) | hasZero(w^(lsb*'"')) | hasZero(w^(lsb*'\\')); special != 0 {
-				// Bytes before the first special one are plain text or space.
-				k := bits.TrailingZeros64(special) / 8
-				for ; k > 0; k-- {
-					if b[i] == ' ' {
-						run = 0
-					} else {
-						if run == 0 {
-							n++
-						}
-						run++
-						if run == tokenRun {
-							run = 0
-						}
-					}
-					i++
-				}
-				break
-			}
-			sp := zeroMask(w ^ (lsb * ' '))
-			if sp == 0 { // eight text bytes: one more token, run unchanged
-				n++
-				i += 8
-				continue
-			}
-			lead := bits.TrailingZeros64(sp) / 8 // text bytes before the first space
-			if lead > 0 {
-				total := run + lead
-				n += (total + tokenRun - 1) / tokenRun
-				if run > 0 {
-					n--
-				}
-			}
-			text := ^sp & hi
-			n += bits.OnesCount64(text & (sp << 8))
-			run = bits.LeadingZeros64(sp) / 8 // text bytes after the last space
-			i += 8
-		}
+		t, k, r := plainTokens(b[i:], run)
+		n, run, i = n+t, r, i+k
 		if i >= len(b) {
 			break
 		}
@@ -125,6 +91,138 @@ func (p *parser) tokenString() (span [2]int, tokens int, err error) {
 	}
 	p.i = len(b)
 	return span, 0, p.syntax("unterminated string")
+}
+
+// plainTokens counts the tokens in b up to its first special byte (quote,
+// backslash or control), starting with the run state run, 16 bytes (two
+// words) at a time. It returns the count, the number of bytes counted and
+// the run state after them. It stops short of the special byte only when
+// fewer than 16 bytes remain. It is a separate function so that its loop
+// gets the registers to itself, and it uses no bit scans (BSF/BSR are slow
+// on some CPUs, and GOAMD64=v1 has no TZCNT/LZCNT).
+//
+// In natural text no run is longer than 8 bytes, and then a token starts
+// exactly at every text byte after a space: the fast path counts those.
+// Blocks where a run crossing into a word may be longer go word by word
+// through wordStarts, which tracks the run exactly.
+func plainTokens(b []byte, run int) (n, used, runOut int) {
+	// m is the exact run state, the high bit of byte -run mod 8: where in
+	// the next word the current run, if it reaches that byte, starts a new
+	// token. The fast path does not keep it up to date; it sets m to 0,
+	// and stateAfter recovers it from the last word's spaces.
+	m := uint64(0x80) << (uint(-run) & 7 * 8)
+	// spPrev holds the high bits of the spaces of the previous word. With
+	// a run pending, 0 (no space) sends the first block the slow way.
+	spPrev := uint64(0)
+	if run == 0 {
+		spPrev = 0x80 << 56 // as after a space
+	}
+	i := 0
+	for ; i <= len(b)-16; i += 16 {
+		w0 := binary.LittleEndian.Uint64(b[i:])
+		w1 := binary.LittleEndian.Uint64(b[i+8:])
+		if (anySpecial(w0)|anySpecial(w1))&hi != 0 {
+			break
+		}
+		t0, t1 := textMask(w0), textMask(w1)
+		sp0, sp1 := t0^hi, t1^hi
+		// lead>>8 has the high bits of all but the last of the text
+		// bytes before the first space. A run crossing into the word is
+		// at most 8 bytes long if the previous word has a space outside
+		// them.
+		lead0, lead1 := (sp0&-sp0)-1, (sp1&-sp1)-1
+		if spPrev&^(lead0>>8) == 0 || sp0&^(lead1>>8) == 0 {
+			if m == 0 {
+				m = stateAfter(spPrev, 0x80)
+			}
+			var s0, s1 uint64
+			s0, m = wordStarts(w0, hi, m)
+			s1, m = wordStarts(w1, hi, m)
+			n += int((s0>>7 + s1>>7) * lsb >> 56)
+		} else {
+			// Text bytes after a space, the previous word's last byte
+			// included. At most 8 per word: the byte sums fit a byte.
+			s0 := t0 & (sp0<<8 | spPrev>>56)
+			s1 := t1 & (sp1<<8 | sp0>>56)
+			n += int((s0>>7 + s1>>7) * lsb >> 56)
+			m = 0
+		}
+		spPrev = sp1
+	}
+	if m == 0 {
+		// After the fast path the run started after the last space; in a
+		// word of all text (which the fast path takes only after a space)
+		// it was exactly one token.
+		m = stateAfter(spPrev, 0x80)
+	}
+	k := uint64(0) // bytes counted in the last block
+	if i <= len(b)-16 {
+		// The block at i has a special byte: count the bytes before the
+		// first one, without branching on which word holds it.
+		w0 := binary.LittleEndian.Uint64(b[i:])
+		w1 := binary.LittleEndian.Uint64(b[i+8:])
+		x0, x1 := specialMask(w0), specialMask(w1)
+		below0 := (x0 & -x0) - 1 // all ones if w0 has none
+		v0 := below0 & hi
+		v1 := ((x1 & -x1) - 1) & hi & uint64(int64(below0)>>63)
+		var s0, s1 uint64
+		s0, m = wordStarts(w0, v0, m)
+		s1, m = wordStarts(w1, v1, m)
+		n += int((s0>>7 + s1>>7) * lsb >> 56)
+		k = (v0>>7 + v1>>7) * lsb >> 56
+		i += int(k)
+	}
+	// m marks where, mod 8, the current run started (or last split).
+	split := (m >> 7) * 0x0001020304050607 >> 56 // index of m's byte
+	return n, i, int((k - split) & 7)
+}
+
+// specialMask has the high bit of the first control, quote or backslash
+// byte of w set, and no lower bit (higher bits may be set too); it is 0 if
+// there is none.
+func specialMask(w uint64) uint64 {
+	return hasLess(w, 0x20) | hasZero(w^(lsb*'"')) | hasZero(w^(lsb*'\\'))
+}
+
+// anySpecial has a high bit set iff some byte of w is a control byte, a
+// quote or a backslash. Flipping bit 1 maps the control bytes to themselves
+// and the quote (0x22) to 0x20, the only other byte below 0x21, so it is
+// hasLess(w^0x02…, 0x21) | hasZero(w^'\\'…) before the final mask with hi.
+func anySpecial(w uint64) uint64 {
+	q, bs := w^(lsb*0x02), w^(lsb*'\\')
+	return (q-lsb*0x21)&^q | (bs-lsb)&^bs
+}
+
+// textMask has the high bits of the bytes of w that are not spaces, given
+// that w has no control bytes (the text bytes are those >= 0x21).
+func textMask(w uint64) uint64 { return (w&lo7 + lsb*(0x80-0x21) | w) & hi }
+
+// wordStarts returns the high bits of the bytes of w at which a token
+// starts, counting only the bytes whose high bits are in valid (a prefix of
+// the word: text and spaces), given the run state mask m (see
+// plainTokens), and the state after those bytes.
+//
+// A token starts at a text byte after a space, or at byte m if the bytes
+// up to it are all text (the lead); a run after a space in w is at most 7
+// bytes long, so it splits nowhere in w.
+func wordStarts(w, valid, m uint64) (starts, next uint64) {
+	sp := zeroMask(w^(lsb*' ')) & valid
+	spv := sp | hi&^valid // bytes past the valid ones count as spaces
+	text := hi &^ spv
+	lead := (spv & -spv) - 1 // bits below the first space; all if none
+	return text&(spv<<8) | m&lead, stateAfter(sp, m)
+}
+
+// stateAfter returns the run state mask (see plainTokens) after a word with
+// spaces sp (high bits) and state m before it: the next run starts after
+// the last space, at the next byte mod 8; without a space it is m.
+func stateAfter(sp, m uint64) uint64 {
+	// Smear the spaces down and keep the highest.
+	d := sp | sp>>8
+	d |= d >> 16
+	d |= d >> 32
+	noSpace := uint64(int64((sp&-sp)-1) >> 63) // all ones iff sp == 0
+	return bits.RotateLeft64(d&^(d>>8), 8) | m&noSpace
 }
 
 const (
