@@ -6,11 +6,12 @@ import (
 	_ "google.golang.org/grpc/encoding/proto" // registers the standard codec Codec delegates to
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // Codec is the gRPC codec of the ext_proc server (grpc.ForceServerCodecV2):
 // the standard protobuf codec, except for a ProcessingRequest that carries
-// only a request body, whose body then aliases a single copy of the message
+// a request body, whose body then aliases a single copy of the message
 // bytes. The standard codec copies a body twice on the way in (into a pooled
 // buffer that it clears first, then into the message); at 220 KB those copies
 // and the clearing were about a fifth of the service's CPU. Anything the fast
@@ -39,53 +40,80 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	// One copy, owned by the message from here on (the transport's buffers
 	// go back to its pool when this returns).
 	buf := data.Materialize()
-	if b, ok := decodeRequestBody(buf); ok {
+	if b, rest, ok := decodeRequestBody(buf); ok {
 		req.Reset()
 		req.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: b}
-		return nil
+		// Other fields (Envoy always adds an empty metadata_context) are
+		// small: the standard decoder merges them in.
+		if len(rest) == 0 || mergeRest.Unmarshal(rest, req) == nil {
+			return nil
+		}
 	}
 	return protoCodec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(buf)}, v)
 }
 
-// decodeRequestBody decodes a ProcessingRequest made of exactly one
-// request_body field holding an HttpBody with at most its body and
-// end_of_stream fields, each at most once. Anything else (other fields,
-// repeated fields, malformed wire data) reports false.
-func decodeRequestBody(b []byte) (*extprocv3.HttpBody, bool) {
-	num, typ, n := protowire.ConsumeTag(b)
-	if n < 0 || num != 4 || typ != protowire.BytesType {
-		return nil, false
+// decodeRequestBody decodes the request_body field of a ProcessingRequest
+// (exactly one, holding an HttpBody with at most its body and end_of_stream
+// fields, each at most once) and returns the wire bytes of the other
+// top-level fields. Anything else (a repeated or unknown HttpBody field,
+// malformed wire data) reports false.
+func decodeRequestBody(b []byte) (body *extprocv3.HttpBody, rest []byte, ok bool) {
+	var inner []byte
+	seen := false
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, nil, false
+		}
+		if num == 4 {
+			v, m := protowire.ConsumeBytes(b[n:])
+			if typ != protowire.BytesType || m < 0 || seen {
+				return nil, nil, false
+			}
+			inner, seen = v, true
+			b = b[n+m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return nil, nil, false
+		}
+		rest = append(rest, b[:n+m]...)
+		b = b[n+m:]
 	}
-	inner, m := protowire.ConsumeBytes(b[n:])
-	if m < 0 || n+m != len(b) {
-		return nil, false
+	if !seen {
+		return nil, nil, false
 	}
 	out := &extprocv3.HttpBody{}
 	var seenBody, seenEOS bool
 	for len(inner) > 0 {
 		num, typ, n := protowire.ConsumeTag(inner)
 		if n < 0 {
-			return nil, false
+			return nil, nil, false
 		}
 		inner = inner[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType && !seenBody:
 			v, m := protowire.ConsumeBytes(inner)
 			if m < 0 {
-				return nil, false
+				return nil, nil, false
 			}
 			out.Body, seenBody = v, true
 			inner = inner[m:]
 		case num == 2 && typ == protowire.VarintType && !seenEOS:
 			v, m := protowire.ConsumeVarint(inner)
 			if m < 0 {
-				return nil, false
+				return nil, nil, false
 			}
 			out.EndOfStream, seenEOS = v != 0, true
 			inner = inner[m:]
 		default:
-			return nil, false
+			return nil, nil, false
 		}
 	}
-	return out, true
+	return out, rest, true
 }
+
+// mergeRest decodes the small top-level fields beside a request body into
+// the message that already holds the body.
+var mergeRest = proto.UnmarshalOptions{Merge: true}

@@ -30,6 +30,8 @@ func codecSeeds(t testing.TB) [][]byte {
 		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: bytes.Repeat([]byte("x"), 40000)}}},
 		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{EndOfStream: true}}},
 		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{}}},
+		// What Envoy sends: the body and an empty metadata_context.
+		envoyBodyMessage([]byte(`{"model":"m"}`)),
 		// Fields the fast path leaves to the standard codec.
 		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte("b")}}, ObservabilityMode: true},
 		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte("b")}},
@@ -97,6 +99,28 @@ func TestCodecBodyOwnsItsCopy(t *testing.T) {
 	if !bytes.Equal(rb.GetBody(), body) || !rb.GetEndOfStream() {
 		t.Fatalf("body of %d bytes (eos %v) after the input buffers were reused, want the original %d bytes",
 			len(rb.GetBody()), rb.GetEndOfStream(), len(body))
+	}
+}
+
+func envoyBodyMessage(body []byte) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}, MetadataContext: &corev3.Metadata{}}
+}
+
+// Envoy 1.40 adds an empty metadata_context to every body message (seen on
+// the wire); that shape must take the one-copy path.
+func TestCodecFastPathTakesEnvoysBodyMessage(t *testing.T) {
+	b, err := proto.Marshal(envoyBodyMessage([]byte("hello")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, rest, ok := decodeRequestBody(b)
+	if !ok || string(body.GetBody()) != "hello" || !body.GetEndOfStream() || !bytes.Equal(rest, []byte{0x42, 0}) {
+		t.Fatalf("decodeRequestBody(%x) = %v, rest %x, ok %v", b, body, rest, ok)
+	}
+	var got extprocv3.ProcessingRequest
+	if err := (Codec{}).Unmarshal(split(b, 4), &got); err != nil || !proto.Equal(&got, envoyBodyMessage([]byte("hello"))) {
+		t.Fatalf("decoded %v, err %v", &got, err)
 	}
 }
 

@@ -365,8 +365,9 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 	if _, err := st.Recv(); err != nil {
 		return err
 	}
+	// As Envoy 1.40 sends it: with an empty metadata_context.
 	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}, MetadataContext: &corev3.Metadata{}}); err != nil {
 		return err
 	}
 	r, err := st.Recv()

@@ -185,7 +185,11 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 	if err := cp.SetPolicy(benchPolicy()); err != nil {
 		return err
 	}
-	ch, err := startExtProcChild(ctx, dir, bodyLimit, cp.Addr, "")
+	prof := ""
+	if !b.protocol {
+		prof = b.childProf // the profile is of one run only
+	}
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, cp.Addr, prof)
 	if err != nil {
 		return err
 	}
