@@ -7,6 +7,8 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/inferlb/inferlb/api/headers"
 )
 
 // Codec is the gRPC codec of the ext_proc server (grpc.ForceServerCodecV2):
@@ -24,8 +26,58 @@ var protoCodec = encoding.GetCodecV2("proto")
 // Name is the content subtype: the codec speaks standard protobuf.
 func (Codec) Name() string { return "proto" }
 
-// Marshal is the standard codec's.
-func (Codec) Marshal(v any) (mem.BufferSlice, error) { return protoCodec.Marshal(v) }
+// Marshal is the standard codec's, except for the constant answers below,
+// which are encoded once.
+func (Codec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*extprocv3.ProcessingResponse); ok {
+		if b, ok := constEncoded[r]; ok {
+			// A SliceBuffer's Free is a no-op: the transport writes it and
+			// leaves it alone.
+			return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		}
+	}
+	return protoCodec.Marshal(v)
+}
+
+// The constant answers: every request's request-headers answer (the decision
+// goes with the body's) and the response-headers answers, which only strip
+// Envoy's internal headers. They are shared by every stream: never modify
+// one.
+var (
+	respContinueHeaders = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{}}}
+	// respObserved[strip] removes the upstream-host header (bit 0) and the
+	// attempt-count header (bit 1).
+	respObserved = func() (r [4]*extprocv3.ProcessingResponse) {
+		for strip := range r {
+			var remove []string
+			if strip&1 != 0 {
+				remove = append(remove, headers.UpstreamHost)
+			}
+			if strip&2 != 0 {
+				remove = append(remove, attemptCount)
+			}
+			r[strip] = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+				Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: remove}}}}}
+		}
+		return r
+	}()
+	constEncoded = func() map[*extprocv3.ProcessingResponse][]byte {
+		m := map[*extprocv3.ProcessingResponse][]byte{}
+		for _, r := range append([]*extprocv3.ProcessingResponse{respContinueHeaders}, respObserved[:]...) {
+			b, err := proto.Marshal(r)
+			if err != nil {
+				panic(err) // constant messages: cannot fail
+			}
+			m[r] = b
+		}
+		return m
+	}()
+)
+
+// attemptCount is the header Envoy adds to responses with the number of
+// upstream attempts (route's include_attempt_count_in_response).
+const attemptCount = "x-envoy-attempt-count"
 
 // tagRequestBody is the first byte of a ProcessingRequest whose first field
 // is request_body (field 4, length-delimited).

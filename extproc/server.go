@@ -303,7 +303,7 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	st.phase = phaseRequestBody
 	// Nothing to change yet: the decision needs the body, and goes with the
 	// body response (allowed for BUFFERED bodies), headers included.
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+	return respContinueHeaders
 }
 
 func tooLarge(n, limit int) *apiError {
@@ -491,17 +491,17 @@ func (s *Server) reject(st *stream, e *apiError) *extprocv3.ProcessingResponse {
 func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	var upstream string
 	code, attempts := 0, 0
-	var remove []string
+	var strip int // which internal headers the answer removes: bit 0 upstream host, bit 1 attempt count
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch hv.Key {
 		case ":status":
 			code, _ = strconv.Atoi(headerValue(hv))
 		case headers.UpstreamHost:
 			upstream = headerValue(hv)
-			remove = append(remove, hv.Key)
-		case "x-envoy-attempt-count":
+			strip |= 1
+		case attemptCount:
 			attempts, _ = strconv.Atoi(headerValue(hv))
-			remove = append(remove, hv.Key)
+			strip |= 2
 		}
 	}
 	if st.phase == phaseRouted {
@@ -524,9 +524,7 @@ func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extpro
 			st.granted = 0
 		}
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
-		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: remove}},
-	}}}
+	return respObserved[strip]
 }
 
 func codeClass(code int) string {
