@@ -7,6 +7,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 )
 
@@ -29,6 +32,10 @@ type Policy struct {
 	levelNames      []string // by level, "" where unused
 
 	engines map[string]string // upstream address → engine id
+
+	// regionHdr is the decision's source-region header, built once (nil
+	// without a region).
+	regionHdr *corev3.HeaderValueOption
 }
 
 // Class is one eligibility class of a Policy.
@@ -43,6 +50,9 @@ type Class struct {
 	Utilization   float64
 
 	state *classState
+	// The decision's cluster and class headers, built once by Compile and
+	// shared read-only by every response.
+	clusterHdr, classHdr *corev3.HeaderValueOption
 }
 
 // ShedFraction returns the effective fraction shed at a priority level.
@@ -91,6 +101,9 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		byModel:    map[string][]*Class{},
 		priorities: map[string]uint32{},
 		engines:    map[string]string{},
+	}
+	if p.Region != "" {
+		p.regionHdr = setHeader(headers.SourceRegion, p.Region)
 	}
 	if err := validHeaderValue(p.Region); err != nil {
 		return nil, fmt.Errorf("policy: region: %w", err)
@@ -142,6 +155,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 			RetryFraction: cp.GetRetryBudgetFraction(), MaxRetries: int(cp.GetMaxRetries()),
 			InflightLimit: int(cp.GetLocalInflightLimit()), Utilization: cp.GetUtilization(),
 		}
+		c.clusterHdr, c.classHdr = setHeader(headers.Cluster, c.Cluster), setHeader(headers.Class, c.Name)
 		where := fmt.Sprintf("policy: classes[%d] (%q)", i, c.Name)
 		switch {
 		case c.Name == "":

@@ -373,16 +373,13 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	}
 	st.phase = phaseRouted
 
+	// Only the affinity key is new per request; the other headers are
+	// built once and shared.
 	set := make([]*corev3.HeaderValueOption, 0, 6)
-	set = append(set,
-		setHeader(headers.Cluster, c.Cluster),
-		setHeader(headers.AffinityKey, hex16(keyHash)),
-		setHeader(headers.Class, c.Name),
-		setHeader(headers.PriorityLevel, strconv.Itoa(int(level))),
-		setHeader(headers.EnvoyMaxRetries, strconv.Itoa(st.granted)),
-	)
-	if p.Region != "" {
-		set = append(set, setHeader(headers.SourceRegion, p.Region))
+	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, hex16(keyHash)), c.classHdr,
+		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, st.granted))
+	if p.regionHdr != nil {
+		set = append(set, p.regionHdr)
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
 		Response: &extprocv3.CommonResponse{
@@ -461,6 +458,25 @@ func hex16(v uint64) string {
 		v >>= 4
 	}
 	return string(b[:])
+}
+
+// levelHdrs and retryHdrs hold the priority-level and retry-allowance
+// headers for small values, built once and shared read-only.
+var levelHdrs, retryHdrs = smallIntHeaders(headers.PriorityLevel), smallIntHeaders(headers.EnvoyMaxRetries)
+
+func smallIntHeaders(k string) (h [16]*corev3.HeaderValueOption) {
+	for i := range h {
+		h[i] = setHeader(k, strconv.Itoa(i))
+	}
+	return h
+}
+
+// smallIntHeader is header k set to v, from cache when v is small.
+func smallIntHeader(cache *[16]*corev3.HeaderValueOption, k string, v int) *corev3.HeaderValueOption {
+	if v >= 0 && v < len(cache) {
+		return cache[v]
+	}
+	return setHeader(k, strconv.Itoa(v))
 }
 
 func setHeader(k, v string) *corev3.HeaderValueOption {
