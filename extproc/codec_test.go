@@ -39,6 +39,17 @@ func codecSeeds(t testing.TB) [][]byte {
 		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/v1/chat/completions")}}}}}},
 		{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("r")}}},
+		// Headers as Envoy sends them: raw values, an empty metadata_context.
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+				{Key: "x-session-id", RawValue: []byte("s-1")}, {Key: "k", Value: "v"}, {Key: "", RawValue: nil}}}}},
+			MetadataContext: &corev3.Metadata{}},
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true}},
+			MetadataContext: &corev3.Metadata{}},
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{}}}},
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{EndOfStream: true}}},
 	}
 	var out [][]byte
 	for _, m := range msgs {
@@ -46,7 +57,7 @@ func codecSeeds(t testing.TB) [][]byte {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, b)
+		out = append(out, b, envoyOrder(t, m))
 	}
 	// Wire forms proto.Marshal never writes: a body field twice, the
 	// request_body field twice, a truncated body, an overlong varint.
@@ -54,7 +65,24 @@ func codecSeeds(t testing.TB) [][]byte {
 	body = protowire.AppendBytes(protowire.AppendTag(body, 1, protowire.BytesType), []byte("two"))
 	twice := protowire.AppendBytes(protowire.AppendTag(nil, 4, protowire.BytesType), body)
 	out = append(out, twice, append(bytes.Clone(twice), twice...), twice[:len(twice)-2],
-		[]byte{tagRequestBody, 3, 0x10, 0x81, 0x00}, []byte{tagRequestBody})
+		[]byte{0x22, 3, 0x10, 0x81, 0x00}, []byte{0x22})
+	// Headers: a key that is not UTF-8, a header value with an overlong
+	// length prefix, a key given twice, request headers twice.
+	hv := func(fields ...[]byte) []byte {
+		var v []byte
+		for _, f := range fields {
+			v = append(v, f...)
+		}
+		m := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), v) // HeaderMap.headers
+		h := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), m) // HttpHeaders.headers
+		return protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), h)
+	}
+	key := func(k string) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte(k))
+	}
+	overlong := append(protowire.AppendTag(nil, 1, protowire.BytesType), 0x83, 0x80, 0x00, 'a', 'b', 'c')
+	out = append(out, hv(key("\xff")), hv(overlong, protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), []byte("x"))),
+		hv(key("a"), key("b")), append(hv(key("a")), hv(key("b"))...))
 	return out
 }
 
@@ -103,24 +131,70 @@ func TestCodecBodyOwnsItsCopy(t *testing.T) {
 }
 
 func envoyBodyMessage(body []byte) *extprocv3.ProcessingRequest {
+	// The body message as Envoy sends it.
 	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}, MetadataContext: &corev3.Metadata{}}
 }
 
-// Envoy 1.40 adds an empty metadata_context to every body message (seen on
-// the wire); that shape must take the one-copy path.
-func TestCodecFastPathTakesEnvoysBodyMessage(t *testing.T) {
-	b, err := proto.Marshal(envoyBodyMessage([]byte("hello")))
+// envoyOrder encodes m as Envoy (C++ protobuf) does, fields in number order:
+// the request oneof first, metadata_context after; Go's encoder writes the
+// oneof last.
+func envoyOrder(t testing.TB, m *extprocv3.ProcessingRequest) []byte {
+	t.Helper()
+	md := m.MetadataContext
+	m = proto.CloneOf(m)
+	m.MetadataContext = nil
+	b, err := proto.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, rest, ok := decodeRequestBody(b)
-	if !ok || string(body.GetBody()) != "hello" || !body.GetEndOfStream() || !bytes.Equal(rest, []byte{0x42, 0}) {
-		t.Fatalf("decodeRequestBody(%x) = %v, rest %x, ok %v", b, body, rest, ok)
+	if md != nil {
+		mb, err := proto.Marshal(md)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = protowire.AppendBytes(protowire.AppendTag(b, 8, protowire.BytesType), mb)
 	}
-	var got extprocv3.ProcessingRequest
-	if err := (Codec{}).Unmarshal(split(b, 4), &got); err != nil || !proto.Equal(&got, envoyBodyMessage([]byte("hello"))) {
-		t.Fatalf("decoded %v, err %v", &got, err)
+	return b
+}
+
+// Envoy 1.40 adds an empty metadata_context to every message (seen on the
+// wire). The messages Envoy sends on every request take the fast path in
+// either field order and decode to what proto.Unmarshal gives, bodies,
+// keys and values intact after the transport reuses its buffers.
+func TestCodecFastPathTakesEnvoysMessages(t *testing.T) {
+	msgs := []*extprocv3.ProcessingRequest{
+		envoyBodyMessage([]byte("hello")),
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+				{Key: ":path", RawValue: []byte("/v1/chat/completions")}, {Key: "x-priority", RawValue: []byte("batch")}}}}},
+			MetadataContext: &corev3.Metadata{}},
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}}},
+			MetadataContext: &corev3.Metadata{}},
+	}
+	for _, want := range msgs {
+		goOrder, err := proto.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range [][]byte{envoyOrder(t, want), goOrder} {
+			var fast extprocv3.ProcessingRequest
+			if !decodeFast(bytes.Clone(b), &fast) {
+				t.Fatalf("%x missed the fast path", b)
+			}
+			in := split(b, 7)
+			var got extprocv3.ProcessingRequest
+			if err := (Codec{}).Unmarshal(in, &got); err != nil {
+				t.Fatal(err)
+			}
+			for _, buf := range in {
+				clear(buf.ReadOnlyData())
+			}
+			if !proto.Equal(&got, want) {
+				t.Fatalf("decoded %v, want %v", &got, want)
+			}
+		}
 	}
 }
 
