@@ -663,7 +663,8 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 			tc := translate.Class{Name: cl.Name, Model: cl.Model, Residency: cl.Residency,
 				MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
 				Weights: cd.Weights, ShedByLevel: cd.shedLevels, RetryBudgetFraction: budget,
-				MaxRetries: retries, LocalInflightLimit: uint32(inflight), Utilization: util}
+				MaxRetries: retries, LocalInflightLimit: uint32(inflight), Utilization: util,
+				MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens))}
 			cd.Utilization = util
 			for id := range cd.Weights {
 				e, _ := c.spec.EngineByID(id)

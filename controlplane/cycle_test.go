@@ -112,6 +112,10 @@ func TestCycleRegionalWeightsAndDeadband(t *testing.T) {
 	if r.Nodes["fe-east"].Resources.EndpointVersion == r.Nodes["fe-west"].Resources.EndpointVersion {
 		t.Error("both nodes got the same EDS")
 	}
+	// ext_proc's stand-in for requests without max_tokens: the spec's mean.
+	if cl := r.Nodes["fe-east"].Resources.Policy.GetClasses(); len(cl) != 1 || cl[0].GetMeanOutputTokens() != 200 {
+		t.Errorf("policy classes %v, want chat with mean_output_tokens 200", cl)
+	}
 	// Steady demand, small jitter: nothing is republished.
 	for i := 1; i <= 5; i++ {
 		now = now.Add(5 * time.Second)

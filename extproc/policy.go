@@ -48,6 +48,9 @@ type Class struct {
 	MaxRetries    int
 	InflightLimit int
 	Utilization   float64
+	// MeanOutputTokens stands in for max_tokens in demand reports when a
+	// request states none.
+	MeanOutputTokens int
 
 	state *classState
 	// The decision's cluster and class headers, built once by Compile and
@@ -154,6 +157,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 			MinContext: int(cp.GetMinContextTokens()), MaxContext: int(cp.GetMaxContextTokens()),
 			RetryFraction: cp.GetRetryBudgetFraction(), MaxRetries: int(cp.GetMaxRetries()),
 			InflightLimit: int(cp.GetLocalInflightLimit()), Utilization: cp.GetUtilization(),
+			MeanOutputTokens: int(cp.GetMeanOutputTokens()),
 		}
 		c.clusterHdr, c.classHdr = setHeader(headers.Cluster, c.Cluster), setHeader(headers.Class, c.Name)
 		where := fmt.Sprintf("policy: classes[%d] (%q)", i, c.Name)

@@ -355,7 +355,13 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		keyHash = mix(s.anon.Add(1))
 	}
 	outcome := p.admit(c, level, keyHash)
-	s.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, max(br.MaxTokens, 0))
+	// The output the request will cost: what it asks for, else the class's
+	// typical length.
+	output := br.MaxTokens
+	if output < 0 {
+		output = c.MeanOutputTokens
+	}
+	s.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
 	s.m.decisions.WithLabelValues(c.Name, prio, outcome.String()).Inc()
 	if outcome != admitted {
 		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 )
 
 // Messages out of order end the stream with FailedPrecondition instead of a
@@ -67,4 +70,38 @@ func TestStateMachine(t *testing.T) {
 		t.Fatalf("no policy: status %v", got)
 	}
 	_ = st.CloseSend()
+}
+
+// Demand reports count a request's output as its max_tokens, or the class's
+// mean_output_tokens from the policy when the body states none (not 0,
+// which made the control plane underestimate decode demand).
+func TestDemandOutputTokens(t *testing.T) {
+	s := New(Options{Registry: prometheus.NewRegistry()})
+	if err := s.SetPolicy(&policyv1.RoutingPolicy{NodeId: "n", Version: "1",
+		Priorities: []*policyv1.Priority{{Name: "p", Level: 0}}, DefaultPriority: "p",
+		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "c", Model: "m", MeanOutputTokens: 300}}}); err != nil {
+		t.Fatal(err)
+	}
+	hdr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")}}}}}}
+	for _, body := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"a"}]}`,                           // no max_tokens: 300
+		`{"model":"m","max_tokens":40,"messages":[{"role":"user","content":"b"}]}`,           // 40
+		`{"model":"m","max_completion_tokens":0,"messages":[{"role":"user","content":"c"}]}`, // stated 0: 0
+	} {
+		st := &stream{}
+		if _, err := s.step(st, hdr); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.step(st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
+		if err != nil || r.GetRequestBody() == nil {
+			t.Fatalf("%s: %v %v", body, r, err)
+		}
+		s.finish(st)
+	}
+	rep := s.Observer().Flush(time.Now())
+	if len(rep.GetDemand()) != 1 || rep.GetDemand()[0].GetRequests() != 3 || rep.GetDemand()[0].GetOutputTokens() != 340 {
+		t.Fatalf("demand %v, want 3 requests and 300+40+0 = 340 output tokens", rep.GetDemand())
+	}
 }

@@ -263,6 +263,9 @@ type Class struct {
 	MaxRetries          uint32
 	LocalInflightLimit  uint32
 	Utilization         float64
+	// MeanOutputTokens is the class's typical output length, for demand
+	// reports of requests without max_tokens.
+	MeanOutputTokens uint32
 }
 
 // Priority is a traffic priority.
@@ -570,7 +573,7 @@ func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
 			Name: c.Name, Cluster: o.ClusterName(c.Name), Model: c.Model, Residency: c.Residency,
 			MinContextTokens: c.MinContextTokens, MaxContextTokens: c.MaxContextTokens,
 			ShedFractionByLevel: shed, RetryBudgetFraction: c.RetryBudgetFraction, MaxRetries: c.MaxRetries,
-			LocalInflightLimit: c.LocalInflightLimit, Utilization: c.Utilization,
+			LocalInflightLimit: c.LocalInflightLimit, Utilization: c.Utilization, MeanOutputTokens: c.MeanOutputTokens,
 		})
 	}
 	prios := slices.Clone(n.Priorities)

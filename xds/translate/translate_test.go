@@ -31,7 +31,7 @@ func sampleNode() Node {
 			{Name: "llama8b", Model: "llama-3.1-8b", MaxContextTokens: 8192,
 				Weights:             map[string]float64{"e1": 0.5, "e2": 0.3, "e3": 0.2, "e4": 0},
 				ShedByLevel:         map[uint32]float64{2: 0.1, 1: 0},
-				RetryBudgetFraction: 0, MaxRetries: 0, LocalInflightLimit: 512, Utilization: 0.97},
+				RetryBudgetFraction: 0, MaxRetries: 0, LocalInflightLimit: 512, Utilization: 0.97, MeanOutputTokens: 200},
 			{Name: "llama70b-eu", Model: "llama-3.3-70b", Residency: "eu", MinContextTokens: 32768, MaxContextTokens: 131072,
 				Weights:             map[string]float64{"e3": 0.0004, "e4": 0.9996},
 				RetryBudgetFraction: 0.1, MaxRetries: 2, Utilization: 0.4},

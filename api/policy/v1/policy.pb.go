@@ -282,9 +282,13 @@ type ClassPolicy struct {
 	// ext_proc instance; 0 = no limit.
 	LocalInflightLimit uint32 `protobuf:"varint,10,opt,name=local_inflight_limit,json=localInflightLimit,proto3" json:"local_inflight_limit,omitempty"`
 	// Predicted utilization of the class's engines (0..1) from the optimizer.
-	Utilization   float64 `protobuf:"fixed64,11,opt,name=utilization,proto3" json:"utilization,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Utilization float64 `protobuf:"fixed64,11,opt,name=utilization,proto3" json:"utilization,omitempty"`
+	// The class's typical output length in tokens (the fleet spec's
+	// mean_output_tokens): a request that states no max_tokens counts this in
+	// the demand it reports.
+	MeanOutputTokens uint32 `protobuf:"varint,12,opt,name=mean_output_tokens,json=meanOutputTokens,proto3" json:"mean_output_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ClassPolicy) Reset() {
@@ -390,6 +394,13 @@ func (x *ClassPolicy) GetLocalInflightLimit() uint32 {
 func (x *ClassPolicy) GetUtilization() float64 {
 	if x != nil {
 		return x.Utilization
+	}
+	return 0
+}
+
+func (x *ClassPolicy) GetMeanOutputTokens() uint32 {
+	if x != nil {
+		return x.MeanOutputTokens
 	}
 	return 0
 }
@@ -721,7 +732,7 @@ const file_policy_proto_rawDesc = "" +
 	"\tEngineRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\xaa\x04\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xd8\x04\n" +
 	"\vClassPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x14\n" +
@@ -735,7 +746,8 @@ const file_policy_proto_rawDesc = "" +
 	"maxRetries\x120\n" +
 	"\x14local_inflight_limit\x18\n" +
 	" \x01(\rR\x12localInflightLimit\x12 \n" +
-	"\vutilization\x18\v \x01(\x01R\vutilization\x1aF\n" +
+	"\vutilization\x18\v \x01(\x01R\vutilization\x12,\n" +
+	"\x12mean_output_tokens\x18\f \x01(\rR\x10meanOutputTokens\x1aF\n" +
 	"\x18ShedFractionByLevelEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xbc\x02\n" +
