@@ -186,7 +186,7 @@ func decodeHTTPBody(b []byte) (*extprocv3.HttpBody, bool) {
 			if m < 0 {
 				return nil, false
 			}
-			out.Body, seenBody = v, true
+			out.Body, seenBody = v[:len(v):len(v)], true // capped: an append must not overwrite what follows
 			b = b[m:]
 		case num == 2 && typ == protowire.VarintType && !seenEOS:
 			v, m := protowire.ConsumeVarint(b)
@@ -293,7 +293,7 @@ func decodeHeaderMap(b []byte) (*corev3.HeaderMap, bool) {
 					vals[i].Value = str[start : start+len(v)]
 				}
 			case 3:
-				vals[i].RawValue = v
+				vals[i].RawValue = v[:len(v):len(v)] // capped, as Body
 			}
 			p += n + m
 		}

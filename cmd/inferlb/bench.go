@@ -169,10 +169,6 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	args := []string{"extproc", "--listen", addr, "--http-listen", "", "--policy-file", pf, "--log-level", "warn",
 		"--body-limit", strconv.Itoa(bodyLimit)}
@@ -182,6 +178,16 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if cpuProfile != "" {
 		args = append(args, "--cpu-profile", cpuProfile)
 	}
+	return startChild(ctx, addr, args...)
+}
+
+// startChild runs this executable with args as a child process serving on
+// addr, and waits until addr accepts connections.
+func startChild(ctx context.Context, addr string, args ...string) (*child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
 	c := &child{cmd: exec.Command(self, args...), addr: addr, done: make(chan struct{})}
 	c.cmd.Stderr = os.Stderr
 	if err := c.cmd.Start(); err != nil {
@@ -190,7 +196,7 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	go func() { _ = c.cmd.Wait(); close(c.done) }()
 	if err := waitTCP(ctx, addr, c.done); err != nil {
 		c.stop()
-		return nil, fmt.Errorf("ext_proc child: %w", err)
+		return nil, fmt.Errorf("%s child: %w", args[0], err)
 	}
 	return c, nil
 }

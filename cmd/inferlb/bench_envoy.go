@@ -12,12 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"text/tabwriter"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/inferlb/inferlb/api/headers"
@@ -149,12 +151,45 @@ func (n nullProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer)
 	}
 }
 
+func init() {
+	var listen, cluster string
+	var bodyLimit int
+	cmd := &cobra.Command{
+		Use:    "null-extproc",
+		Short:  "The null ext_proc of bench extproc's Envoy comparison (run by it as a child process)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The same GC target as the service's default (--gc-percent).
+			if _, set := os.LookupEnv("GOGC"); !set {
+				debug.SetGCPercent(400)
+			}
+			lis, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			g := grpc.NewServer(service.ServerOptions(bodyLimit)...)
+			extprocv3.RegisterExternalProcessorServer(g, nullProcessor{cluster: cluster})
+			go func() {
+				<-cmd.Context().Done()
+				g.Stop()
+			}()
+			return g.Serve(lis)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:0", "gRPC listen address")
+	f.StringVar(&cluster, "cluster", "", "value of the cluster header it sets")
+	f.IntVar(&bodyLimit, "body-limit", 4<<20, "largest body in bytes")
+	benchCmd.AddCommand(cmd)
+}
+
 // benchSetup is one of the proxies compared side by side.
 type benchSetup struct {
 	name  string
 	url   string
 	envoy *envoyProc
-	child *child // the inferlb service, if any
+	child *child // its ext_proc process, if any
 }
 
 func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
@@ -194,14 +229,17 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 		return err
 	}
 	defer ch.stop()
-	nl, err := net.Listen("tcp", "127.0.0.1:0")
+	nullPort, err := freePort()
 	if err != nil {
 		return err
 	}
-	ng := grpc.NewServer(service.ServerOptions(bodyLimit)...)
-	extprocv3.RegisterExternalProcessorServer(ng, nullProcessor{cluster: "class-llama"})
-	go func() { _ = ng.Serve(nl) }()
-	defer ng.Stop()
+	nullAddr := fmt.Sprintf("127.0.0.1:%d", nullPort)
+	nullCh, err := startChild(ctx, nullAddr, "bench", "null-extproc", "--listen", nullAddr, "--cluster", "class-llama",
+		"--body-limit", strconv.Itoa(bodyLimit))
+	if err != nil {
+		return err
+	}
+	defer nullCh.stop()
 
 	_, xp, _ := net.SplitHostPort(cp.Addr)
 	xdsPort, _ := strconv.Atoi(xp)
@@ -230,7 +268,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 		return err
 	}
 	defer alone.stop()
-	null, nullURL, err := frontend("null-extproc", nl.Addr().String())
+	null, nullURL, err := frontend("null-extproc", nullAddr)
 	if err != nil {
 		return err
 	}
@@ -242,7 +280,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 	defer with.stop()
 	setups := []benchSetup{
 		{name: "Envoy alone", url: fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", alonePort), envoy: alone},
-		{name: "+ null ext_proc", url: nullURL, envoy: null},
+		{name: "+ null ext_proc", url: nullURL, envoy: null, child: nullCh},
 		{name: "+ inferlb ext_proc", url: withURL, envoy: with, child: ch},
 	}
 
@@ -267,9 +305,10 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 		}
 		return nil
 	}
-	// Ready when the frontends have their cluster from the control plane.
+	// Ready when the frontends have their cluster from the control plane;
+	// every setup has its upstream connections open before measuring.
 	warm := chatBodies(1024, 1)[0]
-	for _, s := range setups[1:] {
+	for _, s := range setups {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			if err := post(s.url, warm, "ready"); err == nil {
@@ -282,33 +321,44 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 	}
 
 	fmt.Fprintf(out, "\nEnvoy alone, Envoy + a null ext_proc (answers continue, reads nothing) and Envoy + inferlb ext_proc, side by side:\n"+
-		"%d Envoy worker(s) each, same upstream answering at once, same bootstrap for both ext_proc setups, %v per cell\n", b.envoyWorkers, b.duration)
+		"%d Envoy worker(s) each, same upstream answering at once, same bootstrap for both ext_proc setups (each its own process), %v per cell, setups in turn\n", b.envoyWorkers, b.duration)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "body\tconcurrency\tsetup\treq/s\tvs alone\tp50 ms\tp99 ms\tadded p50 ms\tadded p99 ms\tEnvoy CPU ms/req\text_proc CPU ms/req\terrors\t")
+	cell := 0
 	for _, size := range b.sizes {
 		bodies := chatBodies(size, 64)
 		for _, c := range b.concurrency {
-			var base benchResult
-			for k, s := range setups {
+			// The setups take turns starting each cell, so drift in the
+			// machine's load does not always land on the same one.
+			res := make([]benchResult, len(setups))
+			for j := range setups {
+				k := (cell + j) % len(setups)
+				s := setups[k]
 				r, err := b.measure(ctx, s, c, func(w, i int) error {
 					return post(s.url, bodies[(w*131+i)%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
 				})
 				if err != nil {
 					return err
 				}
-				if k == 0 {
-					base = r
-				}
+				res[k] = r
+			}
+			cell++
+			base := res[0]
+			for k, s := range setups {
+				r := res[k]
 				xp := "-"
 				if s.child != nil {
 					xp = fmt.Sprintf("%.3f", r.childCPU*1000/max(float64(r.ok), 1))
 				}
-				added50, added99 := "-", "-"
+				added50, added99, ratio := "-", "-", "-"
 				if k > 0 {
 					added50, added99 = fmt.Sprintf("%.2f", ms(r.p50-base.p50)), fmt.Sprintf("%.2f", ms(r.p99-base.p99))
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.3f\t%s\t%d\t\n", sizeName(size), c, s.name,
-					r.rps, r.rps/base.rps, ms(r.p50), ms(r.p99), added50, added99,
+				if base.rps > 0 {
+					ratio = fmt.Sprintf("%.2f", r.rps/base.rps)
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%.3f\t%s\t%d\t\n", sizeName(size), c, s.name,
+					r.rps, ratio, ms(r.p50), ms(r.p99), added50, added99,
 					r.envoyCPU*1000/max(float64(r.ok), 1), xp, r.bad)
 				if r.err != nil {
 					slog.Warn("bench request failed", "setup", s.name, "err", r.err)

@@ -39,8 +39,13 @@ func TestBenchExtProcSmoke(t *testing.T) {
 	defer cancel()
 	var out bytes.Buffer
 	cmd := rootCmd
+	silenceUsage, silenceErrors := cmd.SilenceUsage, cmd.SilenceErrors
 	cmd.SetOut(&out)
-	defer cmd.SetOut(nil)
+	t.Cleanup(func() { // rootCmd is shared: leave it as found
+		cmd.SetOut(nil)
+		cmd.SetArgs(nil)
+		cmd.SilenceUsage, cmd.SilenceErrors = silenceUsage, silenceErrors
+	})
 	cmd.SetArgs([]string{"bench", "extproc", "--duration", "300ms", "--concurrency", "4", "--sizes", "4096", "--envoy-workers", "1"})
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	if err := cmd.ExecuteContext(ctx); err != nil {
@@ -49,6 +54,13 @@ func TestBenchExtProcSmoke(t *testing.T) {
 	// Protocol row: decisions/s, then zero errors at the end.
 	if !regexp.MustCompile(`(?m)^\s+4 KB\s+4\s+[1-9]\d*\s.*\s0$`).MatchString(out.String()) {
 		t.Errorf("no error-free protocol row for 4 KB at concurrency 4:\n%s", out.String())
+	}
+	// Both ext_proc setups are child processes whose CPU is reported.
+	for _, setup := range []string{"+ null ext_proc", "+ inferlb ext_proc"} {
+		re := regexp.MustCompile(`(?m)^\s+4 KB\s+4\s+` + regexp.QuoteMeta(setup) + `\s.*\s\d+\.\d{3}\s+\d+\.\d{3}\s+0$`)
+		if !re.MatchString(out.String()) {
+			t.Errorf("no Envoy and ext_proc CPU figures for %q:\n%s", setup, out.String())
+		}
 	}
 	for _, setup := range []string{"Envoy alone", "+ null ext_proc", "+ inferlb ext_proc"} {
 		re := regexp.MustCompile(`(?m)^\s+4 KB\s+4\s+` + regexp.QuoteMeta(setup) + `\s+[1-9]\d*\s.*\s0$`)
