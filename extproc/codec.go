@@ -172,34 +172,12 @@ func decodeFast(b []byte, req *extprocv3.ProcessingRequest) bool {
 // decodeHTTPBody decodes an HttpBody with at most its body and end_of_stream
 // fields, each at most once; the body aliases b.
 func decodeHTTPBody(b []byte) (*extprocv3.HttpBody, bool) {
-	out := &extprocv3.HttpBody{}
-	var seenBody, seenEOS bool
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, false
-		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.BytesType && !seenBody:
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return nil, false
-			}
-			out.Body, seenBody = v[:len(v):len(v)], true // capped: an append must not overwrite what follows
-			b = b[m:]
-		case num == 2 && typ == protowire.VarintType && !seenEOS:
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return nil, false
-			}
-			out.EndOfStream, seenEOS = v != 0, true
-			b = b[m:]
-		default:
-			return nil, false
-		}
+	body, _, eos, ok := bytesAndVarint(b, 1, 2)
+	if !ok {
+		return nil, false
 	}
-	return out, true
+	// Capped: an append to the body must not overwrite what follows it.
+	return &extprocv3.HttpBody{Body: body[:len(body):len(body)], EndOfStream: eos != 0}, true
 }
 
 // decodeHTTPHeaders decodes an HttpHeaders with at most its header map and
@@ -207,38 +185,47 @@ func decodeHTTPBody(b []byte) (*extprocv3.HttpBody, bool) {
 // HeaderValues whose keys and values share one string and whose raw values
 // alias b, instead of three allocations per header.
 func decodeHTTPHeaders(b []byte) (*extprocv3.HttpHeaders, bool) {
-	h := &extprocv3.HttpHeaders{}
-	var seenMap, seenEOS bool
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, false
-		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.BytesType && !seenMap:
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return nil, false
-			}
-			hm, ok := decodeHeaderMap(v)
-			if !ok {
-				return nil, false
-			}
-			h.Headers, seenMap = hm, true
-			b = b[m:]
-		case num == 3 && typ == protowire.VarintType && !seenEOS:
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return nil, false
-			}
-			h.EndOfStream, seenEOS = v != 0, true
-			b = b[m:]
-		default:
+	hmap, seenMap, eos, ok := bytesAndVarint(b, 1, 3)
+	if !ok {
+		return nil, false
+	}
+	h := &extprocv3.HttpHeaders{EndOfStream: eos != 0}
+	if seenMap {
+		if h.Headers, ok = decodeHeaderMap(hmap); !ok {
 			return nil, false
 		}
 	}
 	return h, true
+}
+
+// bytesAndVarint walks a message whose only fields are a length-delimited
+// field bytesNum and a varint field varintNum, each at most once, and
+// returns their values; anything else reports false.
+func bytesAndVarint(b []byte, bytesNum, varintNum protowire.Number) (v []byte, seenV bool, x uint64, ok bool) {
+	seenX := false
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, false, 0, false
+		}
+		b = b[n:]
+		var m int
+		switch {
+		case num == bytesNum && typ == protowire.BytesType && !seenV:
+			v, m = protowire.ConsumeBytes(b)
+			seenV = true
+		case num == varintNum && typ == protowire.VarintType && !seenX:
+			x, m = protowire.ConsumeVarint(b)
+			seenX = true
+		default:
+			return nil, false, 0, false
+		}
+		if m < 0 {
+			return nil, false, 0, false
+		}
+		b = b[m:]
+	}
+	return v, seenV, x, true
 }
 
 // decodeHeaderMap decodes a HeaderMap: only its repeated headers field, each

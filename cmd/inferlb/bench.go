@@ -188,15 +188,26 @@ func startChild(ctx context.Context, addr string, args ...string) (*child, error
 	if err != nil {
 		return nil, err
 	}
-	c := &child{cmd: exec.Command(self, args...), addr: addr, done: make(chan struct{})}
-	c.cmd.Stderr = os.Stderr
-	if err := c.cmd.Start(); err != nil {
+	cmd := exec.Command(self, args...)
+	cmd.Stderr = os.Stderr
+	c, err := startProc(ctx, cmd, addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s child: %w", args[0], err)
+	}
+	return c, nil
+}
+
+// startProc starts cmd and waits until addr accepts connections (or the
+// process exits, or ctx ends).
+func startProc(ctx context.Context, cmd *exec.Cmd, addr string) (*child, error) {
+	c := &child{cmd: cmd, addr: addr, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	go func() { _ = c.cmd.Wait(); close(c.done) }()
+	go func() { _ = cmd.Wait(); close(c.done) }()
 	if err := waitTCP(ctx, addr, c.done); err != nil {
 		c.stop()
-		return nil, fmt.Errorf("%s child: %w", args[0], err)
+		return nil, err
 	}
 	return c, nil
 }

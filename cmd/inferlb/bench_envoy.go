@@ -29,11 +29,10 @@ import (
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
-// envoyProc is an Envoy process run by the benchmark.
+// envoyProc is an Envoy process run by the benchmark, with its log file.
 type envoyProc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
+	*child
+	log string
 }
 
 func startEnvoy(ctx context.Context, dir, name, bootstrap string, port, workers int) (*envoyProc, error) {
@@ -46,29 +45,15 @@ func startEnvoy(ctx context.Context, dir, name, bootstrap string, port, workers 
 	if err := os.WriteFile(cfg, []byte(bootstrap), 0o644); err != nil {
 		return nil, err
 	}
-	e := &envoyProc{done: make(chan struct{}), log: filepath.Join(dir, name+".log")}
-	e.cmd = exec.Command(bin, "-c", cfg, "--log-level", "warning", "--log-path", e.log, "--concurrency", strconv.Itoa(workers),
+	log := filepath.Join(dir, name+".log")
+	cmd := exec.Command(bin, "-c", cfg, "--log-level", "warning", "--log-path", log, "--concurrency", strconv.Itoa(workers),
 		"--disable-hot-restart", "--use-dynamic-base-id", "--drain-time-s", "1")
-	if err := e.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { _ = e.cmd.Wait(); close(e.done) }()
-	if err := waitTCP(ctx, fmt.Sprintf("127.0.0.1:%d", port), e.done); err != nil {
-		e.stop()
-		b, _ := os.ReadFile(e.log)
+	c, err := startProc(ctx, cmd, fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		b, _ := os.ReadFile(log)
 		return nil, fmt.Errorf("envoy %s: %w\n%s", name, err, b)
 	}
-	return e, nil
-}
-
-func (e *envoyProc) stop() {
-	_ = e.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-e.done:
-	case <-time.After(5 * time.Second):
-		_ = e.cmd.Process.Kill()
-		<-e.done
-	}
+	return &envoyProc{child: c, log: log}, nil
 }
 
 // envoyAlone is the baseline: the same listener limits and timeouts, a
