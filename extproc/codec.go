@@ -11,8 +11,6 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/inferlb/inferlb/api/headers"
 )
 
 // Codec is the gRPC codec of the ext_proc server (grpc.ForceServerCodecV2):
@@ -45,32 +43,17 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 	return protoCodec.Marshal(v)
 }
 
-// The constant answers: every request's request-headers answer (the decision
-// goes with the body's) and the response-headers answers, which only strip
-// Envoy's internal headers. They are shared by every stream: never modify
-// one.
+// The constant answers: "continue" to every request's request headers (the
+// decision goes with the body's answer) and response headers. They are
+// shared by every stream: never modify one.
 var (
 	respContinueHeaders = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{}}}
-	// respObserved[strip] removes the upstream-host header (bit 0) and the
-	// attempt-count header (bit 1).
-	respObserved = func() (r [4]*extprocv3.ProcessingResponse) {
-		for strip := range r {
-			var remove []string
-			if strip&1 != 0 {
-				remove = append(remove, headers.UpstreamHost)
-			}
-			if strip&2 != 0 {
-				remove = append(remove, attemptCount)
-			}
-			r[strip] = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
-				Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: remove}}}}}
-		}
-		return r
-	}()
+	respContinueResponseHeaders = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{}}}
 	constEncoded = func() map[*extprocv3.ProcessingResponse][]byte {
 		m := map[*extprocv3.ProcessingResponse][]byte{}
-		for _, r := range append([]*extprocv3.ProcessingResponse{respContinueHeaders}, respObserved[:]...) {
+		for _, r := range []*extprocv3.ProcessingResponse{respContinueHeaders, respContinueResponseHeaders} {
 			b, err := proto.Marshal(r)
 			if err != nil {
 				panic(err) // constant messages: cannot fail

@@ -24,6 +24,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/xds/xdstest"
@@ -105,7 +106,7 @@ engines:
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(service.ServerOptions(extproc.DefaultBodyLimit)...)
 	ext.Register(g)
 	wg.Add(3)
 	go func() { defer wg.Done(); _ = sub.Run(ctx) }()

@@ -24,6 +24,7 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/cpfake"
+	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
@@ -189,7 +190,8 @@ func startRig(t *testing.T, o rigOptions) *rig {
 			t.Fatal(err)
 		}
 		extPort = lis.Addr().(*net.TCPAddr).Port
-		r.grpcSrv = grpc.NewServer()
+		// The service's own gRPC options, codec included.
+		r.grpcSrv = grpc.NewServer(service.ServerOptions(o.bodyLimit)...)
 		r.ext.Register(r.grpcSrv)
 		r.wg.Add(1)
 		go func() { defer r.wg.Done(); _ = r.grpcSrv.Serve(lis) }()

@@ -14,6 +14,7 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc"
 )
 
 func noLeaks(t *testing.T) {
@@ -256,9 +257,16 @@ func TestForgedHeadersChangeNothing(t *testing.T) {
 		if f.seen["x-inferlb-source-region"] != "eu-west" || f.seen["x-inferlb-class"] != "llama" || f.seen["x-inferlb-priority-level"] != "1" {
 			t.Fatalf("engine saw %v", f.seen)
 		}
-		if f.header.Get("x-inferlb-upstream-host") != "" {
-			t.Fatalf("internal response header leaked to the client")
+		for _, h := range []string{"x-inferlb-upstream-host", "x-envoy-attempt-count"} {
+			if f.header.Get(h) != "" || clean.header.Get(h) != "" {
+				t.Fatalf("internal response header %s leaked to the client", h)
+			}
 		}
+	}
+	// ext_proc still saw which engine served each response (the header is
+	// stripped for the client only after ext_proc has read it).
+	if n := observedResponses(t, r.ext); n < 60 {
+		t.Fatalf("ext_proc observed %v successful responses by engine, want all 60", n)
 	}
 	// A batch request stays shed even when it claims level 0.
 	res := r.post(chat("sys", "batch forgery"), map[string]string{"x-priority": "batch", "x-inferlb-priority-level": "0"})
@@ -502,4 +510,24 @@ func TestLocalInflightLimit(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// observedResponses sums inferlb_extproc_upstream_responses_total over
+// engines: responses whose serving engine ext_proc read from Envoy.
+func observedResponses(t *testing.T, s *extproc.Server) float64 {
+	t.Helper()
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "inferlb_extproc_upstream_responses_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }

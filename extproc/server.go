@@ -513,17 +513,14 @@ func (s *Server) reject(st *stream, e *apiError) *extprocv3.ProcessingResponse {
 func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	var upstream string
 	code, attempts := 0, 0
-	var strip int // which internal headers the answer removes: bit 0 upstream host, bit 1 attempt count
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch hv.Key {
 		case ":status":
 			code, _ = strconv.Atoi(headerValue(hv))
 		case headers.UpstreamHost:
 			upstream = headerValue(hv)
-			strip |= 1
 		case attemptCount:
 			attempts, _ = strconv.Atoi(headerValue(hv))
-			strip |= 2
 		}
 	}
 	if st.phase == phaseRouted {
@@ -546,7 +543,9 @@ func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extpro
 			st.granted = 0
 		}
 	}
-	return respObserved[strip]
+	// Nothing to change: the bootstrap's header-mutation filter, which
+	// sees the response after ext_proc, strips the two headers read here.
+	return respContinueResponseHeaders
 }
 
 func codeClass(code int) string {
