@@ -64,10 +64,6 @@ var (
 	}()
 )
 
-// attemptCount is the header Envoy adds to responses with the number of
-// upstream attempts (route's include_attempt_count_in_response).
-const attemptCount = "x-envoy-attempt-count"
-
 // Unmarshal decodes data into v.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	req, ok := v.(*extprocv3.ProcessingRequest)

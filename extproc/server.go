@@ -510,6 +510,10 @@ func (s *Server) reject(st *stream, e *apiError) *extprocv3.ProcessingResponse {
 
 // onResponseHeaders records evidence and strips the internal response
 // headers (which engine served; how many attempts it took).
+// attemptCount is the header Envoy adds to responses with the number of
+// upstream attempts (route's include_attempt_count_in_response).
+const attemptCount = "x-envoy-attempt-count"
+
 func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	var upstream string
 	code, attempts := 0, 0
