@@ -279,14 +279,11 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		if !ok {
 			return nil, fmt.Errorf("control plane: engine %s: no profile for gpu %q model %q", e.ID, e.GPU, e.Model)
 		}
-		p, err := optimizer.NewProfile(optimizer.StepModel{PrefillTokensPerS: fp.PrefillTokensPerS, OverheadMs: fp.OverheadMs,
-			DecodeStepMs: fp.DecodeStepMs, DecodeStepPerSeqMs: fp.DecodeStepPerSeqMs, MaxRunning: fp.MaxRunning,
-			KVCapacityTokens: fp.KVCapacityTokens}, refP, refO)
+		// The same profile the optimizer's own tools build (capacity and
+		// measured curves from the spec included).
+		p, err := optimizer.ProfileFromFleet(fp, refP, refO)
 		if err != nil {
-			return nil, fmt.Errorf("control plane: engine %s profile: %w", e.ID, err)
-		}
-		if fp.CapacityRPS > 0 {
-			p = p.WithCapacity(fp.CapacityRPS)
+			return nil, fmt.Errorf("control plane: engine %s: %w", e.ID, err)
 		}
 		c.profiles[e.ID] = p
 	}

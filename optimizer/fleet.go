@@ -91,7 +91,8 @@ func LoadDemand(path string) (*DemandFile, error) {
 
 // ProfileFromFleet derives an engine profile from a fleet profile's step
 // model for a reference request of prompt and output tokens, honouring its
-// capacity_rps override.
+// capacity_rps override and its measured curves (ttft_curve, tbot_curve),
+// which replace the derived ones.
 func ProfileFromFleet(fp fleet.Profile, prompt, output float64) (Profile, error) {
 	p, err := NewProfile(StepModel{PrefillTokensPerS: fp.PrefillTokensPerS, OverheadMs: fp.OverheadMs,
 		DecodeStepMs: fp.DecodeStepMs, DecodeStepPerSeqMs: fp.DecodeStepPerSeqMs, MaxRunning: fp.MaxRunning,
@@ -101,6 +102,15 @@ func ProfileFromFleet(fp fleet.Profile, prompt, output float64) (Profile, error)
 	}
 	if fp.CapacityRPS > 0 {
 		p = p.WithCapacity(fp.CapacityRPS)
+	}
+	if c := fp.TTFTCurve; c != nil {
+		p.TTFT = Curve{Base: c.BaseMs, Linear: c.LinearMs, Queue: c.QueueMs}
+	}
+	if c := fp.TBOTCurve; c != nil {
+		p.TBOT = Curve{Base: c.BaseMs, Linear: c.LinearMs, Queue: c.QueueMs}
+	}
+	if err := p.Validate(); err != nil {
+		return Profile{}, fmt.Errorf("profile %s/%s: %w", fp.GPU, fp.Model, err)
 	}
 	return p, nil
 }

@@ -114,3 +114,44 @@ func FuzzParseDemand(f *testing.F) {
 		}
 	})
 }
+
+// Measured curves in the fleet spec (what `inferlb profile` writes) replace
+// the derived ones; capacity_rps still scales the per-token costs; curves
+// without any growth with load are refused.
+func TestProfileFromFleetUsesMeasuredCurves(t *testing.T) {
+	spec, err := fleet.Parse([]byte(`name: t
+regions: [{name: r}]
+frontends: [{name: f, region: r}]
+models: [{name: m, max_context_tokens: 8192}]
+profiles:
+  - {gpu: H100, model: m, prefill_tokens_per_s: 25000, overhead_ms: 10, decode_step_ms: 6.5, decode_step_per_seq_ms: 0.055,
+     kv_capacity_tokens: 450000, capacity_rps: 12.5,
+     ttft_curve: {base_ms: 40, linear_ms: 5, queue_ms: 2}, tbot_curve: {base_ms: 7, linear_ms: 3, queue_ms: 0.5}}
+classes: [{name: c, model: m, mean_prompt_tokens: 1000, mean_output_tokens: 200}]
+priorities: [{name: p, level: 0, shed_cost: 1000}]
+engines: [{id: e, address: "127.0.0.1:9000", region: r, gpu: H100, model: m}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := spec.Profiles[0]
+	p, err := ProfileFromFleet(fp, 1000, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.TTFT != (Curve{Base: 40, Linear: 5, Queue: 2}) || p.TBOT != (Curve{Base: 7, Linear: 3, Queue: 0.5}) || p.CapacityRPS != 12.5 {
+		t.Fatalf("profile %+v: want the spec's curves and capacity", p)
+	}
+	derived, err := ProfileFromFleet(fleet.Profile{GPU: fp.GPU, Model: fp.Model, PrefillTokensPerS: fp.PrefillTokensPerS,
+		OverheadMs: fp.OverheadMs, DecodeStepMs: fp.DecodeStepMs, DecodeStepPerSeqMs: fp.DecodeStepPerSeqMs,
+		MaxRunning: fp.MaxRunning, KVCapacityTokens: fp.KVCapacityTokens}, 1000, 200)
+	if err != nil || derived.TTFT == p.TTFT {
+		t.Fatalf("without curves: %+v, %v (want the derived curves)", derived.TTFT, err)
+	}
+	flat := fp
+	flat.TTFTCurve = &fleet.Curve{BaseMs: 40}
+	flat.TBOTCurve = &fleet.Curve{BaseMs: 7}
+	if _, err := ProfileFromFleet(flat, 1000, 200); !errors.Is(err, ErrNonConvexProfile) {
+		t.Fatalf("curves flat in load: %v, want ErrNonConvexProfile", err)
+	}
+}

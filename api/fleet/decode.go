@@ -46,18 +46,26 @@ type modelDoc struct {
 }
 
 type profileDoc struct {
-	GPU                string   `yaml:"gpu"`
-	Model              string   `yaml:"model"`
-	PrefillTokensPerS  *float64 `yaml:"prefill_tokens_per_s"`
-	OverheadMs         *float64 `yaml:"overhead_ms"`
-	DecodeStepMs       *float64 `yaml:"decode_step_ms"`
-	DecodeStepPerSeqMs *float64 `yaml:"decode_step_per_seq_ms"`
-	MaxRunning         *int     `yaml:"max_running"`
-	MaxBatchedTokens   *int     `yaml:"max_batched_tokens"`
-	KVCapacityTokens   *int     `yaml:"kv_capacity_tokens"`
-	BlockSize          *int     `yaml:"block_size"`
-	MaxContextTokens   *int     `yaml:"max_context_tokens"`
-	CapacityRPS        *float64 `yaml:"capacity_rps"`
+	GPU                string    `yaml:"gpu"`
+	Model              string    `yaml:"model"`
+	PrefillTokensPerS  *float64  `yaml:"prefill_tokens_per_s"`
+	OverheadMs         *float64  `yaml:"overhead_ms"`
+	DecodeStepMs       *float64  `yaml:"decode_step_ms"`
+	DecodeStepPerSeqMs *float64  `yaml:"decode_step_per_seq_ms"`
+	MaxRunning         *int      `yaml:"max_running"`
+	MaxBatchedTokens   *int      `yaml:"max_batched_tokens"`
+	KVCapacityTokens   *int      `yaml:"kv_capacity_tokens"`
+	BlockSize          *int      `yaml:"block_size"`
+	MaxContextTokens   *int      `yaml:"max_context_tokens"`
+	CapacityRPS        *float64  `yaml:"capacity_rps"`
+	TTFTCurve          *curveDoc `yaml:"ttft_curve"`
+	TBOTCurve          *curveDoc `yaml:"tbot_curve"`
+}
+
+type curveDoc struct {
+	BaseMs   *float64 `yaml:"base_ms"`
+	LinearMs *float64 `yaml:"linear_ms"`
+	QueueMs  *float64 `yaml:"queue_ms"`
 }
 
 type classDoc struct {

@@ -144,6 +144,8 @@ func toDoc(s *Spec) *specDoc {
 			BlockSize:          nz(p.BlockSize),
 			MaxContextTokens:   nz(p.MaxContextTokens),
 			CapacityRPS:        nz(p.CapacityRPS),
+			TTFTCurve:          curveDocOf(p.TTFTCurve),
+			TBOTCurve:          curveDocOf(p.TBOTCurve),
 		})
 	}
 	if s.Classes != nil {
@@ -179,4 +181,11 @@ func toDoc(s *Spec) *specDoc {
 		})
 	}
 	return d
+}
+
+func curveDocOf(c *Curve) *curveDoc {
+	if c == nil {
+		return nil
+	}
+	return &curveDoc{BaseMs: ptr(c.BaseMs), LinearMs: ptr(c.LinearMs), QueueMs: ptr(c.QueueMs)}
 }

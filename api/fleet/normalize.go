@@ -60,6 +60,8 @@ func normalize(d *specDoc) *Spec {
 			BlockSize:          *p.BlockSize,
 			MaxContextTokens:   ctx,
 			CapacityRPS:        deref(p.CapacityRPS),
+			TTFTCurve:          curveOf(p.TTFTCurve),
+			TBOTCurve:          curveOf(p.TBOTCurve),
 		})
 	}
 	for _, c := range *d.Classes {
@@ -175,4 +177,12 @@ func buildIndex(s *Spec) *index {
 		})
 	}
 	return ix
+}
+
+// curveOf is a validated curve, or nil when omitted.
+func curveOf(c *curveDoc) *Curve {
+	if c == nil {
+		return nil
+	}
+	return &Curve{BaseMs: *c.BaseMs, LinearMs: *c.LinearMs, QueueMs: *c.QueueMs}
 }

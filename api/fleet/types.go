@@ -114,6 +114,20 @@ type Profile struct {
 	// shape, used by the optimizer; 0 (omitted) means derive it from the step
 	// model.
 	CapacityRPS float64 `yaml:"capacity_rps,omitempty"`
+	// TTFTCurve and TBOTCurve are measured latency curves of the reference
+	// request against utilization (`inferlb profile` fits them); the
+	// optimizer uses them instead of the curves it derives from the step
+	// model. Omitted (nil): derived.
+	TTFTCurve *Curve `yaml:"ttft_curve,omitempty"`
+	TBOTCurve *Curve `yaml:"tbot_curve,omitempty"`
+}
+
+// Curve is a latency curve in milliseconds at utilization u:
+// BaseMs + LinearMs·u + QueueMs·u/(1−u).
+type Curve struct {
+	BaseMs   float64 `yaml:"base_ms"`
+	LinearMs float64 `yaml:"linear_ms"`
+	QueueMs  float64 `yaml:"queue_ms"`
 }
 
 // Class is an eligibility class: the engines serving Model, restricted to

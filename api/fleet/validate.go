@@ -290,6 +290,18 @@ func (v *validator) checkProfiles() {
 		if pr.CapacityRPS != nil {
 			v.number(p+".capacity_rps", pr.CapacityRPS, 0, maxRate, true)
 		}
+		for _, c := range []struct {
+			key   string
+			curve *curveDoc
+		}{{"ttft_curve", pr.TTFTCurve}, {"tbot_curve", pr.TBOTCurve}} {
+			if c.curve != nil {
+				// Convex and increasing in u, positive at zero load: what
+				// the optimizer's latency model needs.
+				v.number(p+"."+c.key+".base_ms", c.curve.BaseMs, 0, maxMs, true)
+				v.number(p+"."+c.key+".linear_ms", c.curve.LinearMs, 0, maxMs, false)
+				v.number(p+"."+c.key+".queue_ms", c.curve.QueueMs, 0, maxMs, false)
+			}
+		}
 		if okRun && okBatch && *pr.MaxBatchedTokens < *pr.MaxRunning {
 			v.errorf(p+".max_batched_tokens", "%d is less than max_running %d (every running sequence needs a token per step)", *pr.MaxBatchedTokens, *pr.MaxRunning)
 		}

@@ -150,6 +150,11 @@ var ruleCases = []ruleCase{
 		[]string{`profiles[1].max_context_tokens: 200000 exceeds model "m"'s max_context_tokens 131072`}},
 	{"capacity zero", []string{"kv_capacity_tokens: 450000}", "kv_capacity_tokens: 450000, capacity_rps: 0}"},
 		[]string{"profiles[0].capacity_rps: must be positive, got 0"}},
+	{"fitted curves valid", []string{"kv_capacity_tokens: 450000}", "kv_capacity_tokens: 450000, ttft_curve: {base_ms: 40, linear_ms: 5, queue_ms: 2}, tbot_curve: {base_ms: 7, linear_ms: 3, queue_ms: 0}}"},
+		nil},
+	{"fitted curve bad values", []string{"kv_capacity_tokens: 450000}", "kv_capacity_tokens: 450000, ttft_curve: {base_ms: 0, linear_ms: -1}, tbot_curve: {base_ms: 7, linear_ms: 3, queue_ms: 0, tail_ms: 1}}"},
+		[]string{"profiles[0].tbot_curve.tail_ms: unknown key", "profiles[0].ttft_curve.base_ms: must be positive, got 0",
+			"profiles[0].ttft_curve.linear_ms: must not be negative, got -1", "profiles[0].ttft_curve.queue_ms: required"}},
 
 	// classes
 	{"class unknown model", []string{"{name: general, model: m}", "{name: general, model: mx}"},

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -56,9 +57,14 @@ at each, and fits the optimizer's queueing form (docs/optimizer.md):
 
 It prints the samples, the fitted capacity and curves with R² and RMSE, and a
 fleet-spec "profiles:" entry: with --fleet and --gpu, the fleet's profile for
-(--gpu, --model) with capacity_rps set to the fitted capacity and
-decode_step_ms to the fitted zero-load TBOT; the curves are in its comments.
-The other step-model fields cannot be identified from one request shape.`,
+(--gpu, --model) with capacity_rps set to the fitted capacity,
+decode_step_ms to the fitted zero-load TBOT, and ttft_curve and tbot_curve to
+the fitted curves, which the optimizer and the control plane then use instead
+of the curves they derive from the step model. Capacity and curves are for
+the measured request shape: choose --prompt-tokens and --output-tokens near
+the mean shape of the model's first class (the optimizer's reference
+request). The other step-model fields cannot be identified from one request
+shape.`,
 		Example: `  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 4 &
   inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 4 \
       --fleet examples/fleet-3region.yaml --gpu H100`,
@@ -137,9 +143,14 @@ func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, m
 		fmt.Fprintln(out, "# (no --fleet/--gpu: no profiles entry to update)")
 		return nil
 	}
+	round := func(x float64) float64 { return math.Round(x*1000) / 1000 }
+	curve := func(c optimizer.Curve) *fleet.Curve {
+		return &fleet.Curve{BaseMs: round(c.Base), LinearMs: round(c.Linear), QueueMs: round(c.Queue)}
+	}
 	p := *base
-	p.CapacityRPS = float64(int(f.CapacityRPS*1000+0.5)) / 1000
-	p.DecodeStepMs = float64(int(f.TBOT.Base*1000+0.5)) / 1000
+	p.CapacityRPS = round(f.CapacityRPS)
+	p.DecodeStepMs = round(f.TBOT.Base)
+	p.TTFTCurve, p.TBOTCurve = curve(f.TTFT), curve(f.TBOT)
 	doc := struct {
 		Profiles []fleet.Profile `yaml:"profiles"`
 	}{[]fleet.Profile{p}}
