@@ -133,6 +133,9 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	}
 	st := &stream{notify: make(chan struct{}, 1)}
 	mr := &model.Request{Prompt: req.prompt, MaxTokens: maxTok, EndReason: end, Tag: st}
+	if chat {
+		mr.Output = chatOutputTokens(req.prompt, maxTok)
+	}
 	s.mu.Lock()
 	if s.faults.ErrorRate > 0 && s.rng.Float64() < s.faults.ErrorRate {
 		s.mu.Unlock()

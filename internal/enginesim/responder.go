@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/internal/enginesim/model"
+	"github.com/inferlb/inferlb/internal/tokens"
 )
 
 // responder renders one request's response bodies in vLLM's shapes.
@@ -50,6 +51,20 @@ func (rw *responder) first(buf []byte) []byte {
 	}
 	buf = append(buf, rw.prefix...)
 	return append(buf, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+}
+
+// chatOutputTokens is the token ids of a chat answer of n tokens to prompt
+// as the next turn's prompt repeats it: the assistant's role marker, then
+// one id per word (each word is one token under the token rule). It must
+// agree with the words the responder streams (same offset, same words).
+func chatOutputTokens(prompt []uint64, n int) []uint64 {
+	off := prompt[0] % uint64(len(words))
+	ids := make([]uint64, 0, n+1)
+	ids = append(ids, tokens.RoleMarkerID("assistant"))
+	for i := range n {
+		ids = tokens.Append(ids, word(off, i))
+	}
+	return ids
 }
 
 func (rw *responder) text(i int) string {

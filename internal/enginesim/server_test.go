@@ -187,22 +187,26 @@ func TestErrors(t *testing.T) {
 }
 
 // TestPrefixCacheAcrossTurns: each turn of a conversation repeats the last
-// one's prompt, so cached_tokens rises, and the cache metrics follow.
+// one's prompt and answer, so cached_tokens rises, and the cache metrics
+// follow. The answer's KV is cached too (as vLLM keeps generated tokens'):
+// a turn finds the whole previous turn cached, in full blocks.
 func TestPrefixCacheAcrossTurns(t *testing.T) {
 	defer leaktest.AfterTest(t)()
 	s := start(t, Options{TimeScale: 0.2})
 	defer s.Close()
 	msgs := []map[string]any{{"role": "system", "content": text("sys", 100)}}
-	var cached []int
+	var cached, prompts []int
 	hits := 0
 	queries := 0
+	const answer = 20 // tokens: every answer crosses a block boundary
 	for turn := range 4 {
 		msgs = append(msgs, map[string]any{"role": "user", "content": text("q"+string(rune('a'+turn)), 40)})
-		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 4, "stream": true,
+		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": answer, "stream": true,
 			"stream_options": map[string]any{"include_usage": true}})
 		res := streamChat(t, s, b, nil)
 		u := res.chunks[len(res.chunks)-1].Usage
 		cached = append(cached, u.PromptTokensDetails.CachedTokens)
+		prompts = append(prompts, u.PromptTokens)
 		hits += u.PromptTokensDetails.CachedTokens
 		queries += u.PromptTokens
 		msgs = append(msgs, map[string]any{"role": "assistant", "content": res.content})
@@ -214,8 +218,10 @@ func TestPrefixCacheAcrossTurns(t *testing.T) {
 		if cached[i] <= cached[i-1] {
 			t.Errorf("cached tokens did not rise: %v", cached)
 		}
-		if cached[i]%16 != 0 {
-			t.Errorf("cached tokens %d not whole blocks", cached[i])
+		// The previous prompt, the assistant's role marker and its answer.
+		if want := (prompts[i-1] + 1 + answer) / 16 * 16; cached[i] != want {
+			t.Errorf("turn %d cached %d tokens, want %d (turn %d's %d prompt tokens and its answer, in whole blocks)",
+				i, cached[i], want, i-1, prompts[i-1])
 		}
 	}
 	mf := scrape(t, s)

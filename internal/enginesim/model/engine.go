@@ -56,6 +56,13 @@ type Request struct {
 	EndReason FinishReason
 	// Tag is the owner's; the engine never reads it.
 	Tag any
+	// Output, optional, is the token ids the generated text will have when
+	// a follow-up prompt repeats it (for chat: the assistant's role marker,
+	// then the text's tokens). When the request finishes, the engine keeps
+	// the full KV blocks of Prompt followed by Output in its prefix cache,
+	// as vLLM keeps the KV of generated tokens, so the next turn of a
+	// conversation finds its previous answer cached too.
+	Output []uint64
 
 	// Arrival is the virtual time of Submit.
 	Arrival time.Duration
@@ -375,6 +382,7 @@ func (e *Engine) completeStep(t time.Duration) {
 			e.listener.Token(r, t)
 		}
 		if r.Generated >= r.MaxTokens {
+			e.cacheOutput(r)
 			e.release(r)
 			r.state = stateDone
 			r.Reason = r.EndReason
@@ -460,6 +468,33 @@ func (e *Engine) registerBlocks(r *Request) {
 		r.anon--
 		r.blocks = append(r.blocks, b)
 	}
+}
+
+// cacheOutput turns the KV blocks r reserved for its output into cached
+// prefix blocks of Prompt+Output (full blocks only, and no more than r
+// reserved), before release unpins the rest. They are made evictable ahead
+// of the prompt's blocks, the last first, like a longer prompt tail.
+func (e *Engine) cacheOutput(r *Request) {
+	if len(r.Output) == 0 || r.anon == 0 {
+		return
+	}
+	toks := make([]uint64, 0, len(r.Prompt)+len(r.Output))
+	toks = append(append(toks, r.Prompt...), r.Output...)
+	hashes := chainHashes(toks, e.cfg.BlockSize)
+	var add []*block
+	for i := len(r.blocks); i < len(hashes) && len(add) < r.anon; i++ {
+		if e.cache[hashes[i]] != nil {
+			continue // cached already (another request computed it)
+		}
+		add = append(add, &block{hash: hashes[i]})
+	}
+	for i := len(add) - 1; i >= 0; i-- {
+		b := add[i]
+		e.cache[b.hash] = b
+		e.lru.pushBack(b)
+	}
+	r.anon -= len(add)
+	e.usedBlocks -= len(add)
 }
 
 // release unpins r's blocks. Cached blocks stay evictable, the tail of the

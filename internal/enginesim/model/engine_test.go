@@ -400,3 +400,56 @@ func TestExampleFleetProfiles(t *testing.T) {
 		}
 	}
 }
+
+// A finished request's output stays in the prefix cache (as vLLM keeps the
+// KV of generated tokens): the next turn, whose prompt repeats the answer,
+// finds prompt and answer cached up to the last full block. KV accounting
+// holds: every block is free or evictable once nothing runs.
+func TestOutputBlocksAreCached(t *testing.T) {
+	l := newRec()
+	e, err := New(testCfg(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1 := prompt(1, 100)
+	out := prompt(2, 41) // a marker and 40 answer tokens
+	r1 := &Request{Prompt: p1, MaxTokens: 40, Output: out}
+	if err := e.Submit(r1, 0); err != nil {
+		t.Fatal(err)
+	}
+	run(e, time.Hour)
+	if st := e.Stats(); st.KVUsage != 0 || st.CachedBlocks != (100+41)/16 {
+		t.Fatalf("after turn 1: KV usage %v, %d cached blocks, want 0 and %d", st.KVUsage, st.CachedBlocks, (100+41)/16)
+	}
+	next := append(append(append([]uint64(nil), p1...), out...), prompt(3, 30)...)
+	r2 := &Request{Prompt: next, MaxTokens: 1}
+	if err := e.Submit(r2, e.Now()); err != nil {
+		t.Fatal(err)
+	}
+	run(e, time.Hour)
+	if want := (100 + 41) / 16 * 16; r2.CachedTokens != want {
+		t.Fatalf("turn 2 cached %d tokens, want %d (prompt and answer of turn 1, full blocks)", r2.CachedTokens, want)
+	}
+	// Without Output only the prompt's blocks are cached.
+	e2, _ := New(testCfg(), newRec())
+	r3 := &Request{Prompt: p1, MaxTokens: 40}
+	_ = e2.Submit(r3, 0)
+	run(e2, time.Hour)
+	r4 := &Request{Prompt: next, MaxTokens: 1}
+	_ = e2.Submit(r4, e2.Now())
+	run(e2, time.Hour)
+	if r4.CachedTokens != 100/16*16 {
+		t.Fatalf("without Output turn 2 cached %d tokens, want %d", r4.CachedTokens, 100/16*16)
+	}
+	// Fill the cache past capacity: blocks are reused, accounting stays exact.
+	for i := range 200 {
+		r := &Request{Prompt: prompt(uint64(10+i), 300), MaxTokens: 20, Output: prompt(uint64(1000+i), 21)}
+		if err := e.Submit(r, e.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(e, 10*time.Hour)
+	if st := e.Stats(); st.KVUsage != 0 || st.CachedBlocks > st.KVBlocks {
+		t.Fatalf("after 200 more requests: KV usage %v, %d cached of %d blocks", st.KVUsage, st.CachedBlocks, st.KVBlocks)
+	}
+}
