@@ -269,7 +269,6 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		return nil, fmt.Errorf("control plane: fleet %q needs frontends, engines, classes and priorities (has %d, %d, %d, %d)",
 			spec.Name, len(f.frontends), len(f.engines), len(f.classes), len(f.priorities))
 	}
-	refP, refO := f.classes[0].MeanPromptTokens, f.classes[0].MeanOutputTokens
 	f.byAddr = map[string]string{}
 	idx := map[string]int{}
 	for j, e := range f.engines {
@@ -281,6 +280,13 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		}
 		// The same profile the optimizer's own tools build (capacity and
 		// measured curves from the spec included).
+		// The engine's model's reference request, as in optimizer.FromFleet
+		// (before, every engine took the fleet's first class, whatever its
+		// model).
+		refP, refO, ok := optimizer.ReferenceShape(spec, e.Model)
+		if !ok {
+			return nil, fmt.Errorf("control plane: engine %s: no class of model %q gives a reference request shape", e.ID, e.Model)
+		}
 		p, err := optimizer.ProfileFromFleet(fp, refP, refO)
 		if err != nil {
 			return nil, fmt.Errorf("control plane: engine %s: %w", e.ID, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 )
 
@@ -398,5 +399,49 @@ func BenchmarkCycle3Region(b *testing.B) {
 		if _, err := c.Step(context.Background(), Inputs{Now: now, Engines: eng, Demand: d}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// Each engine's profile is built for its own model's reference request (the
+// first class of that model), as optimizer.FromFleet builds it, so a
+// capacity and curves measured at that shape mean the same in both.
+func TestProfilesUseTheirModelsReferenceShape(t *testing.T) {
+	spec, err := fleet.Parse([]byte(`name: two-models
+regions: [{name: r}]
+frontends: [{name: fe, region: r}]
+models: [{name: a, max_context_tokens: 16384}, {name: b, max_context_tokens: 16384}]
+profiles:
+  - {gpu: H100, model: a, prefill_tokens_per_s: 25000, overhead_ms: 10, decode_step_ms: 6.5, decode_step_per_seq_ms: 0.055, kv_capacity_tokens: 450000}
+  - {gpu: H100, model: b, prefill_tokens_per_s: 25000, overhead_ms: 10, decode_step_ms: 6.5, decode_step_per_seq_ms: 0.055, kv_capacity_tokens: 450000,
+     capacity_rps: 2, ttft_curve: {base_ms: 400, linear_ms: 50, queue_ms: 20}}
+classes:
+  - {name: chat-a, model: a, mean_prompt_tokens: 200, mean_output_tokens: 200}
+  - {name: long-b, model: b, mean_prompt_tokens: 8000, mean_output_tokens: 100}
+priorities: [{name: p, level: 0, shed_cost: 1000}]
+engines:
+  - {id: ea, address: "127.0.0.1:19101", region: r, gpu: H100, model: a}
+  - {id: eb, address: "127.0.0.1:19102", region: r, gpu: H100, model: b}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewController(spec, DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"ea", "eb"} {
+		e, _ := spec.EngineByID(id)
+		fp, _ := spec.ProfileOf(e)
+		refP, refO, ok := optimizer.ReferenceShape(spec, e.Model)
+		want, err := optimizer.ProfileFromFleet(fp, refP, refO)
+		if !ok || err != nil {
+			t.Fatalf("%s: reference shape %v, %v", id, ok, err)
+		}
+		if got := c.profiles[id]; got != want {
+			t.Errorf("%s: control plane profile %+v, want %+v", id, got, want)
+		}
+	}
+	if p := c.profiles["eb"]; p.RefPromptTokens != 8000 || p.CapacityRPS != 2 || p.TTFT.Base != 400 {
+		t.Errorf("eb's profile %+v: want model b's shape 8000/100, capacity 2 and the measured TTFT curve", p)
 	}
 }

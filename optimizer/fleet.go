@@ -89,6 +89,19 @@ func LoadDemand(path string) (*DemandFile, error) {
 	return d, nil
 }
 
+// ReferenceShape is the reference request of a model's engines: the mean
+// prompt and output tokens of the model's first class in the spec. A fleet
+// profile's capacity_rps and measured curves are for this shape. ok is false
+// when no class of the model gives a shape.
+func ReferenceShape(spec *fleet.Spec, model string) (prompt, output float64, ok bool) {
+	for _, cl := range spec.Classes {
+		if cl.Model == model {
+			return cl.MeanPromptTokens, cl.MeanOutputTokens, cl.MeanPromptTokens+cl.MeanOutputTokens > 0
+		}
+	}
+	return 0, 0, false
+}
+
 // ProfileFromFleet derives an engine profile from a fleet profile's step
 // model for a reference request of prompt and output tokens, honouring its
 // capacity_rps override and its measured curves (ttft_curve, tbot_curve),
@@ -135,14 +148,8 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: engine %q: no profile for gpu %q model %q", ErrInvalidProblem, e.ID, e.GPU, e.Model)
 		}
-		refP, refO := 0.0, 0.0
-		for _, cl := range spec.Classes {
-			if cl.Model == e.Model {
-				refP, refO = cl.MeanPromptTokens, cl.MeanOutputTokens
-				break
-			}
-		}
-		if refP+refO <= 0 {
+		refP, refO, ok := ReferenceShape(spec, e.Model)
+		if !ok {
 			return nil, fmt.Errorf("%w: engine %q: no class of model %q gives a reference request shape", ErrInvalidProblem, e.ID, e.Model)
 		}
 		prof, err := ProfileFromFleet(fp, refP, refO)

@@ -117,6 +117,7 @@ func TestDocTagsMatchSpec(t *testing.T) {
 		{reflect.TypeFor[linkDoc](), reflect.TypeFor[Link]()},
 		{reflect.TypeFor[modelDoc](), reflect.TypeFor[Model]()},
 		{reflect.TypeFor[profileDoc](), reflect.TypeFor[Profile]()},
+		{reflect.TypeFor[curveDoc](), reflect.TypeFor[Curve]()},
 		{reflect.TypeFor[classDoc](), reflect.TypeFor[Class]()},
 		{reflect.TypeFor[priorityDoc](), reflect.TypeFor[Priority]()},
 		{reflect.TypeFor[engineDoc](), reflect.TypeFor[Engine]()},

@@ -290,18 +290,7 @@ func (v *validator) checkProfiles() {
 		if pr.CapacityRPS != nil {
 			v.number(p+".capacity_rps", pr.CapacityRPS, 0, maxRate, true)
 		}
-		for _, c := range []struct {
-			key   string
-			curve *curveDoc
-		}{{"ttft_curve", pr.TTFTCurve}, {"tbot_curve", pr.TBOTCurve}} {
-			if c.curve != nil {
-				// Convex and increasing in u, positive at zero load: what
-				// the optimizer's latency model needs.
-				v.number(p+"."+c.key+".base_ms", c.curve.BaseMs, 0, maxMs, true)
-				v.number(p+"."+c.key+".linear_ms", c.curve.LinearMs, 0, maxMs, false)
-				v.number(p+"."+c.key+".queue_ms", c.curve.QueueMs, 0, maxMs, false)
-			}
-		}
+		v.checkCurves(p, pr)
 		if okRun && okBatch && *pr.MaxBatchedTokens < *pr.MaxRunning {
 			v.errorf(p+".max_batched_tokens", "%d is less than max_running %d (every running sequence needs a token per step)", *pr.MaxBatchedTokens, *pr.MaxRunning)
 		}
@@ -618,5 +607,39 @@ func (v *validator) checkEligibility() {
 			}
 			v.errorf(fmt.Sprintf("classes[%d]", i), "class %q has no eligible engine (%s)", c.Name, desc)
 		}
+	}
+}
+
+// checkCurves checks a profile's measured curves: convex and increasing in
+// u, positive at zero load (what the optimizer's latency model needs), at
+// least one of them growing with load, and measured against a stated
+// capacity (u = rate / capacity_rps: against a derived capacity the curve
+// would slide along the load axis).
+func (v *validator) checkCurves(p string, pr *profileDoc) {
+	curves := []struct {
+		key   string
+		curve *curveDoc
+	}{{"ttft_curve", pr.TTFTCurve}, {"tbot_curve", pr.TBOTCurve}}
+	given, ok, growth := "", true, 0.0
+	for _, c := range curves {
+		if c.curve == nil {
+			continue
+		}
+		if given == "" {
+			given = c.key
+		}
+		ok = v.number(p+"."+c.key+".base_ms", c.curve.BaseMs, 0, maxMs, true) && ok
+		okL := v.number(p+"."+c.key+".linear_ms", c.curve.LinearMs, 0, maxMs, false)
+		okQ := v.number(p+"."+c.key+".queue_ms", c.curve.QueueMs, 0, maxMs, false)
+		if ok = ok && okL && okQ; ok {
+			growth += *c.curve.LinearMs + *c.curve.QueueMs
+		}
+	}
+	switch {
+	case given == "":
+	case pr.CapacityRPS == nil:
+		v.errorf(p+"."+given, "measured curves need the capacity they were measured against (capacity_rps)")
+	case ok && pr.TTFTCurve != nil && pr.TBOTCurve != nil && growth == 0:
+		v.errorf(p+"."+given, "latency does not grow with load (linear_ms and queue_ms are 0 in both curves)")
 	}
 }

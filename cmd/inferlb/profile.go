@@ -147,6 +147,10 @@ func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, m
 	curve := func(c optimizer.Curve) *fleet.Curve {
 		return &fleet.Curve{BaseMs: round(c.Base), LinearMs: round(c.Linear), QueueMs: round(c.Queue)}
 	}
+	if round(f.TTFT.Base) <= 0 || round(f.TBOT.Base) <= 0 {
+		fmt.Fprintln(out, "# WARNING: a fitted zero-load latency is not positive (too few or too noisy samples?);")
+		fmt.Fprintln(out, "#          the fleet spec refuses the entry below until base_ms and decode_step_ms are > 0")
+	}
 	p := *base
 	p.CapacityRPS = round(f.CapacityRPS)
 	p.DecodeStepMs = round(f.TBOT.Base)

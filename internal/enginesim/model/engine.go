@@ -480,7 +480,8 @@ func (e *Engine) cacheOutput(r *Request) {
 	}
 	toks := make([]uint64, 0, len(r.Prompt)+len(r.Output))
 	toks = append(append(toks, r.Prompt...), r.Output...)
-	hashes := chainHashes(toks, e.cfg.BlockSize)
+	// The prompt's full blocks are hashed already: continue their chain.
+	hashes := extendChain(append([]uint64(nil), r.hashes...), toks, e.cfg.BlockSize)
 	var add []*block
 	for i := len(r.blocks); i < len(hashes) && len(add) < r.anon; i++ {
 		if e.cache[hashes[i]] != nil {
@@ -515,15 +516,22 @@ func (e *Engine) release(r *Request) {
 
 // chainHashes returns the chained hashes of toks' full blocks of size bs.
 func chainHashes(toks []uint64, bs int) []uint64 {
-	n := len(toks) / bs
-	hs := make([]uint64, n)
+	return extendChain(make([]uint64, 0, len(toks)/bs), toks, bs)
+}
+
+// extendChain appends to hs, the chained hashes of the first len(hs) full
+// blocks of toks, the hashes of toks' remaining full blocks.
+func extendChain(hs []uint64, toks []uint64, bs int) []uint64 {
 	var h uint64 = 0x9e3779b97f4a7c15
-	for i := 0; i < n; i++ {
+	if len(hs) > 0 {
+		h = hs[len(hs)-1]
+	}
+	for i := len(hs); i < len(toks)/bs; i++ {
 		for _, t := range toks[i*bs : (i+1)*bs] {
 			h = mix(h ^ t)
 		}
 		h = mix(h + uint64(i+1))
-		hs[i] = h
+		hs = append(hs, h)
 	}
 	return hs
 }
