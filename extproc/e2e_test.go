@@ -1,6 +1,7 @@
 package extproc_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 func noLeaks(t *testing.T) {
@@ -395,7 +397,7 @@ func TestEvidenceReports(t *testing.T) {
 	type ev struct{ resp, errs uint64 }
 	var got map[string]ev
 	var demand, shed uint64
-	err := pollFor(5*time.Second, func() error {
+	err := envoytest.Poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() error {
 		got = map[string]ev{}
 		demand = 0
 		for _, rep := range r.cp.Reports() {
@@ -439,17 +441,6 @@ func TestEvidenceReports(t *testing.T) {
 	}
 }
 
-func pollFor(d time.Duration, f func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
-}
-
 // The local in-flight guardrail: with a class limit of 10, the least
 // important priority is refused from 8 in flight (20% reserve), the most
 // important only at 10; requests in flight include those streaming their
@@ -472,7 +463,7 @@ func TestLocalInflightLimit(t *testing.T) {
 			r.post(chat("s", fmt.Sprintf("held %d", i)), map[string]string{"x-priority": "interactive"})
 		}()
 	}
-	if err := pollFor(10*time.Second, func() error {
+	if err := envoytest.Poll(context.Background(), 10*time.Second, 20*time.Millisecond, func() error {
 		if n := e.arrived.Load(); n < 8 {
 			return fmt.Errorf("%d of 8 in flight", n)
 		}
@@ -491,7 +482,7 @@ func TestLocalInflightLimit(t *testing.T) {
 		defer wg.Done()
 		r.post(chat("s", "interactive 9th"), map[string]string{"x-priority": "interactive"})
 	}()
-	if err := pollFor(10*time.Second, func() error {
+	if err := envoytest.Poll(context.Background(), 10*time.Second, 20*time.Millisecond, func() error {
 		if n := e.arrived.Load(); n < 9 {
 			return fmt.Errorf("%d of 9 in flight", n)
 		}
@@ -502,7 +493,7 @@ func TestLocalInflightLimit(t *testing.T) {
 	close(hold)
 	wg.Wait()
 	// Released: in flight drops back (streams closed) and batch is admitted.
-	if err := pollFor(5*time.Second, func() error {
+	if err := envoytest.Poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() error {
 		if res := r.post(chat("s", "batch after"), map[string]string{"x-priority": "batch"}); res.status != 200 {
 			return fmt.Errorf("status %d", res.status)
 		}

@@ -372,13 +372,7 @@ func (m *model) disaggregate(pm *model, pl *pooling) {
 				room[a.j] -= z
 			}
 		}
-		for k := b.lo; k < b.hi; k++ {
-			a := &m.arcs[k]
-			if q := pl.pool[a.j]; q >= 0 {
-				left[bi*np+q] = 0
-			}
-		}
-		for k := b.lo; k < b.hi; k++ {
+		for k := b.lo; k < b.hi; k++ { // left starts at 0 (fresh slice)
 			a := &m.arcs[k]
 			if q := pl.pool[a.j]; q >= 0 {
 				left[bi*np+q] -= a.r * a.x

@@ -3,6 +3,7 @@ package cpclient_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -17,18 +18,20 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/cpfake"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func poll(t *testing.T, d time.Duration, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	if err := envoytest.Poll(context.Background(), d, 10*time.Millisecond, func() error {
+		if !f() {
+			return fmt.Errorf("timed out waiting for %s", what)
 		}
-		time.Sleep(10 * time.Millisecond) // polling interval
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

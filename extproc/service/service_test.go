@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -35,33 +37,49 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// startService writes rp as the policy file and runs the service with cfg
+// (Listen, PolicyFile, Logger and Ready filled in here) until it serves. stop
+// cancels it and returns Run's error.
+func startService(t *testing.T, rp *policyv1.RoutingPolicy, cfg service.Config) (grpcAddr, httpAddr string, stop func() error) {
+	t.Helper()
+	pf := filepath.Join(t.TempDir(), "p.json")
+	b, err := protojson.Marshal(rp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pf, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen, cfg.PolicyFile = "127.0.0.1:0", pf
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	ready := make(chan [2]string, 1)
+	cfg.Ready = func(g, h string) { ready <- [2]string{g, h} }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- service.Run(ctx, cfg) }()
+	select { // a Run that fails at start never calls Ready: fail, don't hang
+	case a := <-ready:
+		return a[0], a[1], func() error {
+			http.DefaultClient.CloseIdleConnections()
+			cancel()
+			return <-done
+		}
+	case err := <-done:
+		cancel()
+		t.Fatalf("Run: %v", err)
+	}
+	return "", "", nil
+}
+
 // The service starts with the policy file, switches to the control plane's
 // policy, serves metrics and health, and stops cleanly when cancelled.
 func TestRun(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
 	cp := cpfake.Start(t, "")
-	dir := t.TempDir()
-	pf := filepath.Join(dir, "p.json")
-	b, _ := protojson.Marshal(&policyv1.RoutingPolicy{NodeId: "n1", Version: "file",
-		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}})
-	if err := os.WriteFile(pf, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- service.Run(ctx, service.Config{Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", ControlPlane: cp.Addr,
-			NodeID: "n1", PolicyFile: pf, BodyLimit: 1 << 20, ReportInterval: 50 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func(_, h string) { ready <- h }})
-	}()
-	var h string
-	select { // a Run that fails at start never calls Ready: fail, don't hang
-	case h = <-ready:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	}
+	_, h, stop := startService(t, &policyv1.RoutingPolicy{NodeId: "n1", Version: "file",
+		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}},
+		service.Config{HTTPListen: "127.0.0.1:0", ControlPlane: cp.Addr, NodeID: "n1", BodyLimit: 1 << 20,
+			ReportInterval: 50 * time.Millisecond})
 	if code, body := get(t, "http://"+h+"/policy"); code != 200 || !strings.Contains(body, `"version":"file"`) {
 		t.Fatalf("policy: %d %s", code, body)
 	}
@@ -69,16 +87,13 @@ func TestRun(t *testing.T) {
 		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, body := get(t, "http://"+h+"/policy")
-		if strings.Contains(body, `"version":"cp-7"`) && strings.Contains(body, `"control_plane_connected":true`) {
-			break
+	if err := envoytest.Poll(context.Background(), 5*time.Second, 10*time.Millisecond, func() error {
+		if _, body := get(t, "http://"+h+"/policy"); !strings.Contains(body, `"version":"cp-7"`) || !strings.Contains(body, `"control_plane_connected":true`) {
+			return fmt.Errorf("control plane policy not applied: %s", body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("control plane policy not applied: %s", body)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if code, _ := get(t, "http://"+h+"/healthz"); code != 200 {
 		t.Fatalf("healthz %d", code)
@@ -86,9 +101,7 @@ func TestRun(t *testing.T) {
 	if _, m := get(t, "http://"+h+"/metrics"); !strings.Contains(m, `inferlb_extproc_policy_info{version="cp-7"} 1`) {
 		t.Fatalf("metrics lack the policy version")
 	}
-	http.DefaultClient.CloseIdleConnections()
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 }
@@ -107,29 +120,10 @@ func TestBadPolicyFile(t *testing.T) {
 // gets a routing decision, not a failed stream.
 func TestDefaultBodyLimit(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
-	pf := filepath.Join(t.TempDir(), "p.json")
-	b, _ := protojson.Marshal(&policyv1.RoutingPolicy{Version: "file",
-		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}})
-	if err := os.WriteFile(pf, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- service.Run(ctx, service.Config{Listen: "127.0.0.1:0", PolicyFile: pf,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func(g, _ string) { ready <- g }})
-	}()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	}
+	addr, _, stop := startService(t, &policyv1.RoutingPolicy{Version: "file",
+		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}}, service.Config{})
 	defer func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("Run: %v", err)
 		}
 	}()
@@ -138,7 +132,7 @@ func TestDefaultBodyLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer scancel()
 	st, err := extprocv3.NewExternalProcessorClient(conn).Process(sctx, grpc.MaxCallSendMsgSize(8<<20))
 	if err != nil {
@@ -177,30 +171,10 @@ func TestNoListenAddress(t *testing.T) {
 // /policy is JSON whatever the control plane put in the version string.
 func TestPolicyEndpointIsJSON(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
-	pf := filepath.Join(t.TempDir(), "p.json")
-	b, _ := protojson.Marshal(&policyv1.RoutingPolicy{Version: "v\x01\x7f é",
-		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}})
-	if err := os.WriteFile(pf, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- service.Run(ctx, service.Config{Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", PolicyFile: pf,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func(_, h string) { ready <- h }})
-	}()
-	var h string
-	select {
-	case h = <-ready:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	}
+	_, h, stop := startService(t, &policyv1.RoutingPolicy{Version: "v\x01\x7f é",
+		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}}, service.Config{HTTPListen: "127.0.0.1:0"})
 	code, body := get(t, "http://"+h+"/policy")
-	http.DefaultClient.CloseIdleConnections()
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	var got struct {
