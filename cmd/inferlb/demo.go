@@ -64,8 +64,11 @@ listen on their fleet-spec addresses.`,
 				return err
 			}
 			o.Self = self
-			if o.Rate <= 0 || o.TimeScale <= 0 || o.ControlInterval <= 0 || o.ViewInterval <= 0 {
-				return fmt.Errorf("--rate, --time-scale, --control-interval and --view-interval must be positive")
+			for name, v := range map[string]float64{"--rate": o.Rate, "--time-scale": o.TimeScale,
+				"--control-interval": o.ControlInterval.Seconds(), "--view-interval": o.ViewInterval.Seconds()} {
+				if !(v > 0) {
+					return fmt.Errorf("%s must be positive, got %s", name, cmd.Flags().Lookup(name[2:]).Value)
+				}
 			}
 			if o.Duration < 0 {
 				return fmt.Errorf("--duration must not be negative, got %v", o.Duration)
@@ -94,7 +97,7 @@ listen on their fleet-spec addresses.`,
 		},
 	}
 	cmd.Example = `  make demo                                   # until Ctrl-C
-  inferlb demo --duration 3m                  # 3 simulated minutes, then the summary
+  inferlb demo --duration 40s --time-scale 0.5  # 40 simulated seconds (20 real), then the summary
   inferlb demo --time-scale 2 --rate 2 --plain > demo.log`
 	f := cmd.Flags()
 	f.StringVar(&o.FleetPath, "fleet", "examples/fleet-3region.yaml", "fleet spec (YAML)")

@@ -61,14 +61,15 @@ after --duration, or at the end of the trace, whichever comes first; with
 --until-interrupted a run may have no bound and ends at SIGINT/SIGTERM, with
 its report. --rate-at changes the Poisson rate during the run (a load phase).
 
-Examples:
-  inferlb loadgen --url http://127.0.0.1:10000 --model llama-3.1-8b \
-      --workload mooncake --trace ../shared/data/mooncake_synthetic_trace.jsonl --speedup 2
-  inferlb loadgen --url http://127.0.0.1:10000 --model llama-3.1-8b \
-      --workload multiturn --arrival poisson --rate 20 --duration 2m \
-      --priority-mix high=1,low=3 --region-shares us-east=0.5,eu-west=0.5 \
-      --region-shares 60s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms \
-      --json-out report.json`,
+The examples send to the frontends of a running demo (make demo: us-east on
+127.0.0.1:17010, eu-west on :17012).`,
+		Example: `  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-8b \
+      --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20
+  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-8b \
+      --workload multiturn --arrival poisson --rate 2 --duration 40s \
+      --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 \
+      --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 \
+      --slo-ttft 500ms --slo-tpot 50ms --json-out report.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if baseURL == "" {

@@ -31,10 +31,8 @@ admin /clusters, and redraws one screen per interval: for each engine its
 running and waiting requests, KV-cache use, mean TTFT, prefix-cache hit rate
 and generated tokens/s over the interval; for each frontend the share of
 weight its Envoy holds for the engine (priority 0, averaged over classes) and
-the share of its requests the engine received.
-
-  inferlb view --fleet examples/fleet-3region.yaml \
-    --envoy-admin frontend-us-east=http://127.0.0.1:19000`,
+the share of its requests the engine received.`,
+		Example: `  inferlb view --fleet examples/fleet-3region.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020   # a running demo's us-east Envoy`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if fleetPath == "" {
 				return fmt.Errorf("--fleet is required")
