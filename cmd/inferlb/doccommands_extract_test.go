@@ -208,8 +208,3 @@ func shownCommands(t *testing.T, root string) []shownCommand {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-func TestZZListShown(t *testing.T) {
-	for _, c := range shownCommands(t, "../..") {
-		t.Logf("%-40s %s", c.where, c.cmd)
-	}
-}

@@ -60,7 +60,9 @@ const (
 // it).
 var docCommands = []docCmd{
 	// Make targets.
-	{cmd: "make demo", serve: "frontend-us-east: up", exit: 2, want: "inferlb demo: stopped."},
+	// Ctrl-C stops the demo cleanly (its summary); make, interrupted too,
+	// then dies of the SIGINT itself, as make does (status 130).
+	{cmd: "make demo", serve: "(Ctrl-C stops the demo)", exit: 130, want: "inferlb demo: stopped."},
 	{cmd: `make demo DEMOFLAGS="--duration 30s --rate 6"`, want: "inferlb demo: stopped."},
 	{cmd: "make test", skip: "it is this suite (CI runs it)"},
 	{cmd: "make lint", skip: "CI runs it before make test (.ci/run)"},
@@ -88,7 +90,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", serve: "http://127.0.0.1:18100/health"},
-	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west", serve: "http://127.0.0.1:9102/healthz"},
+	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west", serve: "routing policy applied"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000", want: "node:"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 > envoy.yaml"},
@@ -98,10 +100,10 @@ var docCommands = []docCmd{
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 80 --prompt-tokens 200 --output-tokens 50 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
 	// Against a running demo.
-	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-8b --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
-	{cmd: "inferlb loadgen --model llama-3.1-8b --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", want: "region=eu-west"},
-	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-8b --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", want: "goodput:"},
-	{cmd: "inferlb loadgen --model llama-3.1-8b --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", serve: "loadgen    12s", want: "(interrupted)"},
+	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
+	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", want: "region=eu-west"},
+	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", want: "goodput:"},
+	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", serve: "loadgen    12s", want: "(interrupted)"},
 	{cmd: "inferlb view --fleet " + fleet3 + " --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
 	// The demo itself.
 	{cmd: "inferlb demo --duration 40s --time-scale 0.5", want: "inferlb demo: stopped."},
@@ -250,9 +252,14 @@ func (p *docProc) interrupt() error {
 	}
 }
 
+// exitCode is the status a shell reports: 128+N for a process killed by
+// signal N (make, interrupted, re-raises SIGINT: 130).
 func exitCode(err error) int {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
 		return ee.ExitCode()
 	}
 	if err != nil {

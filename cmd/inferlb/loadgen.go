@@ -63,9 +63,9 @@ its report. --rate-at changes the Poisson rate during the run (a load phase).
 
 The examples send to the frontends of a running demo (make demo: us-east on
 127.0.0.1:17010, eu-west on :17012).`,
-		Example: `  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-8b \
+		Example: `  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 \
       --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20
-  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-8b \
+  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 \
       --workload multiturn --arrival poisson --rate 2 --duration 40s \
       --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 \
       --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 \

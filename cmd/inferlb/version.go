@@ -59,4 +59,3 @@ func buildVersion(linked string, bi *debug.BuildInfo) string {
 	}
 	return strings.Join(parts, " ")
 }
-

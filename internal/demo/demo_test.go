@@ -149,8 +149,8 @@ func (d *demoProc) wait(t *testing.T, timeout time.Duration) error {
 }
 
 // liveNumbers matches a live view line of a frontend that is up and
-// carrying traffic.
-var liveNumbers = regexp.MustCompile(`frontend-(us-east|us-west|eu-west): up, [0-9]*[1-9][0-9]*\.[0-9] req/s`)
+// carrying traffic (a request rate that is not 0.0).
+var liveNumbers = regexp.MustCompile(`(?m)^frontend-(us-east|us-west|eu-west)\s+up\s+([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9])\s`)
 
 // The README's first command as a new user runs it: `make demo` with no
 // flags shows live numbers and runs until Ctrl-C, which stops it cleanly
@@ -221,8 +221,12 @@ func TestDemoDurationEndsWithASummary(t *testing.T) {
 	if rep.CachedShare < 0.3 {
 		t.Errorf("cached prompt share %.2f: want ≥ 0.3 with session affinity", rep.CachedShare)
 	}
-	for _, want := range []string{"frontend-us-east: up", "frontend-us-west: up", "frontend-eu-west: up",
-		"inferlb demo: stopped.", fmt.Sprintf("requests: %d sent", rep.Requests.Sent), "region=us-west"} {
+	for _, fe := range []string{"frontend-us-east", "frontend-us-west", "frontend-eu-west"} {
+		if !regexp.MustCompile(`(?m)^` + fe + `\s+up\s`).MatchString(out) {
+			t.Errorf("the live view never showed %s up", fe)
+		}
+	}
+	for _, want := range []string{"class general:", "timeline: ", "inferlb demo: stopped.", fmt.Sprintf("requests: %d sent", rep.Requests.Sent), "region=us-west"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the demo's output lacks %q", want)
 		}
