@@ -40,8 +40,16 @@ func isCommand(line string) bool {
 func normalizeCommand(s string) string {
 	s = strings.TrimSpace(s)
 	s = strings.TrimPrefix(s, "$ ")
-	if i := strings.Index(s, " #"); i >= 0 && !strings.ContainsAny(s[:i], `"'`) {
-		s = s[:i]
+	for i := strings.Index(s, " #"); i >= 0; {
+		if before := s[:i]; strings.Count(before, `"`)%2 == 0 && strings.Count(before, `'`)%2 == 0 {
+			s = s[:i]
+			break
+		}
+		j := strings.Index(s[i+2:], " #")
+		if j < 0 {
+			break
+		}
+		i += 2 + j
 	}
 	s = strings.Join(strings.Fields(s), " ")
 	return strings.TrimSuffix(strings.TrimSuffix(s, "&"), " ")

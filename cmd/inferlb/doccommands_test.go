@@ -104,7 +104,9 @@ var docCommands = []docCmd{
 	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", want: "region=eu-west"},
 	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", want: "goodput:"},
 	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", serve: "loadgen    12s", want: "(interrupted)"},
-	{cmd: "inferlb view --fleet " + fleet3 + " --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
+	{cmd: "inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
+	{cmd: "curl -s http://127.0.0.1:17001/weights", with: "demo", want: `"envoy_weights"`},
+	{cmd: `curl -s "http://127.0.0.1:17001/explain?node=frontend-us-east&class=general"`, with: "demo", want: `"explanations"`},
 	// The demo itself.
 	{cmd: "inferlb demo --duration 40s --time-scale 0.5", want: "inferlb demo: stopped."},
 	{cmd: "inferlb demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},

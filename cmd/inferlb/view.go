@@ -40,7 +40,7 @@ and generated tokens/s over the interval; for each frontend the share of
 weight its Envoy holds for the engine in each class's cluster (priority 0)
 and the share of that cluster's requests the engine received, and per
 frontend its request rate and Envoy's retries.`,
-		Example: `  inferlb view --fleet examples/fleet-3region.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020   # a running demo's us-east Envoy`,
+		Example: `  inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020   # a running demo's us-east Envoy`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if fleetPath == "" {
 				return fmt.Errorf("--fleet is required")
