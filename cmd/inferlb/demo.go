@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +16,23 @@ import (
 )
 
 func init() { rootCmd.AddCommand(newDemoCmd()) }
+
+// printSummary writes what the demo leaves behind: the load generator's
+// report (per priority and per region), where the logs are, and the control
+// plane's admin URLs (which stop answering with the demo).
+func printSummary(w io.Writer, res *demo.Result) {
+	fmt.Fprintln(w, "\ninferlb demo: stopped.")
+	if res.Report != nil {
+		fmt.Fprintln(w, "\nSummary (the load generator's report; times in the engines' time):")
+		if err := res.Report.WriteTable(w); err != nil {
+			fmt.Fprintln(w, "summary:", err)
+		}
+	} else {
+		fmt.Fprintln(w, "The load generator wrote no report.")
+	}
+	fmt.Fprintf(w, "\nLogs, Envoy bootstraps and reports: %s (load generator report: %s)\n", res.OutDir, res.LoadgenReport)
+	fmt.Fprintf(w, "While a demo runs, the control plane answers on %s: /weights, /explain, /signals\n", res.ControlPlaneAdmin)
+}
 
 func newDemoCmd() *cobra.Command {
 	o := demo.Options{}
@@ -63,12 +83,19 @@ listen on their fleet-spec addresses.`,
 			fmt.Fprintf(os.Stderr, "inferlb demo: starting engines, control plane, ext_proc and Envoy for %s (logs in %s)\n", o.FleetPath, o.OutDir)
 			res, err := demo.Run(cmd.Context(), o)
 			if err != nil {
+				if cmd.Context().Err() != nil && errors.Is(err, context.Canceled) {
+					fmt.Fprintln(os.Stderr, "\ninferlb demo: interrupted before the traffic started")
+					return nil
+				}
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "\ninferlb demo: stopped. Load generator report: %s\n", res.LoadgenReport)
+			printSummary(os.Stdout, res)
 			return nil
 		},
 	}
+	cmd.Example = `  make demo                                   # until Ctrl-C
+  inferlb demo --duration 3m                  # 3 simulated minutes, then the summary
+  inferlb demo --time-scale 2 --rate 2 --plain > demo.log`
 	f := cmd.Flags()
 	f.StringVar(&o.FleetPath, "fleet", "examples/fleet-3region.yaml", "fleet spec (YAML)")
 	f.StringVar(&o.OutDir, "out", "demo-out", "directory for logs, Envoy bootstraps and reports")

@@ -12,6 +12,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +31,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoybin"
 	"github.com/inferlb/inferlb/internal/liveview"
+	"github.com/inferlb/inferlb/internal/loadgen"
 )
 
 // Options configure a demo run. Zero values are not defaults: the command
@@ -92,9 +94,13 @@ func (p ports) all() []int {
 
 // Result is what a finished demo reports.
 type Result struct {
-	// LoadgenReport is the path of the load generator's JSON report.
+	// LoadgenReport is the path of the load generator's JSON report;
+	// Report is that report (nil if the load generator wrote none).
 	LoadgenReport string
+	Report        *loadgen.Report
 	OutDir        string
+	// ControlPlaneAdmin is the control plane's admin base URL.
+	ControlPlaneAdmin string
 }
 
 // Run starts everything, waits for readiness, sends traffic, draws the live
@@ -229,9 +235,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"--turns", "2-6", "--think-time", "2s", "--output-tokens", "50-150",
 		"--user-tokens", "50-150", "--system-prompt-tokens", "400",
 		"--priority-mix", priorityMix(spec),
-		"--slo-ttft", "1s", "--slo-tpot", "100ms", "--json-out", report}
+		"--slo-ttft", "1s", "--slo-tpot", "100ms", "--json-out", report,
+		// The load generator runs in the engines' (simulated) time, so its
+		// rates, think times and latencies are on the engines' time base.
+		"--time-scale", fmt.Sprint(o.TimeScale)}
 	if o.Duration > 0 {
 		args = append(args, "--duration", o.Duration.String())
+	} else {
+		// No bound: traffic until Ctrl-C, then the report.
+		args = append(args, "--until-interrupted")
 	}
 	for _, u := range regionURLs {
 		args = append(args, "--region-url", u)
@@ -283,7 +295,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if lgErr != nil && ctx.Err() == nil {
 		return nil, fmt.Errorf("demo: load generator: %w (see %s)", lgErr, filepath.Join(o.OutDir, "loadgen.log"))
 	}
-	return &Result{LoadgenReport: report, OutDir: o.OutDir}, nil
+	res := &Result{LoadgenReport: report, OutDir: o.OutDir, ControlPlaneAdmin: cpAdmin}
+	if b, err := os.ReadFile(report); err == nil {
+		var rep loadgen.Report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return nil, fmt.Errorf("demo: load generator report %s: %w", report, err)
+		}
+		res.Report = &rep
+	}
+	return res, nil
 }
 
 func engineAddrs(spec *fleet.Spec) []string {
