@@ -215,4 +215,3 @@ func shownCommands(t *testing.T, root string) []shownCommand {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-

@@ -63,7 +63,7 @@ var docCommands = []docCmd{
 	// Ctrl-C stops the demo cleanly (its summary); make, interrupted too,
 	// then dies of the SIGINT itself, as make does (status 130).
 	{cmd: "make demo", serve: "(Ctrl-C stops the demo)", exit: 130, want: "inferlb demo: stopped."},
-	{cmd: `make demo DEMOFLAGS="--duration 30s --rate 6"`, want: "inferlb demo: stopped."},
+	{cmd: `make demo DEMOFLAGS="--duration 20s --time-scale 0.5"`, want: "inferlb demo: stopped."},
 	{cmd: "make test", skip: "it is this suite (CI runs it)"},
 	{cmd: "make lint", skip: "CI runs it before make test (.ci/run)"},
 	{cmd: "make bench", skip: "every benchmark, minutes; go vet in make test compiles them"},
