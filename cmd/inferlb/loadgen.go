@@ -249,6 +249,9 @@ The examples send to the frontends of a running demo (make demo: us-east on
 					mu.Lock()
 					defer mu.Unlock()
 					enc.Encode(loadgen.Record(req, res, start, timeScale))
+					// Flushed per record: a live reader (the demo's view)
+					// tails this file.
+					bw.Flush()
 				}
 				closeLog = func() error {
 					if err := bw.Flush(); err != nil {
