@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/dashboard"
 	"github.com/inferlb/inferlb/xds/server"
 	"github.com/inferlb/inferlb/xds/signals"
 )
@@ -43,6 +46,9 @@ type RunConfig struct {
 	Warmup time.Duration
 	// StateFile, if set, keeps the published weights across restarts.
 	StateFile string
+	// History is how many cycles GET /history keeps for the dashboard's
+	// charts (0: none).
+	History   int
 	Allocator Allocator
 	Logger    *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -55,7 +61,7 @@ func DefaultRunConfig() RunConfig {
 		Cycle: DefaultConfig(), XDSListen: "127.0.0.1:18000", AdminListen: "127.0.0.1:18080",
 		Interval: 5 * time.Second, ScrapeInterval: time.Second, ScrapeTimeout: 800 * time.Millisecond,
 		StaleAfter: 5 * time.Second, Smoothing: 3 * time.Second, DemandWindow: 10 * time.Second,
-		Warmup: 3 * time.Second,
+		Warmup: 3 * time.Second, History: 1800,
 	}
 }
 
@@ -72,6 +78,7 @@ type Runner struct {
 	targets []signals.Target
 	kick    chan struct{}
 	ran     atomic.Bool // Run was called: a Runner runs once
+	hist    *history
 
 	// mu guards tracker (the scrape loop writes it, the cycle and the admin
 	// handlers read it), last, cycles, ready and the bound addresses.
@@ -110,6 +117,9 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	if cfg.Warmup < 0 || cfg.Smoothing < 0 {
 		return nil, fmt.Errorf("control plane: warmup and smoothing must be ≥ 0, got %v and %v", cfg.Warmup, cfg.Smoothing)
 	}
+	if cfg.History < 0 {
+		return nil, fmt.Errorf("control plane: history must be ≥ 0 cycles, got %d", cfg.History)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -122,7 +132,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{}),
-		scraped: make(chan struct{})}
+		scraped: make(chan struct{}), hist: newHistory(cfg.Fleet, cfg.History)}
 	var nodes, classes, prios, ids []string
 	for _, f := range cfg.Fleet.Frontends {
 		nodes = append(nodes, f.NodeID)
@@ -335,6 +345,7 @@ func (r *Runner) cycle(ctx context.Context) {
 	t0 := time.Now()
 	res, err := r.ctrl.Step(ctx, Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev})
 	r.m.cycleSeconds.Observe(time.Since(t0).Seconds())
+	r.hist.record(now, engines, dem, res) // a failed cycle's signals count too
 	if err != nil {
 		r.m.cycles.WithLabelValues("error").Inc()
 		r.log.Error("control cycle failed", "err", err)
@@ -448,12 +459,17 @@ func (r *Runner) Kick() {
 func (r *Runner) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	writeJSON := func(w http.ResponseWriter, v any) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(v); err != nil {
-			r.log.Warn("admin encode", "err", err)
+		// Encoded whole before anything is sent, so that a value JSON
+		// cannot carry (NaN) is a 500 that says so, not a 200 with half a
+		// document.
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			r.log.Error("admin: encoding the answer", "err", err)
+			http.Error(w, "encoding the answer: "+err.Error(), http.StatusInternalServerError)
+			return
 		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(append(b, '\n'))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -545,12 +561,27 @@ func (r *Runner) adminHandler() http.Handler {
 	mux.HandleFunc("GET /xds", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]any{"nodes": r.srv.Status()})
 	})
+	mux.HandleFunc("GET /history", func(w http.ResponseWriter, req *http.Request) {
+		var since time.Time
+		if q := req.URL.Query().Get("since"); q != "" {
+			s, err := strconv.ParseFloat(q, 64)
+			if err != nil || !(s >= 0) || math.IsInf(s, 0) {
+				http.Error(w, fmt.Sprintf("since=%q: want Unix seconds (as /history's at gives them)", q), http.StatusBadRequest)
+				return
+			}
+			since = time.UnixMilli(int64(math.Round(s * 1000)))
+		}
+		writeJSON(w, r.hist.json(since))
+	})
+	mux.Handle("GET /dashboard/", dashboard.Handler("/dashboard/"))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(w, `inferlb control plane
   /weights[?node=N]          published weights per node and class (shares, Envoy integers, priorities)
   /explain[?node=N&class=C]  the optimizer's terms behind every weight
   /signals                   engine signals, the cycle's engine view (penalties), demand, evidence
   /xds                       per node: published, ACKed and NACKed versions, streams
+  /history[?since=T]         the last cycles' engine signals, demand and shedding, column by column
+  /dashboard/                the web dashboard (weights heatmap, engines, charts over time)
   /metrics                   Prometheus metrics
   /healthz /readyz
 `)
