@@ -114,8 +114,10 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 			return nil, fmt.Errorf("control plane: %s must be positive, got %v", name, d)
 		}
 	}
-	if cfg.Warmup < 0 || cfg.Smoothing < 0 {
-		return nil, fmt.Errorf("control plane: warmup and smoothing must be ≥ 0, got %v and %v", cfg.Warmup, cfg.Smoothing)
+	for name, d := range map[string]time.Duration{"warmup": cfg.Warmup, "smoothing": cfg.Smoothing} {
+		if d < 0 {
+			return nil, fmt.Errorf("control plane: %s must be ≥ 0, got %v", name, d)
+		}
 	}
 	if cfg.History < 0 {
 		return nil, fmt.Errorf("control plane: history must be ≥ 0 cycles, got %d", cfg.History)

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -41,7 +43,10 @@ keeps the published weights across restarts so a restarted control plane
 republishes the same weights instead of starting cold.
 
 The admin HTTP server (--admin-listen, localhost by default) serves /weights,
-/explain, /signals, /xds (ACK/NACK per node), /metrics, /healthz and /readyz.`,
+/explain, /signals, /xds (ACK/NACK per node), /history (the last --history
+cycles), /metrics, /healthz and /readyz, and the web dashboard at /dashboard/:
+weights as a heatmap per class, the engine table, TTFT, load and shedding
+over time, and the optimizer's reasons for any weight (docs/demo.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel)
@@ -77,7 +82,7 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 			}
 			r, err := controlplane.NewRunner(d)
 			if err != nil {
-				return err
+				return namingFlags(err)
 			}
 			return r.Run(cmd.Context())
 		},
@@ -94,6 +99,7 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.DurationVar(&d.DemandWindow, "demand-window", d.DemandWindow, "window over which reported demand is averaged")
 	f.DurationVar(&d.Warmup, "warmup", d.Warmup, "wait this long (scrapes and reports) before the first publication")
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
+	f.IntVar(&d.History, "history", d.History, "cycles kept in memory for /history and the dashboard's charts")
 	f.StringVar(&allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
 	f.Float64Var(&solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
 	f.StringVar(&lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")
@@ -110,4 +116,49 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of outlier penalties after recovery")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	rootCmd.AddCommand(cmd)
+}
+
+// configFlags maps the config keys the control plane's validation names
+// (controlplane.NewRunner, its cycle and translation options) to the flags
+// that set them, so that an error names what the user typed.
+var configFlags = map[string]string{
+	"interval": "--interval", "scrape_interval": "--scrape-interval", "scrape_timeout": "--scrape-timeout",
+	"stale_after": "--stale-after", "demand_window": "--demand-window", "warmup": "--warmup",
+	"smoothing": "--smoothing", "history": "--history",
+	"headroom": "--headroom", "stability_ms": "--stability-ms", "penalty_cost_ms": "--penalty-cost-ms",
+	"deadband_tv": "--deadband", "penalty.half_life": "--penalty-half-life",
+	"maglev_table_size": "--maglev-table-size", "hash_balance_factor": "--hash-balance-factor",
+	"weight_scale":                                       "--weight-scale",
+	"health_check.interval/timeout":                      "--health-check-interval / --health-check-timeout",
+	"health_check.unhealthy_threshold/healthy_threshold": "--health-check-unhealthy-threshold",
+}
+
+// namingFlags rewrites the control plane's config errors ("control plane:
+// demand_window must be positive", one per line when there are several)
+// to name the flags instead of the config keys.
+func namingFlags(err error) error {
+	lines := strings.Split(err.Error(), "\n")
+	changed := false
+	for i, l := range lines {
+		prefix := ""
+		for _, p := range []string{"control plane config: ", "control plane: "} {
+			if strings.HasPrefix(l, p) {
+				prefix = p
+				break
+			}
+		}
+		rest := l[len(prefix):]
+		end := strings.IndexAny(rest, ": ")
+		if end < 0 {
+			continue
+		}
+		if flag, ok := configFlags[rest[:end]]; ok {
+			lines[i] = prefix + flag + rest[end:]
+			changed = true
+		}
+	}
+	if !changed {
+		return err
+	}
+	return errors.New(strings.Join(lines, "\n"))
 }
