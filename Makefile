@@ -21,7 +21,9 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/inferlb
 
-test: setup
+# The tests also need a headless Chromium (the dashboard test); the demo does not.
+test:
+	@scripts/setup.sh --browser
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
 

