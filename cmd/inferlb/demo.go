@@ -110,7 +110,7 @@ listen on their fleet-spec addresses.`,
 		},
 	}
 	cmd.Example = `  make demo                                   # until Ctrl-C
-  inferlb demo --duration 40s --time-scale 0.5  # 40 simulated seconds (20 real), then the summary
+  inferlb demo --duration 20s --time-scale 0.5  # 20 simulated seconds (10 real), then the summary
   inferlb demo --time-scale 2 --rate 2 --plain > demo.log`
 	f := cmd.Flags()
 	f.StringVar(&o.FleetPath, "fleet", "examples/fleet-demo.yaml", "fleet spec (YAML)")

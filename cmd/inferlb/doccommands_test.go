@@ -29,22 +29,33 @@ type docCmd struct {
 	exit int
 	// want is a fragment the output (stdout and stderr) must contain.
 	want string
-	// serve marks a command that runs until stopped: it is ready when this
-	// URL answers 200 (http://...) or this text is printed; then it gets
-	// SIGINT, as from Ctrl-C, and must exit with exit.
+	// serve marks a command that runs until stopped: it is ready when each
+	// of its conditions (joined by " && ") holds: a URL (http://...)
+	// answers 200, or a text is in its output; then it gets SIGINT, as from
+	// Ctrl-C, and must exit with exit.
 	serve string
-	// with names a fixture (below) that runs meanwhile.
+	// with names a fixture (below, or one an entry before hosts) that runs
+	// meanwhile.
 	with string
+	// hosts makes this serving command, once ready, the fixture of that
+	// name for the entries right after it that run with it; it gets its
+	// SIGINT after them.
+	hosts string
+	// parallel runs the command at the same time as the parallel entries
+	// next to it (clients of one fixture).
+	parallel bool
+	// check, if set, asserts more of the output and of what the command
+	// left in the directory it ran in.
+	check func(t *testing.T, out, dir string)
 	// skip is why the command is not run (kept rare: say what covers it).
 	skip string
 }
 
-// fixture is a server a documented command needs (a running demo, an
-// engine at the address the docs use).
+// fixture is a server a documented command needs (an engine at the
+// address the docs use, a control plane).
 type fixture struct{ cmd, ready string }
 
 var fixtures = map[string]fixture{
-	"demo":          {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
 	"engine-18100":  {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
 	"h100-18100":    {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
 	"control-plane": {"inferlb control-plane --fleet examples/fleet-3region.yaml", "http://127.0.0.1:18080/healthz"},
@@ -59,11 +70,25 @@ const (
 // show, in the order they run (consecutive commands with one fixture share
 // it).
 var docCommands = []docCmd{
-	// Make targets.
-	// Ctrl-C stops the demo cleanly (its summary); make, interrupted too,
-	// then dies of the SIGINT itself, as make does (status 130).
-	{cmd: "make demo", serve: "(Ctrl-C stops the demo)", exit: 130, want: "inferlb demo: stopped."},
-	{cmd: `make demo DEMOFLAGS="--duration 20s --time-scale 0.5"`, want: "inferlb demo: stopped."},
+	// Make targets. The demo with its default flags runs until Ctrl-C: it
+	// is the running demo the commands after it are pointed at. Ctrl-C
+	// stops it cleanly (its summary); make, interrupted too, then dies of
+	// the SIGINT itself, as make does (status 130).
+	{cmd: "make demo", serve: "(Ctrl-C stops the demo) && http://127.0.0.1:17001/readyz", hosts: "demo", exit: 130,
+		want: "inferlb demo: stopped.", check: checkDemoUntilInterrupted},
+	// Against the running demo.
+	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
+	{cmd: "inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
+	{cmd: "curl -s http://127.0.0.1:17001/weights", with: "demo", want: `"envoy_weights"`},
+	{cmd: `curl -s "http://127.0.0.1:17001/explain?node=frontend-us-east&class=general"`, with: "demo", want: `"explanations"`},
+	{cmd: "curl -s http://127.0.0.1:17001/dashboard/", with: "demo", want: "<title>inferlb control plane</title>"},
+	// These only check what they print whatever the load, so they share the
+	// demo at once (the mooncake replay above wants every request ok: it
+	// runs alone).
+	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", parallel: true, want: "region=eu-west"},
+	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", parallel: true, want: "goodput:"},
+	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", parallel: true, serve: "loadgen    12s", want: "(interrupted)"},
+	{cmd: `make demo DEMOFLAGS="--duration 20s --time-scale 0.5"`, want: "inferlb demo: stopped.", check: checkDemoBounded},
 	{cmd: "make test", skip: "it is this suite (CI runs it)"},
 	{cmd: "make lint", skip: "CI runs it before make test (.ci/run)"},
 	{cmd: "make bench", skip: "every benchmark, minutes; go vet in make test compiles them"},
@@ -99,16 +124,8 @@ var docCommands = []docCmd{
 	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 80 --prompt-tokens 200 --output-tokens 50 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
-	// Against a running demo.
-	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
-	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", want: "region=eu-west"},
-	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", want: "goodput:"},
-	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", serve: "loadgen    12s", want: "(interrupted)"},
-	{cmd: "inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
-	{cmd: "curl -s http://127.0.0.1:17001/weights", with: "demo", want: `"envoy_weights"`},
-	{cmd: `curl -s "http://127.0.0.1:17001/explain?node=frontend-us-east&class=general"`, with: "demo", want: `"explanations"`},
 	// The demo itself.
-	{cmd: "inferlb demo --duration 40s --time-scale 0.5", want: "inferlb demo: stopped."},
+	{cmd: "inferlb demo --duration 20s --time-scale 0.5", want: "inferlb demo: stopped."},
 	{cmd: "inferlb demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},
 	// Benchmarks.
 	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
@@ -120,6 +137,9 @@ var docCommands = []docCmd{
 // every entry there is still shown somewhere; then each one runs, as a user
 // would run it from the repository's root, and gives its exit status and
 // output.
+//
+// The commands run in two lanes at the same time: the one of the demo's
+// fixed ports and the other one (see demoLane); in each lane in table order.
 func TestDocumentedCommands(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -150,27 +170,47 @@ func TestDocumentedCommands(t *testing.T) {
 	}
 	fixedports.Lock(t)
 	r := newDocRunner(t, root)
-	defer r.stopFixture()
+	var lanes [2][]docCmd
 	for _, e := range docCommands {
 		if e.skip != "" {
 			t.Logf("not run: %s (%s)", e.cmd, e.skip)
 			continue
 		}
-		r.useFixture(e.with)
-		t.Run(e.cmd, func(t *testing.T) { r.run(t, e) })
+		k := 1
+		if demoLane(e) {
+			k = 0
+		}
+		lanes[k] = append(lanes[k], e)
 	}
+	for k, name := range []string{"demo ports", "other ports"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			l := &docLane{r: r, t: t}
+			defer l.stopFixture()
+			l.runAll(lanes[k])
+		})
+	}
+}
+
+// demoLane says whether a command runs in the lane of the demo's ports:
+// it, or its fixture, listens on the demo's ports (17000..) or on the
+// example fleets' engine addresses (18001–18012), or it runs bin/inferlb,
+// which make demo rebuilds. Every other command (ports 18000, 18080, 18100,
+// 9002, 9102 or ephemeral ones) runs in the other lane, at the same time.
+func demoLane(e docCmd) bool {
+	c := e.cmd + " " + fixtures[e.with].cmd
+	return e.with == "demo" || e.hosts != "" || strings.Contains(c, "make ") || strings.Contains(c, "bin/inferlb") ||
+		strings.Contains(c, "inferlb demo") || (strings.Contains(c, "engine-sim --fleet") && !strings.Contains(c, "--listen"))
 }
 
 // docRunner runs commands in a copy of the repository's root made of
 // symbolic links (so relative paths work and what a command writes stays out
 // of the checkout), with the freshly built binary first on PATH as
-// "inferlb" and as bin/inferlb.
+// "inferlb" and as bin/inferlb (which make demo rebuilds; PATH's copy is
+// its own file, so no command starts a binary while make writes it).
 type docRunner struct {
-	t       *testing.T
-	dir     string
-	env     []string
-	fixName string
-	fix     *docProc
+	dir string
+	env []string
 }
 
 func newDocRunner(t *testing.T, root string) *docRunner {
@@ -188,17 +228,65 @@ func newDocRunner(t *testing.T, root string) *docRunner {
 			t.Fatal(err)
 		}
 	}
-	bin := filepath.Join(dir, "bin")
-	if err := os.Mkdir(bin, 0o755); err != nil {
-		t.Fatal(err)
+	bin, path := filepath.Join(dir, "bin"), filepath.Join(dir, ".path")
+	for _, d := range []string{bin, path} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(bin, "inferlb"), "./cmd/inferlb")
+	build := exec.Command("go", "build", "-o", filepath.Join(path, "inferlb"), "./cmd/inferlb")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	return &docRunner{t: t, dir: dir, env: env}
+	if b, err := os.ReadFile(filepath.Join(path, "inferlb")); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(filepath.Join(bin, "inferlb"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "PATH="+path+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return &docRunner{dir: dir, env: env}
+}
+
+// docLane runs one lane's commands in order, with at most one fixture
+// running at a time.
+type docLane struct {
+	r       *docRunner
+	t       *testing.T
+	fixName string
+	fix     *docProc
+	// host is the entry whose command is the running fixture (nil for a
+	// fixture of the fixtures table): stopping it is its test.
+	host *docCmd
+}
+
+func (l *docLane) runAll(entries []docCmd) {
+	for i := 0; i < len(entries); i++ {
+		e := entries[i]
+		l.useFixture(e.with)
+		if e.hosts != "" {
+			l.startHost(e)
+			continue
+		}
+		if !e.parallel {
+			l.t.Run(e.cmd, func(t *testing.T) { l.r.run(t, e) })
+			continue
+		}
+		j := i
+		for j < len(entries) && entries[j].parallel && entries[j].with == e.with {
+			j++
+		}
+		group := entries[i:j]
+		l.t.Run("at once", func(t *testing.T) {
+			for _, e := range group {
+				t.Run(e.cmd, func(t *testing.T) {
+					t.Parallel()
+					l.r.run(t, e)
+				})
+			}
+		})
+		i = j - 1
+	}
 }
 
 // docProc is a command running under bash in its own process group.
@@ -270,8 +358,8 @@ func exitCode(err error) int {
 	return 0
 }
 
-// waitReady polls until ready (a URL answering 200, or a text in the
-// output) or the command exits.
+// waitReady polls until every condition of ready (joined by " && ": a URL
+// answering 200, or a text in the output) holds, or the command exits.
 func waitReady(p *docProc, ready string, timeout time.Duration) error {
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	return envoytest.Poll(context.Background(), timeout, 200*time.Millisecond, func() error {
@@ -280,19 +368,19 @@ func waitReady(p *docProc, ready string, timeout time.Duration) error {
 			return backoffStop{fmt.Errorf("exited (%v) before it was ready", p.err)}
 		default:
 		}
-		if strings.HasPrefix(ready, "http") {
-			resp, err := client.Get(ready)
-			if err != nil {
-				return err
+		for _, cond := range strings.Split(ready, " && ") {
+			if strings.HasPrefix(cond, "http") {
+				resp, err := client.Get(cond)
+				if err != nil {
+					return err
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("%s: %s", cond, resp.Status)
+				}
+			} else if !strings.Contains(p.out.String(), cond) {
+				return fmt.Errorf("no %q in the output yet", cond)
 			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%s: %s", ready, resp.Status)
-			}
-			return nil
-		}
-		if !strings.Contains(p.out.String(), ready) {
-			return fmt.Errorf("no %q in the output yet", ready)
 		}
 		return nil
 	})
@@ -301,34 +389,57 @@ func waitReady(p *docProc, ready string, timeout time.Duration) error {
 // backoffStop is an error that Poll keeps returning; the caller sees it.
 type backoffStop struct{ error }
 
-func (r *docRunner) useFixture(name string) {
-	if name == r.fixName {
+func (l *docLane) useFixture(name string) {
+	if name == l.fixName {
 		return
 	}
-	r.stopFixture()
+	l.stopFixture()
 	if name == "" {
 		return
 	}
 	f, ok := fixtures[name]
 	if !ok {
-		r.t.Fatalf("no fixture %q", name)
+		l.t.Fatalf("no fixture %q: none in the fixtures table and no entry just before hosts it", name)
 	}
-	p := r.start(r.t, f.cmd)
+	p := l.r.start(l.t, f.cmd)
 	if err := waitReady(p, f.ready, 3*time.Minute); err != nil {
 		p.interrupt()
-		r.t.Fatalf("fixture %s (%s): %v\n%s", name, f.cmd, err, tailString(p.out.String(), 3000))
+		l.t.Fatalf("fixture %s (%s): %v\n%s", name, f.cmd, err, tailString(p.out.String(), 3000))
 	}
-	r.fixName, r.fix = name, p
+	l.fixName, l.fix = name, p
 }
 
-func (r *docRunner) stopFixture() {
-	if r.fix == nil {
+// startHost starts an entry that hosts a fixture; stopFixture ends it and
+// checks it.
+func (l *docLane) startHost(e docCmd) {
+	l.stopFixture()
+	p := l.r.start(l.t, e.cmd)
+	if err := waitReady(p, e.serve, 3*time.Minute); err != nil {
+		p.interrupt()
+		l.t.Fatalf("%s (hosting fixture %s): %v\n%s", e.cmd, e.hosts, err, tailString(p.out.String(), 3000))
+	}
+	l.fixName, l.fix, l.host = e.hosts, p, &e
+}
+
+func (l *docLane) stopFixture() {
+	if l.fix == nil {
 		return
 	}
-	if err := r.fix.interrupt(); err != nil || exitCode(r.fix.err) != 0 {
-		r.t.Errorf("fixture %s: stopping: %v, exit %v\n%s", r.fixName, err, r.fix.err, tailString(r.fix.out.String(), 3000))
+	p, host, name := l.fix, l.host, l.fixName
+	l.fix, l.fixName, l.host = nil, "", nil
+	err := p.interrupt()
+	if host == nil {
+		if err != nil || exitCode(p.err) != 0 {
+			l.t.Errorf("fixture %s: stopping: %v, exit %v\n%s", name, err, p.err, tailString(p.out.String(), 3000))
+		}
+		return
 	}
-	r.fix, r.fixName = nil, ""
+	l.t.Run(host.cmd, func(t *testing.T) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.r.judge(t, *host, p)
+	})
 }
 
 func (r *docRunner) run(t *testing.T, e docCmd) {
@@ -349,12 +460,27 @@ func (r *docRunner) run(t *testing.T, e docCmd) {
 			t.Fatalf("still running after 4 minutes\n%s", tailString(p.out.String(), 3000))
 		}
 	}
+	r.judge(t, e, p)
+}
+
+// judge checks a finished command's exit status and output.
+func (r *docRunner) judge(t *testing.T, e docCmd, p *docProc) {
 	out := p.out.String()
 	if got := exitCode(p.err); got != e.exit {
 		t.Errorf("exit status %d (%v), want %d\n%s", got, p.err, e.exit, tailString(out, 3000))
 	}
 	if e.want != "" && !strings.Contains(out, e.want) {
 		t.Errorf("output lacks %q:\n%s", e.want, tailString(out, 3000))
+	}
+	if e.check != nil {
+		e.check(t, out, r.dir)
+	}
+	if t.Failed() {
+		for _, name := range []string{"control-plane", "loadgen", "engines"} {
+			if b, err := os.ReadFile(filepath.Join(r.dir, "demo-out", name+".log")); err == nil && strings.Contains(e.cmd, "demo") {
+				t.Logf("demo-out/%s.log (last 3 KB):\n%s", name, tailString(string(b), 3000))
+			}
+		}
 	}
 }
 

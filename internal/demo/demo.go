@@ -561,7 +561,7 @@ func (s *supervisor) startProc(name, bin string, args ...string) (*proc, error) 
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("demo: start %s: %w", name, err)

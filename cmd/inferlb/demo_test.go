@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// The demo's end-to-end checks. The demo runs as users run it, through the
+// documented make demo commands of TestDocumentedCommands (one run with the
+// default flags until Ctrl-C, one bounded run): these functions are what
+// those runs must show, beyond their exit status.
+
+// liveNumbers matches a live view line of a frontend that is up and
+// carrying traffic (a request rate that is not 0.0).
+var liveNumbers = regexp.MustCompile(`(?m)^frontend-(us-east|us-west|eu-west)\s+up\s+([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9])\s`)
+
+// make demo with no flags shows live numbers and runs until Ctrl-C, which
+// stops it cleanly and prints the summary per priority and region and the
+// admin and dashboard URLs.
+func checkDemoUntilInterrupted(t *testing.T, out, _ string) {
+	if !liveNumbers.MatchString(out) {
+		t.Errorf("the live view never showed a frontend with traffic:\n%s", tailString(out, 3000))
+	}
+	for _, want := range []string{"dashboard: http://127.0.0.1:17001/dashboard/", "inferlb demo: stopped.", "requests: ",
+		"priority=critical", "priority=batch", "region=us-east", "region=eu-west",
+		"http://127.0.0.1:17001: /weights, /explain", "dashboard at http://127.0.0.1:17001/dashboard/"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the demo's output lacks %q", want)
+		}
+	}
+}
+
+// A bounded demo ends by itself with the summary, every component up
+// throughout, traffic through every frontend, no errors, and multi-turn
+// conversations served from the prefix cache.
+func checkDemoBounded(t *testing.T, out, dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "demo-out", "loadgen-report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Requests struct {
+			Sent, OK, Errors, Timeouts int
+			Rejected                   int `json:"rejected_429"`
+		} `json:"requests"`
+		CachedShare float64 `json:"cached_prompt_share"`
+		Interrupted bool    `json:"interrupted"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("demo traffic: %+v, cached share %.2f", rep.Requests, rep.CachedShare)
+	if rep.Requests.OK < 10 || rep.Requests.Errors != 0 || rep.Requests.Timeouts != 0 || rep.Interrupted {
+		t.Errorf("want at least 10 good requests, no errors, a run that ended by its bound: %+v", rep)
+	}
+	// Multi-turn conversations keep landing where their prefix is cached.
+	if rep.CachedShare < 0.3 {
+		t.Errorf("cached prompt share %.2f: want ≥ 0.3 with session affinity", rep.CachedShare)
+	}
+	for _, fe := range []string{"frontend-us-east", "frontend-us-west", "frontend-eu-west"} {
+		if !regexp.MustCompile(`(?m)^` + fe + `\s+up\s`).MatchString(out) {
+			t.Errorf("the live view never showed %s up", fe)
+		}
+	}
+	for _, want := range []string{"class general:", "timeline: ", "inferlb demo: stopped.", fmt.Sprintf("requests: %d sent", rep.Requests.Sent), "region=us-west"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the demo's output lacks %q", want)
+		}
+	}
+}
