@@ -408,6 +408,19 @@ func TestDashboardInChromium(t *testing.T) {
 		}
 	}
 
+	// 4. The explanation is in the address: loading it opens the same one.
+	url, err := chromedp.Run(tab, chromedp.Location())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(url, "#explain/"+best.Node+"/"+best.Class+"/"+best.Engine) {
+		t.Errorf("after the click the address is %s, want it to name the explained weight", url)
+	}
+	if err := chromedp.Do(tab, chromedp.Navigate("about:blank"), chromedp.Navigate(url),
+		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#explain[data-engine=%q] table.terms tr.price`, best.Engine)))); err != nil {
+		t.Fatalf("loading %s: no explanation: %v", url, err)
+	}
+
 	if *dashboardScreenshot != "" {
 		png, err := chromedp.Run(tab, chromedp.FullScreenshot(100))
 		if err != nil {

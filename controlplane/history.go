@@ -18,13 +18,14 @@ import (
 type history struct {
 	// Set at construction, then read-only.
 	fleet      string
+	capacity   int // points kept
 	engines    []fleet.Engine
 	frontends  []fleet.Frontend
 	priorities []string
 
 	// mu guards pts and next.
 	mu   sync.Mutex
-	pts  []historyPoint // a ring once len(pts) == cap(pts)
+	pts  []historyPoint // a ring once len(pts) == capacity
 	next int            // where the next point goes once the ring is full
 }
 
@@ -42,7 +43,7 @@ type historyPoint struct {
 }
 
 func newHistory(spec *fleet.Spec, n int) *history {
-	h := &history{fleet: spec.Name, engines: spec.Engines, frontends: spec.Frontends, pts: make([]historyPoint, 0, n)}
+	h := &history{fleet: spec.Name, capacity: n, engines: spec.Engines, frontends: spec.Frontends, pts: make([]historyPoint, 0, n)}
 	for _, p := range spec.Priorities {
 		h.priorities = append(h.priorities, p.Name)
 	}
@@ -52,7 +53,7 @@ func newHistory(spec *fleet.Spec, n int) *history {
 // record adds one cycle: the engines' signals and the demand it used, and
 // its outcome (nil if the cycle failed: the signals still count).
 func (h *history) record(at time.Time, engines []signals.Engine, demand map[signals.DemandKey]signals.DemandRate, res *Result) {
-	if cap(h.pts) == 0 {
+	if h.capacity == 0 {
 		return
 	}
 	ne := len(h.engines)
@@ -103,7 +104,7 @@ func (h *history) record(at time.Time, engines []signals.Engine, demand map[sign
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.pts) < cap(h.pts) {
+	if len(h.pts) < h.capacity {
 		h.pts = append(h.pts, p)
 		return
 	}
@@ -190,7 +191,7 @@ type historyPriority struct {
 // json returns the points after since (all for the zero time).
 func (h *history) json(since time.Time) historyJSON {
 	pts := h.points(since)
-	out := historyJSON{Fleet: h.fleet, Capacity: cap(h.pts), At: make([]float64, len(pts))}
+	out := historyJSON{Fleet: h.fleet, Capacity: h.capacity, At: make([]float64, len(pts))}
 	for k, p := range pts {
 		out.At[k] = float64(p.at.UnixMilli()) / 1000
 	}

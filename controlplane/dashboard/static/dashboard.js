@@ -60,23 +60,14 @@
 
   // ---- weights heatmap ----
 
-  function orderedEngines(ids) {
-    const order = state.fleet ? state.fleet.engines.map((e) => e.id) : [];
-    return [...ids].sort((a, b) => {
-      const ia = order.indexOf(a), ib = order.indexOf(b);
-      if (ia !== ib) return (ia < 0 ? 1e9 : ia) - (ib < 0 ? 1e9 : ib);
-      return a < b ? -1 : a > b ? 1 : 0;
-    });
+  // ids in the fleet's order (order: the fleet's ids), unknown ones last
+  // by name.
+  function inOrder(order, ids) {
+    const rank = (id) => { const i = order.indexOf(id); return i < 0 ? Infinity : i; };
+    return [...ids].sort((a, b) => (rank(a) - rank(b)) || (a < b ? -1 : a > b ? 1 : 0));
   }
-
-  function orderedNodes(ids) {
-    const order = state.fleet ? state.fleet.frontends.map((f) => f.node) : [];
-    return [...ids].sort((a, b) => {
-      const ia = order.indexOf(a), ib = order.indexOf(b);
-      if (ia !== ib) return (ia < 0 ? 1e9 : ia) - (ib < 0 ? 1e9 : ib);
-      return a < b ? -1 : a > b ? 1 : 0;
-    });
-  }
+  const orderedEngines = (ids) => inOrder(state.fleet ? state.fleet.engines.map((e) => e.id) : [], ids);
+  const orderedNodes = (ids) => inOrder(state.fleet ? state.fleet.frontends.map((f) => f.node) : [], ids);
 
   function cellStyle(w) {
     // White at 0, deep blue at 1; the number is printed in the cell too.
@@ -152,8 +143,22 @@
     ["stability_ms", "stability", "charge for moving traffic (its KV cache is elsewhere): + where the engine gains share, − where it loses it"],
   ];
 
+  // The open explanation is in the address (#explain/NODE/CLASS/ENGINE), so
+  // a link or a reload shows the same one.
+  function explainHash(o) {
+    return o ? "#explain/" + [o.node, o.cls, o.engine].map(encodeURIComponent).join("/") : "";
+  }
+
+  function hashExplain() {
+    const parts = location.hash.split("/");
+    if (parts.length !== 4 || parts[0] !== "#explain") return null;
+    const [node, cls, engine] = parts.slice(1).map(decodeURIComponent);
+    return { node, cls, engine };
+  }
+
   function openExplain(node, cls, engine) {
     state.open = { node, cls, engine };
+    history.replaceState(null, "", location.pathname + location.search + explainHash(state.open));
     for (const td of document.querySelectorAll("td.cell.selected")) td.classList.remove("selected");
     const td = document.querySelector(`td.cell[data-node="${CSS.escape(node)}"][data-class="${CSS.escape(cls)}"][data-engine="${CSS.escape(engine)}"]`);
     if (td) td.classList.add("selected");
@@ -222,7 +227,7 @@
     for (const v of sig.cycle_view || []) views[v.id] = v;
     const tbody = $("#engines tbody");
     const rows = [];
-    for (const e of sig.engines || []) {
+    for (const e of orderedEngines((sig.engines || []).map((e) => e.id)).map((id) => sig.engines.find((e) => e.id === id))) {
       const v = views[e.id] || {};
       const meta = (state.fleet && state.fleet.engines.find((m) => m.id === e.id)) || {};
       const up = e.state === "up";
@@ -356,8 +361,11 @@
 
   $("#explain-close").addEventListener("click", () => {
     state.open = null;
+    history.replaceState(null, "", location.pathname + location.search);
     $("#explain").hidden = true;
     for (const td of document.querySelectorAll("td.cell.selected")) td.classList.remove("selected");
   });
+  const linked = hashExplain();
+  if (linked) openExplain(linked.node, linked.cls, linked.engine);
   loop();
 })();
