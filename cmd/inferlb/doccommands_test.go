@@ -319,7 +319,7 @@ func (r *docRunner) start(t *testing.T, command string) *docProc {
 	p.cmd = exec.Command("bash", "-c", command)
 	p.cmd.Dir, p.cmd.Env = r.dir, r.env
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd.SysProcAttr = docProcAttr()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("%s: %v", command, err)
 	}
