@@ -22,6 +22,7 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
@@ -32,8 +33,8 @@ var dashboardScreenshot = flag.String("dashboard-screenshot", "", "write a PNG o
 type adminRig struct {
 	runner *Runner
 	admin  string
-	spec   *fleet.Spec
-	urls   map[string]string // engine id → base URL
+	spec    *fleet.Spec
+	engines map[string]*enginesim.Server
 }
 
 // startAdminRig starts the engines and the control plane; with demand, two
@@ -74,10 +75,7 @@ func startAdminRig(t *testing.T, demand bool) *adminRig {
 	if demand {
 		reportDemand(ctx, t, xds, &wg)
 	}
-	rig := &adminRig{runner: r, admin: "http://" + admin, spec: spec, urls: map[string]string{}}
-	for id, s := range engines {
-		rig.urls[id] = s.URL()
-	}
+	rig := &adminRig{runner: r, admin: "http://" + admin, spec: spec, engines: engines}
 	// Ready: a few cycles (the first ones solve cold).
 	if err := envoytest.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
 		r.mu.Lock()
@@ -121,13 +119,15 @@ func (a *adminRig) get(t *testing.T, path string, v any) {
 	}
 }
 
-// Engines that have served no request have no TTFT (NaN inside): every
-// JSON endpoint still answers 200 with a document, the unknown latencies
-// as null, and /history keeps one point per cycle.
+// Engines that have served no request have no TTFT (NaN inside), a
+// crashed one no signals at all: every JSON endpoint still answers 200 with
+// a document, the unknown values as null, and /history keeps one point per
+// cycle.
 func TestAdminJSONWithIdleEngines(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // after the rig's cleanups
 	rig := startAdminRig(t, false)
-	for _, path := range []string{"/weights", "/explain", "/explain?node=fe-east&class=chat", "/xds", "/history"} {
+	all := []string{"/weights", "/explain", "/explain?node=fe-east&class=chat", "/xds", "/history", "/signals"}
+	for _, path := range all {
 		rig.get(t, path, nil)
 	}
 	var sig struct {
@@ -161,6 +161,37 @@ func TestAdminJSONWithIdleEngines(t *testing.T) {
 	rig.get(t, "/history?since="+strconv.FormatFloat(h.At[len(h.At)-2], 'f', -1, 64), &later)
 	if len(later.At) == 0 || later.At[0] != h.At[len(h.At)-1] || len(later.Engines[0].TTFTMs) != len(later.At) {
 		t.Errorf("/history?since=(the last but one point): at %v, want it to start at the last point %v", later.At, h.At[len(h.At)-1])
+	}
+	// A crashed engine: down in /signals, every endpoint still a document.
+	if err := rig.engines["e-west-1"].SetFaults(enginesim.Faults{Crash: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := envoytest.Poll(context.Background(), 20*time.Second, 100*time.Millisecond, func() error {
+		var sig struct {
+			Engines []struct{ ID, State string } `json:"engines"`
+			View    []struct{ ID, Health string } `json:"cycle_view"`
+		}
+		rig.get(t, "/signals", &sig)
+		state, health := "", ""
+		for _, e := range sig.Engines {
+			if e.ID == "e-west-1" {
+				state = e.State
+			}
+		}
+		for _, v := range sig.View {
+			if v.ID == "e-west-1" {
+				health = v.Health
+			}
+		}
+		if state != "down" || health != "unhealthy" {
+			return fmt.Errorf("e-west-1 is %q, %q in the last cycle", state, health)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range all {
+		rig.get(t, path, nil)
 	}
 	resp, err := http.Get(rig.admin + "/history?since=yesterday")
 	if err != nil {
