@@ -31,8 +31,8 @@ var dashboardScreenshot = flag.String("dashboard-screenshot", "", "write a PNG o
 // adminRig is a control plane on ephemeral ports over four simulated
 // engines, with its admin server's base URL.
 type adminRig struct {
-	runner *Runner
-	admin  string
+	runner  *Runner
+	admin   string
 	spec    *fleet.Spec
 	engines map[string]*enginesim.Server
 }
@@ -168,7 +168,7 @@ func TestAdminJSONWithIdleEngines(t *testing.T) {
 	}
 	if err := envoytest.Poll(context.Background(), 20*time.Second, 100*time.Millisecond, func() error {
 		var sig struct {
-			Engines []struct{ ID, State string } `json:"engines"`
+			Engines []struct{ ID, State string }  `json:"engines"`
 			View    []struct{ ID, Health string } `json:"cycle_view"`
 		}
 		rig.get(t, "/signals", &sig)

@@ -460,11 +460,18 @@ func (r *Runner) Kick() {
 
 func (r *Runner) adminHandler() http.Handler {
 	mux := http.NewServeMux()
-	writeJSON := func(w http.ResponseWriter, v any) {
-		// Encoded whole before anything is sent, so that a value JSON
-		// cannot carry (NaN) is a 500 that says so, not a 200 with half a
-		// document.
-		b, err := json.MarshalIndent(v, "", "  ")
+	// encode writes v as JSON, indented for a person reading curl's output
+	// or compact (the dashboard's history: thousands of numbers). It is
+	// encoded whole before anything is sent, so that a value JSON cannot
+	// carry (NaN) is a 500 that says so, not a 200 with half a document.
+	encode := func(w http.ResponseWriter, v any, indent bool) {
+		var b []byte
+		var err error
+		if indent {
+			b, err = json.MarshalIndent(v, "", "  ")
+		} else {
+			b, err = json.Marshal(v)
+		}
 		if err != nil {
 			r.log.Error("admin: encoding the answer", "err", err)
 			http.Error(w, "encoding the answer: "+err.Error(), http.StatusInternalServerError)
@@ -473,6 +480,7 @@ func (r *Runner) adminHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(append(b, '\n'))
 	}
+	writeJSON := func(w http.ResponseWriter, v any) { encode(w, v, true) }
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -573,7 +581,7 @@ func (r *Runner) adminHandler() http.Handler {
 			}
 			since = time.UnixMilli(int64(math.Round(s * 1000)))
 		}
-		writeJSON(w, r.hist.json(since))
+		encode(w, r.hist.json(since), false)
 	})
 	mux.Handle("GET /dashboard/", dashboard.Handler("/dashboard/"))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
