@@ -41,8 +41,10 @@ type linkDoc struct {
 }
 
 type modelDoc struct {
-	Name             string `yaml:"name"`
-	MaxContextTokens *int   `yaml:"max_context_tokens"`
+	Name               string `yaml:"name"`
+	MaxContextTokens   *int   `yaml:"max_context_tokens"`
+	Tokenizer          string `yaml:"tokenizer"`
+	ChatTemplateTokens *int   `yaml:"chat_template_tokens"`
 }
 
 type profileDoc struct {
@@ -89,8 +91,10 @@ type engineDoc struct {
 	Region   string            `yaml:"region"`
 	GPU      string            `yaml:"gpu"`
 	Model    string            `yaml:"model"`
-	Replicas *int              `yaml:"replicas"`
-	Labels   map[string]string `yaml:"labels"`
+	Replicas   *int              `yaml:"replicas"`
+	Labels     map[string]string `yaml:"labels"`
+	Server     string            `yaml:"server"`
+	HealthPath string            `yaml:"health_path"`
 }
 
 // maxNodes bounds the YAML nodes the schema walk visits, aliases expanded,

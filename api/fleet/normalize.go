@@ -39,7 +39,8 @@ func normalize(d *specDoc) *Spec {
 	}
 	modelCtx := map[string]int{}
 	for _, m := range d.Models {
-		s.Models = append(s.Models, Model{Name: m.Name, MaxContextTokens: *m.MaxContextTokens})
+		s.Models = append(s.Models, Model{Name: m.Name, MaxContextTokens: *m.MaxContextTokens,
+			Tokenizer: m.Tokenizer, ChatTemplateTokens: *m.ChatTemplateTokens})
 		modelCtx[m.Name] = *m.MaxContextTokens
 	}
 	for _, p := range d.Profiles {
@@ -85,8 +86,10 @@ func normalize(d *specDoc) *Spec {
 			Region:   e.Region,
 			GPU:      e.GPU,
 			Model:    e.Model,
-			Replicas: *e.Replicas,
-			Labels:   maps.Clone(e.Labels),
+			Replicas:   *e.Replicas,
+			Labels:     maps.Clone(e.Labels),
+			Server:     e.Server,
+			HealthPath: e.HealthPath,
 		})
 	}
 	s.ix = buildIndex(s)
