@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -147,6 +148,36 @@ func TestTranslateRegex(t *testing.T) {
 			t.Errorf("translateRegex(%q) = %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
+}
+
+// FuzzFastPatterns: the hand-written scanners split exactly as the
+// translated regexes do.
+func FuzzFastPatterns(f *testing.F) {
+	for _, c := range golden(f) {
+		f.Add(c.Text)
+	}
+	type pair struct {
+		src string
+		p   *pattern
+	}
+	var ps []pair
+	for src := range fastPatterns {
+		p, err := compilePattern(src, "test")
+		if err != nil || p.fast == nil {
+			f.Fatalf("%q: %v", src, err)
+		}
+		ps = append(ps, pair{src, p})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for _, p := range ps {
+			var a, b [][2]int
+			p.p.fast.each(s, func(i, j int) { a = append(a, [2]int{i, j}) })
+			p.p.eachRegex(s, func(i, j int) { b = append(b, [2]int{i, j}) })
+			if !slices.Equal(a, b) {
+				t.Fatalf("pattern %q on %q:\nfast  %v\nregex %v", p.src, s, a, b)
+			}
+		}
+	})
 }
 
 func FuzzCount(f *testing.F) {

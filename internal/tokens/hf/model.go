@@ -15,26 +15,25 @@ type model interface {
 }
 
 func parseModel(raw json.RawMessage, byteLevel bool) (model, error) {
-	typ, err := typeOf(raw, "model")
-	if err != nil {
-		return nil, err
-	}
+	// One pass over the model (most of the file): its type, vocabulary
+	// and merges are read from this one decode.
 	var d struct {
-		Type                    string            `json:"type"`
-		Vocab                   json.RawMessage   `json:"vocab"`
-		Merges                  []json.RawMessage `json:"merges"`
-		UnkToken                *string           `json:"unk_token"`
-		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-		FuseUnk                 bool              `json:"fuse_unk"`
-		ByteFallback            bool              `json:"byte_fallback"`
-		IgnoreMerges            bool              `json:"ignore_merges"`
-		Dropout                 *float64          `json:"dropout"`
-		MaxInputCharsPerWord    *int              `json:"max_input_chars_per_word"`
+		Type                    string          `json:"type"`
+		Vocab                   json.RawMessage `json:"vocab"`
+		Merges                  json.RawMessage `json:"merges"`
+		UnkToken                *string         `json:"unk_token"`
+		ContinuingSubwordPrefix *string         `json:"continuing_subword_prefix"`
+		EndOfWordSuffix         *string         `json:"end_of_word_suffix"`
+		FuseUnk                 bool            `json:"fuse_unk"`
+		ByteFallback            bool            `json:"byte_fallback"`
+		IgnoreMerges            bool            `json:"ignore_merges"`
+		Dropout                 *float64        `json:"dropout"`
+		MaxInputCharsPerWord    *int            `json:"max_input_chars_per_word"`
 	}
 	if err := json.Unmarshal(raw, &d); err != nil {
 		return nil, fmt.Errorf("tokenizer: model: %w", err)
 	}
+	typ := d.Type
 	if typ == "" {
 		typ = "BPE" // older files omit it for BPE
 	}
@@ -143,8 +142,43 @@ type mergeTo struct{ rank, id int32 }
 
 func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
 
-func newBPE(vocab map[string]int32, mergesRaw []json.RawMessage, opt bpeOptions) (*bpe, error) {
-	m := &bpe{opt: opt, vocab: vocab, merges: make(map[uint64]mergeTo, len(mergesRaw)), unkID: -1}
+// parseMerges reads merges written as "a b" strings or as [a, b] pairs.
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var strs []string
+	if err := json.Unmarshal(raw, &strs); err == nil {
+		out := make([][2]string, len(strs))
+		for i, s := range strs {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok {
+				return nil, fmt.Errorf("tokenizer: model.merges[%d]: %q is not two symbols", i, s)
+			}
+			out[i] = [2]string{a, b}
+		}
+		return out, nil
+	}
+	var pairs [][]string
+	if err := json.Unmarshal(raw, &pairs); err != nil {
+		return nil, fmt.Errorf("tokenizer: model.merges: neither \"a b\" strings nor [a, b] pairs: %w", err)
+	}
+	out := make([][2]string, len(pairs))
+	for i, p := range pairs {
+		if len(p) != 2 {
+			return nil, fmt.Errorf("tokenizer: model.merges[%d]: want 2 parts, got %d", i, len(p))
+		}
+		out[i] = [2]string{p[0], p[1]}
+	}
+	return out, nil
+}
+
+func newBPE(vocab map[string]int32, mergesRaw json.RawMessage, opt bpeOptions) (*bpe, error) {
+	merges, err := parseMerges(mergesRaw)
+	if err != nil {
+		return nil, err
+	}
+	m := &bpe{opt: opt, vocab: vocab, merges: make(map[uint64]mergeTo, len(merges)), unkID: -1}
 	if opt.unk != "" {
 		if id, ok := vocab[opt.unk]; ok {
 			m.unkID = id
@@ -173,24 +207,8 @@ func newBPE(vocab map[string]int32, mergesRaw []json.RawMessage, opt bpeOptions)
 			}
 		}
 	}
-	for i, raw := range mergesRaw {
-		var a, b string
-		var pair []string
-		if err := json.Unmarshal(raw, &pair); err == nil {
-			if len(pair) != 2 {
-				return nil, fmt.Errorf("tokenizer: model.merges[%d]: want 2 parts, got %d", i, len(pair))
-			}
-			a, b = pair[0], pair[1]
-		} else {
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, fmt.Errorf("tokenizer: model.merges[%d]: %w", i, err)
-			}
-			var ok bool
-			if a, b, ok = strings.Cut(s, " "); !ok {
-				return nil, fmt.Errorf("tokenizer: model.merges[%d]: %q is not two symbols", i, s)
-			}
-		}
+	for i, mg := range merges {
+		a, b := mg[0], mg[1]
 		ia, oka := vocab[a]
 		ib, okb := vocab[b]
 		if !oka || !okb {

@@ -123,7 +123,29 @@ type regexSplit struct {
 }
 
 func (r regexSplit) split(s string, start bool, fn func(string, bool)) {
+	if r.b == isolated {
+		isolate(s, r.p, start, fn)
+		return
+	}
 	cut(s, matchSpans(s, r.p.each, r.invert), r.b, start, fn)
+}
+
+// isolate is cut with the Isolated behavior without building the spans
+// (the common case, on the hot path of counting).
+func isolate(s string, p *pattern, start bool, fn func(string, bool)) {
+	last := 0
+	p.each(s, func(a, b int) {
+		if a > last {
+			fn(s[last:a], start && last == 0)
+		}
+		if b > a {
+			fn(s[a:b], start && a == 0)
+		}
+		last = b
+	})
+	if last < len(s) {
+		fn(s[last:], start && last == 0)
+	}
 }
 
 func matchSpans(s string, each func(string, func(int, int)), invert bool) []span {
@@ -177,7 +199,7 @@ func (bl byteLevel) split(s string, start bool, fn func(string, bool)) {
 		fn(s, start)
 		return
 	}
-	cut(s, matchSpans(s, bl.re.each, false), isolated, start, fn)
+	isolate(s, bl.re, start, fn)
 }
 
 // metaspace replaces spaces with a marker (▁), may prepend one, and may
@@ -250,8 +272,16 @@ func parsePreTokenizer(raw json.RawMessage, where string) (preTokenizer, bool, e
 			if err != nil {
 				return nil, false, err
 			}
-			q = append(q, p)
 			anyByte = anyByte || bl
+			// ByteLevel without regex or prefix space only marks the
+			// model byte-level: drop it (a stage per piece costs).
+			if b, ok := p.(byteLevel); ok && b.re == nil && !b.prefixSpace {
+				continue
+			}
+			q = append(q, p)
+		}
+		if len(q) == 1 {
+			return q[0], anyByte, nil
 		}
 		return q, anyByte, nil
 	case "ByteLevel":

@@ -20,6 +20,8 @@ type pattern struct {
 	re *regexp.Regexp
 	// ws is the submatch index of the look-ahead group's start (0: none).
 	ws int
+	// fast, when set, matches instead of re (a well-known pattern).
+	fast *gptScanner
 }
 
 const (
@@ -41,6 +43,9 @@ func compilePattern(src, where string) (*pattern, error) {
 	p := &pattern{re: re}
 	if idiom {
 		p.ws = 2 * re.SubexpIndex("inferlbws")
+	}
+	if g, ok := fastPatterns[src]; ok {
+		p.fast = &g
 	}
 	return p, nil
 }
@@ -192,6 +197,15 @@ func topLevel(src string, i int) bool {
 
 // each calls fn with every match of the pattern in s, left to right.
 func (p *pattern) each(s string, fn func(start, end int)) {
+	if p.fast != nil {
+		p.fast.each(s, fn)
+		return
+	}
+	p.eachRegex(s, fn)
+}
+
+// eachRegex is each by the regexp.
+func (p *pattern) eachRegex(s string, fn func(start, end int)) {
 	if p.ws == 0 {
 		for _, m := range p.re.FindAllStringIndex(s, -1) {
 			fn(m[0], m[1])
