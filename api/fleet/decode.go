@@ -44,6 +44,7 @@ type modelDoc struct {
 	Name               string `yaml:"name"`
 	MaxContextTokens   *int   `yaml:"max_context_tokens"`
 	Tokenizer          string `yaml:"tokenizer"`
+	TokenizerSHA256    string `yaml:"-"` // derived; kept by New
 	ChatTemplateTokens *int   `yaml:"chat_template_tokens"`
 }
 
@@ -86,11 +87,11 @@ type priorityDoc struct {
 }
 
 type engineDoc struct {
-	ID       string            `yaml:"id"`
-	Address  string            `yaml:"address"`
-	Region   string            `yaml:"region"`
-	GPU      string            `yaml:"gpu"`
-	Model    string            `yaml:"model"`
+	ID         string            `yaml:"id"`
+	Address    string            `yaml:"address"`
+	Region     string            `yaml:"region"`
+	GPU        string            `yaml:"gpu"`
+	Model      string            `yaml:"model"`
 	Replicas   *int              `yaml:"replicas"`
 	Labels     map[string]string `yaml:"labels"`
 	Server     string            `yaml:"server"`

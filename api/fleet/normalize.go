@@ -40,7 +40,7 @@ func normalize(d *specDoc) *Spec {
 	modelCtx := map[string]int{}
 	for _, m := range d.Models {
 		s.Models = append(s.Models, Model{Name: m.Name, MaxContextTokens: *m.MaxContextTokens,
-			Tokenizer: m.Tokenizer, ChatTemplateTokens: *m.ChatTemplateTokens})
+			Tokenizer: m.Tokenizer, TokenizerSHA256: m.TokenizerSHA256, ChatTemplateTokens: *m.ChatTemplateTokens})
 		modelCtx[m.Name] = *m.MaxContextTokens
 	}
 	for _, p := range d.Profiles {
@@ -81,11 +81,11 @@ func normalize(d *specDoc) *Spec {
 	s.Frontends = slices.Clone(d.Frontends)
 	for _, e := range d.Engines {
 		s.Engines = append(s.Engines, Engine{
-			ID:       e.ID,
-			Address:  e.Address,
-			Region:   e.Region,
-			GPU:      e.GPU,
-			Model:    e.Model,
+			ID:         e.ID,
+			Address:    e.Address,
+			Region:     e.Region,
+			GPU:        e.GPU,
+			Model:      e.Model,
 			Replicas:   *e.Replicas,
 			Labels:     maps.Clone(e.Labels),
 			Server:     e.Server,

@@ -83,6 +83,10 @@ type Model struct {
 	// (relative paths are relative to the spec file when read by Load);
 	// empty: context limits use the bytes bound (internal/tokens).
 	Tokenizer string `yaml:"tokenizer,omitempty"`
+	// TokenizerSHA256 is derived, not written: the SHA-256 (hex) of the
+	// tokenizer's JSON, set by Load (empty from Parse and New, which read no
+	// files).
+	TokenizerSHA256 string `yaml:"-"`
 	// ChatTemplateTokens bounds the tokens the model's chat template adds
 	// that are not in the request's JSON (a default system prompt, the
 	// generation prompt, BOS). Always set in a parsed Spec.

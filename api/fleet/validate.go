@@ -269,7 +269,8 @@ func (v *validator) checkModels() {
 			ctx = *m.MaxContextTokens
 		}
 		v.models[m.Name] = ctx
-		v.integer(p+".chat_template_tokens", m.ChatTemplateTokens, 0, maxTokens)
+		// ≥ 1 (a BOS at least): 0 would read as "omitted" in Go (New).
+		v.integer(p+".chat_template_tokens", m.ChatTemplateTokens, 1, maxTokens)
 		if strings.ContainsRune(m.Tokenizer, 0) {
 			v.errorf(p+".tokenizer", "%q is not a file path", m.Tokenizer)
 		}

@@ -62,9 +62,23 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
-// Parse builds a Tokenizer from the bytes of a tokenizer.json, gzipped or
-// not. SHA256 identifies the uncompressed JSON.
-func Parse(data []byte) (*Tokenizer, error) {
+// Digest returns the SHA256 a Tokenizer loaded from path would have,
+// reading the file but not parsing it (the control plane publishes it;
+// ext_proc matches it against the tokenizers it loaded).
+func Digest(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	if data, err = gunzip(data); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// gunzip returns data, uncompressed if it is a gzip stream.
+func gunzip(data []byte) ([]byte, error) {
 	if len(data) >= 2 && data[0] == 0x1f && data[1] == 0x8b {
 		zr, err := gzip.NewReader(bytes.NewReader(data))
 		if err != nil {
@@ -78,6 +92,16 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if len(data) > MaxFileBytes {
 		return nil, fmt.Errorf("tokenizer: larger than %d bytes", MaxFileBytes)
 	}
+	return data, nil
+}
+
+// Parse builds a Tokenizer from the bytes of a tokenizer.json, gzipped or
+// not. SHA256 identifies the uncompressed JSON.
+func Parse(data []byte) (*Tokenizer, error) {
+	data, err := gunzip(data)
+	if err != nil {
+		return nil, err
+	}
 	var doc fileDoc
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("tokenizer: not a tokenizer.json: %w", err)
@@ -87,7 +111,6 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	sum := sha256.Sum256(data)
 	t := &Tokenizer{sha: hex.EncodeToString(sum[:]), cache: newWordCache()}
-	var err error
 	if t.norm, err = parseNormalizer(doc.Normalizer, "normalizer"); err != nil {
 		return nil, err
 	}
