@@ -35,6 +35,7 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // DefaultBodyLimit is the largest request body accepted (and the value the
@@ -52,6 +53,10 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Tokenizers are the models' tokenizers by SHA-256 (the policy names a
+	// class's by digest); a class whose tokenizer is not here is bounded by
+	// bytes alone.
+	Tokenizers map[string]*hf.Tokenizer
 }
 
 // Server is the ext_proc gRPC service.
@@ -124,6 +129,15 @@ func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
 	if err != nil {
 		s.m.policyUpdates.WithLabelValues("rejected").Inc()
 		return err
+	}
+	for _, c := range p.classes {
+		if c.TokenizerSHA256 == "" {
+			continue
+		}
+		if c.tokenizer = s.opt.Tokenizers[c.TokenizerSHA256]; c.tokenizer == nil {
+			s.log.Warn("class's tokenizer not loaded: its context limit is judged by the bytes bound (load the model's tokenizer.json with --tokenizer)",
+				"class", c.Name, "model", c.Model, "sha256", c.TokenizerSHA256)
+		}
 	}
 	old := s.policy.Swap(p)
 	s.m.policyUpdates.WithLabelValues("applied").Inc()
@@ -340,8 +354,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		}
 		level, prio = l, st.prioHdr
 	}
-	need := br.PromptTokens + max(br.MaxTokens, 0)
-	c, rerr := p.Route(br.Model, st.resid, need)
+	c, rerr := s.routeByContext(p, br.Model, st.resid, b, st.kind, br)
 	switch rerr {
 	case errUnknownModel:
 		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",

@@ -7,6 +7,12 @@ import (
 
 //go:generate go run ./internal/genexpand
 
+// MaxBoundFactor bounds Bound(b)/len(b): the longest expansion, U+FDFA
+// (3 bytes, 33 under NFKC), is 11 bytes per byte; an escape (6 bytes for at
+// most 33) is less. A caller can skip Bound when MaxBoundFactor·len(b)
+// already decides.
+const MaxBoundFactor = 11
+
 // Bound returns an upper bound on the number of tokens any real tokenizer
 // makes of the text in b (a request body, say), whatever its model:
 // len(b), plus the bytes that the few code points growing under NFC, NFKC

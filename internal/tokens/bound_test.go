@@ -20,6 +20,17 @@ func TestExpansionTableFresh(t *testing.T) {
 	}
 }
 
+// TestMaxBoundFactor: no code point grows by more than MaxBoundFactor
+// times its bytes, nor its escape by more than that times 6.
+func TestMaxBoundFactor(t *testing.T) {
+	for _, e := range expansions {
+		n := len(string(e.r))
+		if n+int(e.extra) > MaxBoundFactor*n || 6+int(e.extra) > MaxBoundFactor*6 {
+			t.Errorf("U+%04X: %d bytes grow by %d", e.r, n, e.extra)
+		}
+	}
+}
+
 func TestBound(t *testing.T) {
 	cases := []struct {
 		in   string
@@ -48,7 +59,7 @@ func TestBound(t *testing.T) {
 func FuzzBound(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":"h\u00e9llo ½"}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if n := Bound(b); n < len(b) || n > 31*len(b) {
+		if n := Bound(b); n < len(b) || n > MaxBoundFactor*len(b) {
 			t.Fatalf("Bound = %d for %d bytes", n, len(b))
 		}
 	})

@@ -1,0 +1,68 @@
+package extproc
+
+import (
+	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
+)
+
+// How a request's context need was bounded (the method label of
+// inferlb_extproc_context_bounds_total).
+const (
+	boundShort     = "short"     // 11 × bytes fits the smallest class: no scan
+	boundBytes     = "bytes"     // tokens.Bound decided
+	boundTokenizer = "tokenizer" // the model's tokenizer counted the texts
+)
+
+// routeByContext picks the class for a request by the tokens it may need:
+// prompt tokens plus max_tokens, the prompt bounded so that it never
+// undercounts the model's real tokenizer (the engine would reject a request
+// longer than its context, 400). Cheapest first, each step only when the
+// previous one leaves the class open:
+//
+//  1. 11 × the body's bytes (tokens.MaxBoundFactor) + chat template tokens:
+//     if even that fits the smallest class, route there without a scan;
+//  2. tokens.Bound of the body (its bytes, plus what the few code points
+//     growing under normalization add): one pass, 3 GB/s on ASCII;
+//  3. with the model's tokenizer loaded (--tokenizer, matched by the
+//     digest the policy names), the exact count of the prompt texts plus
+//     the body's other bytes (keys, roles, tools, counted one token per
+//     byte) — about 90 MB/s, and only for requests near a class limit.
+//
+// Without a tokenizer, step 2's bound decides: safe, and loose by the
+// tokenizer's bytes per token (about 4 for English).
+func (s *Server) routeByContext(p *Policy, model, residency string, b []byte, kind body.Kind, br *body.Request) (*Class, routeErr) {
+	out := max(br.MaxTokens, 0)
+	first, rerr := p.Route(model, residency, 0)
+	if rerr != 0 {
+		return nil, rerr
+	}
+	extra := first.TemplateTokens + out
+	c, _ := p.Route(model, residency, tokens.MaxBoundFactor*len(b)+extra)
+	if c == first {
+		s.m.contextBounds.WithLabelValues(boundShort).Inc()
+		return c, 0
+	}
+	c, _ = p.Route(model, residency, tokens.Bound(b)+extra)
+	tok := first.tokenizer
+	if c == first || tok == nil {
+		s.m.contextBounds.WithLabelValues(boundBytes).Inc()
+		return c, 0
+	}
+	s.m.contextBounds.WithLabelValues(boundTokenizer).Inc()
+	c, _ = p.Route(model, residency, exactBound(tok, b, kind)+extra)
+	return c, 0
+}
+
+// exactBound is the prompt's tokens under tok: its texts counted exactly,
+// every other byte of the body as one token (what a chat template renders
+// from the JSON around the texts — roles, names, tool calls — costs at most
+// that), and the post-processor's special tokens.
+func exactBound(tok *hf.Tokenizer, b []byte, kind body.Kind) int {
+	n, raw := tok.SpecialTokens(), 0
+	body.Texts(b, kind, func(text string, rawLen int) {
+		n += tok.Count(text)
+		raw += rawLen
+	})
+	return n + len(b) - raw
+}
