@@ -49,20 +49,33 @@ func (s *Server) routeByContext(p *Policy, model, residency string, b []byte, ki
 		s.m.contextBounds.WithLabelValues(boundBytes).Inc()
 		return c, 0
 	}
+	// Counting matters only if the prompt might fit a smaller class than
+	// the bound's: count up to the largest such limit, no further.
+	below := p.smallerGuarantee(model, residency, c)
+	if below <= extra {
+		s.m.contextBounds.WithLabelValues(boundBytes).Inc()
+		return c, 0
+	}
 	s.m.contextBounds.WithLabelValues(boundTokenizer).Inc()
-	c, _ = p.Route(model, residency, exactBound(tok, b, kind)+extra)
+	if n, ok := exactBound(tok, b, kind, below-extra); ok {
+		c, _ = p.Route(model, residency, n+extra)
+	}
 	return c, 0
 }
 
 // exactBound is the prompt's tokens under tok: its texts counted exactly,
 // every other byte of the body as one token (what a chat template renders
 // from the JSON around the texts — roles, names, tool calls — costs at most
-// that), and the post-processor's special tokens.
-func exactBound(tok *hf.Tokenizer, b []byte, kind body.Kind) int {
-	n, raw := tok.SpecialTokens(), 0
-	body.Texts(b, kind, func(text string, rawLen int) {
-		n += tok.Count(text)
-		raw += rawLen
+// that), and the post-processor's special tokens. It stops, returning false,
+// as soon as the count is sure to exceed limit.
+func exactBound(tok *hf.Tokenizer, b []byte, kind body.Kind, limit int) (int, bool) {
+	raw := 0
+	body.Texts(b, kind, func(_ string, rawLen int) { raw += rawLen })
+	n := tok.SpecialTokens() + len(b) - raw
+	body.Texts(b, kind, func(text string, _ int) {
+		if n <= limit {
+			n += tok.CountUpTo(text, limit-n)
+		}
 	})
-	return n + len(b) - raw
+	return n, n <= limit
 }

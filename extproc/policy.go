@@ -333,6 +333,25 @@ func (p *Policy) Route(model, residency string, need int) (*Class, routeErr) {
 	return best, 0
 }
 
+// smallerGuarantee is the largest context guarantee below c's among the
+// classes Route could have chosen instead of c for this model and
+// residency (0: none).
+func (p *Policy) smallerGuarantee(model, residency string, c *Class) int {
+	best := 0
+	for _, o := range p.byModel[model] {
+		switch {
+		case residency != "" && o.Residency != residency:
+			continue
+		case residency == "" && c.Residency == "" && o.Residency != "":
+			continue
+		}
+		if g := o.guarantee(); g > 0 && g < c.guarantee() && g > best {
+			best = g
+		}
+	}
+	return best
+}
+
 type routeErr uint8
 
 const (

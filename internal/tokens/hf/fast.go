@@ -87,12 +87,15 @@ func run(s string, i int, cl uint8) int {
 	return i
 }
 
-func (g gptScanner) each(s string, fn func(start, end int)) {
+func (g gptScanner) each(s string, fn func(start, end int) bool) bool {
 	for i := 0; i < len(s); {
 		end := g.match(s, i)
-		fn(i, end)
+		if !fn(i, end) {
+			return false
+		}
 		i = end
 	}
+	return true
 }
 
 // match returns the end of the match starting at i; every character is

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"unicode/utf8"
 )
@@ -144,11 +145,19 @@ func (t *Tokenizer) SpecialTokens() int { return t.suffix }
 // encode(text, add_special_tokens=False) does. Added tokens written in the
 // text (like "<|im_start|>") count as one token each, as they do for a
 // server tokenizing a rendered chat template.
-func (t *Tokenizer) Count(text string) int {
+func (t *Tokenizer) Count(text string) int { return t.CountUpTo(text, math.MaxInt) }
+
+// CountUpTo is Count when the count is at most limit; past limit it stops
+// early and returns some number above limit (a caller deciding whether a
+// prompt fits need not tokenize all of a long one).
+func (t *Tokenizer) CountUpTo(text string, limit int) int {
 	n, off := 0, 0
 	t.added.split(text, false, func(seg string, special bool) {
 		start := off == 0
 		off += len(seg)
+		if n > limit {
+			return
+		}
 		if special {
 			n++
 			return
@@ -160,32 +169,36 @@ func (t *Tokenizer) Count(text string) int {
 		t.added.split(seg, true, func(seg string, special bool) {
 			st := start && first
 			first = false
+			if n > limit {
+				return
+			}
 			if special {
 				n++
 				return
 			}
-			n += t.countNormalized(seg, st)
+			n += t.countNormalized(seg, st, limit-n)
 		})
 	})
 	return n
 }
 
-func (t *Tokenizer) countNormalized(s string, start bool) int {
+// countNormalized counts normalized text, stopping once past limit.
+func (t *Tokenizer) countNormalized(s string, start bool, limit int) int {
 	if s == "" {
 		return 0
 	}
 	n := 0
-	t.pre.split(s, start, func(piece string, _ bool) {
+	t.pre.split(s, start, func(piece string, _ bool) bool {
 		if piece == "" {
-			return
+			return true
 		}
-		if c, ok := t.cache.get(piece); ok {
-			n += c
-			return
+		c, ok := t.cache.get(piece)
+		if !ok {
+			c = t.model.count(piece)
+			t.cache.put(piece, c)
 		}
-		c := t.model.count(piece)
-		t.cache.put(piece, c)
 		n += c
+		return n <= limit
 	})
 	return n
 }

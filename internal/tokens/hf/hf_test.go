@@ -171,8 +171,8 @@ func FuzzFastPatterns(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		for _, p := range ps {
 			var a, b [][2]int
-			p.p.fast.each(s, func(i, j int) { a = append(a, [2]int{i, j}) })
-			p.p.eachRegex(s, func(i, j int) { b = append(b, [2]int{i, j}) })
+			p.p.fast.each(s, func(i, j int) bool { a = append(a, [2]int{i, j}); return true })
+			p.p.eachRegex(s, func(i, j int) bool { b = append(b, [2]int{i, j}); return true })
 			if !slices.Equal(a, b) {
 				t.Fatalf("pattern %q on %q:\nfast  %v\nregex %v", p.src, s, a, b)
 			}
@@ -230,5 +230,19 @@ func BenchmarkLoad(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestCountUpTo: exact up to the limit; past it, above the limit.
+func TestCountUpTo(t *testing.T) {
+	tk := load(t, "qwen3")
+	for _, c := range golden(t) {
+		want := c.Counts["qwen3"]
+		for _, limit := range []int{0, want / 2, want - 1, want, want + 10} {
+			got := tk.CountUpTo(c.Text, limit)
+			if want <= limit && got != want || want > limit && got <= limit {
+				t.Fatalf("CountUpTo(%q, %d) = %d; Count is %d", trunc(c.Text), limit, got, want)
+			}
+		}
 	}
 }

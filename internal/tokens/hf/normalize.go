@@ -114,10 +114,11 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 			return normFunc(func(s string) string {
 				var b strings.Builder
 				last := 0
-				re.each(s, func(start, end int) {
+				re.each(s, func(start, end int) bool {
 					b.WriteString(s[last:start])
 					b.WriteString(content)
 					last = end
+					return true
 				})
 				b.WriteString(s[last:])
 				return b.String()

@@ -10,23 +10,23 @@ import (
 
 // preTokenizer cuts normalized text into pieces the model tokenizes one by
 // one. start says the text begins at offset 0 of the input (Metaspace's
-// "first" scheme needs it); fn receives each piece with the same flag.
+// "first" scheme needs it); fn receives each piece with the same flag and
+// returns false to stop (a count past its limit), which split then returns.
 type preTokenizer interface {
-	split(s string, start bool, fn func(piece string, start bool))
+	split(s string, start bool, fn func(piece string, start bool) bool) bool
 }
 
 type whole struct{}
 
-func (whole) split(s string, start bool, fn func(string, bool)) { fn(s, start) }
+func (whole) split(s string, start bool, fn func(string, bool) bool) bool { return fn(s, start) }
 
 type preSeq []preTokenizer
 
-func (q preSeq) split(s string, start bool, fn func(string, bool)) {
+func (q preSeq) split(s string, start bool, fn func(string, bool) bool) bool {
 	if len(q) == 0 {
-		fn(s, start)
-		return
+		return fn(s, start)
 	}
-	q[0].split(s, start, func(piece string, st bool) { q[1:].split(piece, st, fn) })
+	return q[0].split(s, start, func(piece string, st bool) bool { return q[1:].split(piece, st, fn) })
 }
 
 // behavior is a tokenizers SplitDelimiterBehavior.
@@ -64,7 +64,7 @@ type span struct {
 
 // cut applies a behavior to the spans of s and calls fn with each piece, as
 // the tokenizers library's NormalizedString::split does.
-func cut(s string, spans []span, b behavior, start bool, fn func(string, bool)) {
+func cut(s string, spans []span, b behavior, start bool, fn func(string, bool) bool) bool {
 	var out []span
 	prev := false
 	switch b {
@@ -109,10 +109,11 @@ func cut(s string, spans []span, b behavior, start bool, fn func(string, bool)) 
 		}
 	}
 	for _, sp := range out {
-		if sp.end > sp.start {
-			fn(s[sp.start:sp.end], start && sp.start == 0)
+		if sp.end > sp.start && !fn(s[sp.start:sp.end], start && sp.start == 0) {
+			return false
 		}
 	}
+	return true
 }
 
 // regexSplit is the Split pre-tokenizer (and ByteLevel's regex).
@@ -122,41 +123,43 @@ type regexSplit struct {
 	invert bool
 }
 
-func (r regexSplit) split(s string, start bool, fn func(string, bool)) {
-	if r.b == isolated {
-		isolate(s, r.p, start, fn)
-		return
+func (r regexSplit) split(s string, start bool, fn func(string, bool) bool) bool {
+	if r.b == isolated && !r.invert {
+		return isolate(s, r.p, start, fn)
 	}
-	cut(s, matchSpans(s, r.p.each, r.invert), r.b, start, fn)
+	return cut(s, matchSpans(s, r.p.each, r.invert), r.b, start, fn)
 }
 
 // isolate is cut with the Isolated behavior without building the spans
 // (the common case, on the hot path of counting).
-func isolate(s string, p *pattern, start bool, fn func(string, bool)) {
+func isolate(s string, p *pattern, start bool, fn func(string, bool) bool) bool {
 	last := 0
-	p.each(s, func(a, b int) {
-		if a > last {
-			fn(s[last:a], start && last == 0)
+	ok := p.each(s, func(a, b int) bool {
+		if a > last && !fn(s[last:a], start && last == 0) {
+			return false
 		}
-		if b > a {
-			fn(s[a:b], start && a == 0)
+		if b > a && !fn(s[a:b], start && a == 0) {
+			return false
 		}
 		last = b
+		return true
 	})
-	if last < len(s) {
-		fn(s[last:], start && last == 0)
+	if ok && last < len(s) {
+		return fn(s[last:], start && last == 0)
 	}
+	return ok
 }
 
-func matchSpans(s string, each func(string, func(int, int)), invert bool) []span {
+func matchSpans(s string, each func(string, func(int, int) bool) bool, invert bool) []span {
 	var spans []span
 	last := 0
-	each(s, func(a, b int) {
+	each(s, func(a, b int) bool {
 		if a > last {
 			spans = append(spans, span{last, a, invert})
 		}
 		spans = append(spans, span{a, b, !invert})
 		last = b
+		return true
 	})
 	if last < len(s) {
 		spans = append(spans, span{last, len(s), invert})
@@ -171,13 +174,14 @@ type charSplit struct {
 	b  behavior
 }
 
-func (c charSplit) split(s string, start bool, fn func(string, bool)) {
-	cut(s, matchSpans(s, func(s string, f func(int, int)) {
+func (c charSplit) split(s string, start bool, fn func(string, bool) bool) bool {
+	return cut(s, matchSpans(s, func(s string, f func(int, int) bool) bool {
 		for i, r := range s {
 			if c.is(r) {
 				f(i, i+utf8.RuneLen(r))
 			}
 		}
+		return true
 	}, false), c.b, start, fn)
 }
 
@@ -191,15 +195,14 @@ type byteLevel struct {
 
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
-func (bl byteLevel) split(s string, start bool, fn func(string, bool)) {
+func (bl byteLevel) split(s string, start bool, fn func(string, bool) bool) bool {
 	if bl.prefixSpace && !strings.HasPrefix(s, " ") {
 		s = " " + s
 	}
 	if bl.re == nil {
-		fn(s, start)
-		return
+		return fn(s, start)
 	}
-	isolate(s, bl.re, start, fn)
+	return isolate(s, bl.re, start, fn)
 }
 
 // metaspace replaces spaces with a marker (▁), may prepend one, and may
@@ -210,24 +213,24 @@ type metaspace struct {
 	splitAt bool
 }
 
-func (m metaspace) split(s string, start bool, fn func(string, bool)) {
+func (m metaspace) split(s string, start bool, fn func(string, bool) bool) bool {
 	s = strings.ReplaceAll(s, " ", m.rep)
 	if !strings.HasPrefix(s, m.rep) && (m.prepend == "always" || (m.prepend == "first" && start)) {
 		s = m.rep + s
 	}
 	if !m.splitAt {
-		fn(s, start)
-		return
+		return fn(s, start)
 	}
-	cut(s, matchSpans(s, func(s string, f func(int, int)) {
+	return cut(s, matchSpans(s, func(s string, f func(int, int) bool) bool {
 		for i := 0; i < len(s); {
 			j := strings.Index(s[i:], m.rep)
 			if j < 0 {
-				return
+				return true
 			}
 			f(i+j, i+j+len(m.rep))
 			i += j + len(m.rep)
 		}
+		return true
 	}, false), mergedWithNext, start, fn)
 }
 

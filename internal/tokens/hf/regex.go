@@ -195,28 +195,30 @@ func topLevel(src string, i int) bool {
 	return depth == 0 && !inClass
 }
 
-// each calls fn with every match of the pattern in s, left to right.
-func (p *pattern) each(s string, fn func(start, end int)) {
+// each calls fn with every match of the pattern in s, left to right,
+// until fn returns false (then each returns false).
+func (p *pattern) each(s string, fn func(start, end int) bool) bool {
 	if p.fast != nil {
-		p.fast.each(s, fn)
-		return
+		return p.fast.each(s, fn)
 	}
-	p.eachRegex(s, fn)
+	return p.eachRegex(s, fn)
 }
 
 // eachRegex is each by the regexp.
-func (p *pattern) eachRegex(s string, fn func(start, end int)) {
+func (p *pattern) eachRegex(s string, fn func(start, end int) bool) bool {
 	if p.ws == 0 {
 		for _, m := range p.re.FindAllStringIndex(s, -1) {
-			fn(m[0], m[1])
+			if !fn(m[0], m[1]) {
+				return false
+			}
 		}
-		return
+		return true
 	}
 	pos := 0
 	for pos < len(s) {
 		m := p.re.FindStringSubmatchIndex(s[pos:])
 		if m == nil {
-			return
+			return true
 		}
 		start, end := pos+m[0], pos+m[1]
 		if m[p.ws] >= 0 && end < len(s) {
@@ -230,7 +232,10 @@ func (p *pattern) eachRegex(s string, fn func(start, end int)) {
 			pos = start + max(n, 1)
 			continue
 		}
-		fn(start, end)
+		if !fn(start, end) {
+			return false
+		}
 		pos = end
 	}
+	return true
 }
