@@ -1,6 +1,7 @@
 package extproc_test
 
 import (
+	"io"
 	"strings"
 	"testing"
 
@@ -76,5 +77,36 @@ func TestContextLimitByRealTokens(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestModelsThroughEnvoy: GET /v1/models answers with the fleet's models
+// (from the policy's classes, with the longest context a class guarantees);
+// GET /v1/models/{id} with one, or a 404 in OpenAI's format.
+func TestModelsThroughEnvoy(t *testing.T) {
+	r := startRig(t, rigOptions{policy: func(p *policyv1.RoutingPolicy) {
+		p.Classes[0].MaxContextTokens = 8192
+		p.Classes = append(p.Classes, &policyv1.ClassPolicy{Name: "llama-long", Cluster: "class-llama", Model: "llama-3-8b", MaxContextTokens: 131072})
+	}})
+	get := func(path string) (int, string, string) {
+		resp, err := client.Get(r.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("content-type"), string(b)
+	}
+	code, ct, b := get("/v1/models")
+	want := `{"object":"list","data":[{"id":"llama-3-8b","object":"model","created":0,"owned_by":"inferlb","max_model_len":131072},{"id":"qwen-2-7b","object":"model","created":0,"owned_by":"inferlb"}]}`
+	if code != 200 || ct != "application/json" || b != want {
+		t.Fatalf("GET /v1/models: %d %q %s", code, ct, b)
+	}
+	if code, _, b := get("/v1/models/qwen-2-7b"); code != 200 || !strings.Contains(b, `"id":"qwen-2-7b"`) {
+		t.Fatalf("GET /v1/models/qwen-2-7b: %d %s", code, b)
+	}
+	code, _, b = get("/v1/models/gpt-7")
+	if m, _, c := openAIError(t, b); code != 404 || c != "model_not_found" || !strings.Contains(m, `"gpt-7"`) {
+		t.Fatalf("GET /v1/models/gpt-7: %d %s", code, b)
 	}
 }

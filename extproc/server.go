@@ -301,8 +301,14 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	case "/v1/completions":
 		st.kind = body.Completion
 	default:
+		if path == modelsPath || strings.HasPrefix(path, modelsPath+"/") {
+			return s.onModels(st, method, path)
+		}
+		if what, ok := unrouted[path]; ok {
+			return s.reject(st, unroutedError(method, path, what))
+		}
 		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "unknown_url",
-			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions.", method, path), reason: "unknown_path"})
+			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions, and answers GET /v1/models.", method, path), reason: "unknown_path"})
 	}
 	if method != "POST" {
 		return s.reject(st, &apiError{status: 405, typ: "invalid_request_error", code: "method_not_allowed",
@@ -334,8 +340,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	}
 	p := s.policy.Load()
 	if p == nil {
-		return s.reject(st, &apiError{status: 503, typ: "service_unavailable", code: "no_routing_decision",
-			message: "The load balancer cannot route requests right now (no routing decision available); retry shortly.", retryAfter: 1, reason: "no_policy"})
+		return s.reject(st, noPolicy())
 	}
 	if err := body.Parse(b, st.kind, &st.br); err != nil {
 		var fe *body.FieldError
