@@ -166,6 +166,29 @@ func TestLoadTokenizer(t *testing.T) {
 	}
 }
 
+// TestCheckTokenizer: Check parses the tokenizer as ext_proc would and
+// reports a file it refuses on the field, with its line.
+func TestCheckTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "fleet.yaml")
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("fleet.yaml", edit(t, "max_context_tokens: 131072}", "max_context_tokens: 131072, tokenizer: tok.json}"))
+	write("tok.json", `{"model": {"type": "WordLevel", "vocab": {"a": 0}}}`)
+	if _, err := Check(path); err != nil {
+		t.Fatalf("Check(good tokenizer): %v", err)
+	}
+	write("tok.json", `{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}`)
+	_, err := Check(path)
+	fes := Errors(err)
+	if len(fes) != 1 || fes[0].Path != "models[0].tokenizer" || fes[0].Line != 12 || !strings.Contains(fes[0].Msg, "Unigram is not supported") {
+		t.Fatalf("Check(Unigram tokenizer) = %v", err)
+	}
+}
+
 func TestLoadErrors(t *testing.T) {
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Load(missing) = %v", err)

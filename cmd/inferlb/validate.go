@@ -23,7 +23,9 @@ prints every problem on its own line, as FILE:LINE: PATH: PROBLEM, e.g.
 
   fleet.yaml:42: engines[3].region: unknown region "eu-wst"
 
-and the command exits with status 1.`,
+and the command exits with status 1. A model's tokenizer (models[].tokenizer)
+is parsed with the loader ext_proc uses, so a tokenizer.json it cannot use is
+reported here.`,
 		Example: "  inferlb validate examples/fleet-3region.yaml\n  inferlb validate examples/*.yaml",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -37,7 +39,7 @@ and the command exits with status 1.`,
 func runValidate(out, errOut io.Writer, files []string) error {
 	bad := 0
 	for _, file := range files {
-		s, err := fleet.Load(file)
+		s, err := fleet.Check(file)
 		if err == nil {
 			fmt.Fprintf(out, "%s: ok: %s\n", file, s.Summary())
 			continue
