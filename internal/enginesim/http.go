@@ -80,8 +80,11 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 
 // loading reports whether the engine is still in its LoadingFor period.
 func (s *Server) loading() bool {
-	return s.opts.LoadingFor > 0 && time.Since(s.epoch) < s.opts.LoadingFor
+	return s.opts.LoadingFor > 0 && !s.loaded.Load() && time.Since(s.epoch) < s.opts.LoadingFor
 }
+
+// FinishLoading ends the LoadingFor period now.
+func (s *Server) FinishLoading() { s.loaded.Store(true) }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	m := s.opts.Model

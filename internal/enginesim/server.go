@@ -124,6 +124,8 @@ type Server struct {
 	// served is set by the first completion request (SGLang's series
 	// appear then).
 	served atomic.Bool
+	// loaded ends the LoadingFor period early (FinishLoading).
+	loaded atomic.Bool
 }
 
 // Start validates opts, binds the listener and serves until ctx is
