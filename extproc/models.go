@@ -108,5 +108,5 @@ func noPolicy() *apiError {
 func unroutedError(method, path, what string) *apiError {
 	return &apiError{status: 404, typ: "invalid_request_error", code: "unsupported_endpoint",
 		message: fmt.Sprintf("%s %s (%s) is not served through this load balancer; it routes POST /v1/chat/completions and POST /v1/completions, and answers GET /v1/models.", method, path, what),
-		reason: "unsupported_endpoint"}
+		reason:  "unsupported_endpoint"}
 }
