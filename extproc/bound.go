@@ -31,36 +31,34 @@ const (
 //
 // Without a tokenizer, step 2's bound decides: safe, and loose by the
 // tokenizer's bytes per token (about 4 for English).
-func (s *Server) routeByContext(p *Policy, model, residency string, b []byte, kind body.Kind, br *body.Request) (*Class, routeErr) {
+//
+// It returns the class and how the bound was made (the method label).
+func (p *Policy) routeByContext(model, residency string, b []byte, kind body.Kind, br *body.Request) (*Class, string, routeErr) {
 	out := max(br.MaxTokens, 0)
 	first, rerr := p.Route(model, residency, 0)
 	if rerr != 0 {
-		return nil, rerr
+		return nil, "", rerr
 	}
 	extra := first.TemplateTokens + out
 	c, _ := p.Route(model, residency, tokens.MaxBoundFactor*len(b)+extra)
 	if c == first {
-		s.m.contextBounds.WithLabelValues(boundShort).Inc()
-		return c, 0
+		return c, boundShort, 0
 	}
 	c, _ = p.Route(model, residency, tokens.Bound(b)+extra)
 	tok := first.tokenizer
 	if c == first || tok == nil {
-		s.m.contextBounds.WithLabelValues(boundBytes).Inc()
-		return c, 0
+		return c, boundBytes, 0
 	}
 	// Counting matters only if the prompt might fit a smaller class than
 	// the bound's: count up to the largest such limit, no further.
 	below := p.smallerGuarantee(model, residency, c)
 	if below <= extra {
-		s.m.contextBounds.WithLabelValues(boundBytes).Inc()
-		return c, 0
+		return c, boundBytes, 0
 	}
-	s.m.contextBounds.WithLabelValues(boundTokenizer).Inc()
 	if n, ok := exactBound(tok, b, kind, below-extra); ok {
 		c, _ = p.Route(model, residency, n+extra)
 	}
-	return c, 0
+	return c, boundTokenizer, 0
 }
 
 // exactBound is the prompt's tokens under tok: its texts counted exactly,

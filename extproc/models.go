@@ -67,9 +67,9 @@ func (s *Server) onModels(st *stream, method, path string) *extprocv3.Processing
 		return s.reject(st, &apiError{status: 405, typ: "invalid_request_error", code: "method_not_allowed",
 			message: fmt.Sprintf("Method %s not allowed for %s; use GET.", method, path), reason: "method"})
 	}
-	p := s.policy.Load()
+	p := s.dec.Policy()
 	if p == nil {
-		return s.reject(st, noPolicy())
+		return s.reject(st, errNoPolicy)
 	}
 	list := p.models()
 	var doc any = struct {
@@ -97,11 +97,6 @@ func (s *Server) onModels(st *stream, method, path string) *extprocv3.Processing
 		Body:    b,
 		Details: "inferlb_models",
 	}}}
-}
-
-func noPolicy() *apiError {
-	return &apiError{status: 503, typ: "service_unavailable", code: "no_routing_decision",
-		message: "The load balancer cannot route requests right now (no routing decision available); retry shortly.", retryAfter: 1, reason: "no_policy"}
 }
 
 // unroutedError is the 404 of an OpenAI endpoint inferlb does not route.

@@ -156,8 +156,8 @@ func TestContextBoundMethods(t *testing.T) {
 		if err != nil || r.GetRequestBody() == nil {
 			t.Fatalf("%s: %v %v", c.name, r, err)
 		}
-		if st.class.Name != c.class || testutil.ToFloat64(s.m.contextBounds.WithLabelValues(c.method)) != before+1 {
-			t.Errorf("%s: class %s, want %s by %s", c.name, st.class.Name, c.class, c.method)
+		if st.dc.Class.Name != c.class || testutil.ToFloat64(s.m.contextBounds.WithLabelValues(c.method)) != before+1 {
+			t.Errorf("%s: class %s, want %s by %s", c.name, st.dc.Class.Name, c.class, c.method)
 		}
 		t.Logf("%s: %d bytes, %v", c.name, len(c.body), took)
 		s.finish(st)

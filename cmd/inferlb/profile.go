@@ -80,9 +80,9 @@ entry as block_size, kv_capacity_tokens and max_context_tokens. Without
 --fleet, the entry is built from the measurement alone (prefill throughput
 from the zero-load TTFT, decode_step_per_seq_ms 0: the curves carry the load
 dependence), and needs --gpu and a KV size from /metrics.`,
-		Example: `  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 4 &
-  inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 4 \
-      --fleet examples/fleet-3region.yaml --gpu H100`,
+		Example: `  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2 &
+  inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 \
+      --points 4 --requests 40 --fleet examples/fleet-3region.yaml --gpu H100`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if target == "" || modelName == "" || !(maxRate > 0) {
