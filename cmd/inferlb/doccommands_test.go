@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/internal/fixedports"
 )
@@ -59,6 +60,7 @@ var fixtures = map[string]fixture{
 	"engine-18100":  {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
 	"h100-18100":    {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
 	"control-plane": {"inferlb control-plane --fleet examples/fleet-3region.yaml", "http://127.0.0.1:18080/healthz"},
+	"engines":       {"inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", "http://127.0.0.1:18402/health_generate"},
 }
 
 const (
@@ -115,6 +117,12 @@ var docCommands = []docCmd{
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", serve: "http://127.0.0.1:18100/health"},
+	// Real engines (docs/engines.md): server kinds, loading, tokenizers.
+	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --server sglang --loading-for 2s", serve: "http://127.0.0.1:18100/health_generate"},
+	{cmd: "inferlb validate examples/fleet-engines.yaml", want: `ok: fleet "engines"`},
+	{cmd: "inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", serve: "http://127.0.0.1:18404/health"},
+	{cmd: "inferlb profile --target http://127.0.0.1:18402 --model Qwen/Qwen3-8B --server sglang --gpu H100 --max-rate 40 --time-scale 0.1 --points 4 --requests 40", with: "engines", want: "kv_capacity_tokens: 450000"},
+	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west --tokenizer internal/tokens/hf/testdata/qwen3.tokenizer.json.gz", serve: "tokenizer loaded"},
 	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west", serve: "routing policy applied"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000", want: "node:"},
@@ -177,7 +185,7 @@ func TestDocumentedCommands(t *testing.T) {
 			continue
 		}
 		k := 1
-		if demoLane(e) {
+		if demoLane(t, root, e) {
 			k = 0
 		}
 		lanes[k] = append(lanes[k], e)
@@ -193,14 +201,34 @@ func TestDocumentedCommands(t *testing.T) {
 }
 
 // demoLane says whether a command runs in the lane of the demo's ports:
-// it, or its fixture, listens on the demo's ports (17000..) or on the
-// example fleets' engine addresses (18001–18012), or it runs bin/inferlb,
-// which make demo rebuilds. Every other command (ports 18000, 18080, 18100,
-// 9002, 9102 or ephemeral ones) runs in the other lane, at the same time.
-func demoLane(e docCmd) bool {
-	c := e.cmd + " " + fixtures[e.with].cmd
-	return e.with == "demo" || e.hosts != "" || strings.Contains(c, "make ") || strings.Contains(c, "bin/inferlb") ||
-		strings.Contains(c, "inferlb demo") || (strings.Contains(c, "engine-sim --fleet") && !strings.Contains(c, "--listen"))
+// it, or its fixture, listens on the demo's ports (17000..) or on the demo
+// fleet's engine addresses (18001–18012: engine-sim of a fleet with engines
+// there), or it runs bin/inferlb, which make demo rebuilds. Every other
+// command (ports 18000, 18080, 18100, 184xx, 9002, 9102 or ephemeral ones)
+// runs in the other lane, at the same time.
+func demoLane(t *testing.T, root string, e docCmd) bool {
+	if e.with == "demo" || e.hosts != "" {
+		return true
+	}
+	for _, c := range []string{e.cmd, fixtures[e.with].cmd} {
+		if strings.Contains(c, "make ") || strings.Contains(c, "bin/inferlb") || strings.Contains(c, "inferlb demo") {
+			return true
+		}
+		m := regexp.MustCompile(`engine-sim .*--fleet (\S+)`).FindStringSubmatch(c)
+		if m == nil || strings.Contains(c, "--listen") {
+			continue
+		}
+		spec, err := fleet.Load(filepath.Join(root, m[1]))
+		if err != nil {
+			t.Fatalf("%s: %v", c, err)
+		}
+		for _, eng := range spec.Engines {
+			if _, port, _ := strings.Cut(eng.Address, ":"); port >= "18001" && port <= "18012" && len(port) == 5 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // docRunner runs commands in a copy of the repository's root made of
