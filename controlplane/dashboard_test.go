@@ -193,14 +193,16 @@ func TestAdminJSONWithIdleEngines(t *testing.T) {
 	for _, path := range all {
 		rig.get(t, path, nil)
 	}
-	resp, err := http.Get(rig.admin + "/history?since=yesterday")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), `since="yesterday"`) {
-		t.Errorf("/history?since=yesterday: %s %q, want 400 naming the parameter", resp.Status, b)
+	for _, bad := range []string{"yesterday", "-1", "NaN", "Inf", "1e300"} {
+		resp, err := http.Get(rig.admin + "/history?since=" + bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), fmt.Sprintf("since=%q", bad)) {
+			t.Errorf("/history?since=%s: %s %q, want 400 naming the parameter", bad, resp.Status, b)
+		}
 	}
 }
 

@@ -575,7 +575,7 @@ func (r *Runner) adminHandler() http.Handler {
 		var since time.Time
 		if q := req.URL.Query().Get("since"); q != "" {
 			s, err := strconv.ParseFloat(q, 64)
-			if err != nil || !(s >= 0) || math.IsInf(s, 0) {
+			if err != nil || !(s >= 0 && s < 1e12) { // 1e12 s: the year 33658, within time.UnixMilli
 				http.Error(w, fmt.Sprintf("since=%q: want Unix seconds (as /history's at gives them)", q), http.StatusBadRequest)
 				return
 			}
