@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/xds/auth"
 	"github.com/inferlb/inferlb/xds/server"
 	"github.com/inferlb/inferlb/xds/signals"
 )
@@ -43,6 +44,10 @@ type RunConfig struct {
 	Warmup time.Duration
 	// StateFile, if set, keeps the published weights across restarts.
 	StateFile string
+	// Auth secures the xDS/Reports port. DefaultRunConfig leaves it
+	// Insecure (tests, embedding); the command requires credentials unless
+	// --insecure is given.
+	Auth      auth.Server
 	Allocator Allocator
 	Logger    *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -55,7 +60,7 @@ func DefaultRunConfig() RunConfig {
 		Cycle: DefaultConfig(), XDSListen: "127.0.0.1:18000", AdminListen: "127.0.0.1:18080",
 		Interval: 5 * time.Second, ScrapeInterval: time.Second, ScrapeTimeout: 800 * time.Millisecond,
 		StaleAfter: 5 * time.Second, Smoothing: 3 * time.Second, DemandWindow: 10 * time.Second,
-		Warmup: 3 * time.Second,
+		Warmup: 3 * time.Second, Auth: auth.Server{Insecure: true},
 	}
 }
 
@@ -143,7 +148,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter}, ids)
 	r.scraper = &signals.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
-	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake,
+	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
 		VersionPrefix: fmt.Sprintf("p%d-", cfg.Now().UnixMilli())})
 	if err != nil {
 		return nil, err

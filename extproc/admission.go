@@ -113,10 +113,18 @@ func retryScale(u float64) float64 {
 }
 
 // grantRetries credits the class's retry budget for one request and grants
-// this request up to MaxRetries retries from it. The budget earns
-// RetryFraction × retryScale(utilization) retries per request, holds at
-// most retryBurst × retryScale, and pays nothing while the class sheds.
-// Granted retries are reserved; refund returns the unused ones.
+// this request up to MaxRetries retries, as many whole retries as the
+// budget holds. The budget earns RetryFraction × retryScale(utilization)
+// retries per request, holds at most retryBurst × retryScale, and pays
+// nothing while the class sheds.
+//
+// A grant is an allowance, not a reservation: the budget is charged for a
+// retry when Envoy reports the failed attempt that caused it (useRetry,
+// from the upstream log, within a flush interval). Reserving at grant time
+// and refunding at the end would hold a long stream's unused retries for
+// its whole generation, draining the budget while nothing fails. Between a
+// burst of failures and their charges Envoy's own cluster retry budget
+// caps concurrent retries.
 func (c *Class) grantRetries() int {
 	if c.MaxRetries == 0 || c.RetryFraction == 0 || c.sheds() {
 		return 0
@@ -129,19 +137,16 @@ func (c *Class) grantRetries() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tokens = min(s.tokens+c.RetryFraction*scale, retryBurst*scale)
-	k := min(c.MaxRetries, int(s.tokens))
-	s.tokens -= float64(k)
-	return k
+	return max(0, min(c.MaxRetries, int(s.tokens)))
 }
 
-// refund returns n unused retries to the budget.
-func (c *Class) refund(n int) {
-	if n <= 0 {
-		return
-	}
+// chargeRetry takes one used retry from the budget. The budget may go into
+// debt (down to −retryBurst) after a burst: requests get no retries until it
+// is earned back.
+func (c *Class) chargeRetry() {
 	s := c.state
 	s.mu.Lock()
-	s.tokens = min(s.tokens+float64(n), retryBurst)
+	s.tokens = max(s.tokens-1, -retryBurst)
 	s.mu.Unlock()
 }
 

@@ -2,9 +2,10 @@
 // frontend Envoy's request path and decides, from local state only, which
 // eligibility class (Envoy cluster) serves a request, the cache-affinity key
 // the route hashes on, whether the request is admitted or shed, and how many
-// retries it may use. On the response path it observes which engine served,
-// the status and the time to response headers, and reports that evidence and
-// the demand it saw to the control plane. See docs/extproc.md.
+// retries it may use. It is not in the response path: once the decision is
+// sent it ends its stream, and learns from Envoy's access logs which engine
+// served, the status and the timing; it reports that evidence and the demand
+// it saw to the control plane. See docs/extproc.md.
 //
 // The hot path reads an immutable Policy through an atomic pointer; a new
 // RoutingPolicy from the control plane (package extproc/cpclient) replaces it
@@ -52,6 +53,10 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// MaxRequestAge bounds how long an admitted request holds its in-flight
+	// slot without Envoy's access log reporting its end (default
+	// DefaultMaxRequestAge).
+	MaxRequestAge time.Duration
 }
 
 // Server is the ext_proc gRPC service.
@@ -63,6 +68,7 @@ type Server struct {
 	m      *metrics
 	obs    *Observer
 	policy atomic.Pointer[Policy]
+	reqs   *requestTable
 
 	statesMu sync.Mutex
 	states   map[string]*classState
@@ -87,7 +93,7 @@ func New(opt Options) *Server {
 	}
 	return &Server{
 		opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), obs: NewObserver(opt.Now()),
-		states: map[string]*classState{},
+		states: map[string]*classState{}, reqs: newRequestTable(opt.MaxRequestAge, opt.Now()),
 	}
 }
 
@@ -141,8 +147,8 @@ type phase uint8
 const (
 	phaseRequestHeaders phase = iota // waiting for request headers
 	phaseRequestBody                 // headers seen, waiting for the buffered body
-	phaseRouted                      // decision sent, waiting for response headers
-	phaseObserved                    // response headers seen; nothing more to do
+	phaseRouted                      // decision sent; the stream ends
+	phaseObserved                    // response headers seen (only if Envoy sends them)
 	phaseAnswered                    // an ImmediateResponse ended the request
 )
 
@@ -164,15 +170,21 @@ type stream struct {
 	policy  *Policy
 	granted int
 	prio    string
+	id      string // request id (admitted requests)
 	br      body.Request
 }
 
-// Process serves one ext_proc stream: one HTTP request and its response.
+// Process serves one ext_proc stream: one HTTP request's decision.
+//
+// Once the decision is sent (the request routed, or answered with an error)
+// the stream ends with status OK: Envoy then goes on without ext_proc, so
+// nothing that happens to this process afterwards (a crash, a restart) can
+// touch the request, in either failure mode. How the request ended comes
+// from Envoy's request access log (requestTable).
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	st := &stream{}
-	defer s.finish(st)
 	for {
 		req, err := srv.Recv()
 		if err != nil {
@@ -190,17 +202,28 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			continue
 		}
 		if err := srv.Send(resp); err != nil {
+			// Envoy never got the decision (and fails or bypasses the
+			// request): it will not log it as ours.
+			s.abandon(st.id)
 			return err
+		}
+		if st.phase == phaseRouted || st.phase == phaseAnswered {
+			return nil
 		}
 	}
 }
 
-// finish releases what an admitted request held.
-func (s *Server) finish(st *stream) {
-	if st.class != nil {
-		st.class.release()
-		s.m.inflight.WithLabelValues(st.class.Name).Dec()
+// abandon forgets an admitted request whose end will not be logged.
+func (s *Server) abandon(id string) {
+	if r := s.reqs.take(id); r != nil {
+		s.release(r)
 	}
+}
+
+// release gives back what an admitted request held.
+func (s *Server) release(r *tracked) {
+	r.class.release()
+	s.m.inflight.WithLabelValues(r.class.Name).Dec()
 }
 
 // step advances the state machine by one message.
@@ -378,11 +401,17 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(st.granted))
 	}
 	st.phase = phaseRouted
+	id, expired := s.reqs.add(&tracked{class: c, granted: st.granted, start: st.start, prompt: br.PromptTokens, output: output}, st.start)
+	st.id = id
+	for _, r := range expired {
+		s.release(r)
+		s.m.requestsExpired.Inc()
+	}
 
-	// Only the affinity key is new per request; the other headers are
-	// built once and shared.
-	set := make([]*corev3.HeaderValueOption, 0, 6)
-	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, hex16(keyHash)), c.classHdr,
+	// Only the affinity key and the request id are new per request; the
+	// other headers are built once and shared.
+	set := make([]*corev3.HeaderValueOption, 0, 7)
+	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, hex16(keyHash)), setHeader(headers.RequestID, id), c.classHdr,
 		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, st.granted))
 	if p.regionHdr != nil {
 		set = append(set, p.regionHdr)
@@ -401,7 +430,7 @@ func removeUnset(rm []string) []string {
 	out := rm[:0]
 	for _, k := range rm {
 		switch k {
-		case headers.Cluster, headers.AffinityKey, headers.Class, headers.PriorityLevel, headers.EnvoyMaxRetries, headers.SourceRegion:
+		case headers.Cluster, headers.AffinityKey, headers.RequestID, headers.Class, headers.PriorityLevel, headers.EnvoyMaxRetries, headers.SourceRegion:
 			continue
 		}
 		out = append(out, k)
@@ -508,47 +537,14 @@ func (s *Server) reject(st *stream, e *apiError) *extprocv3.ProcessingResponse {
 	}}}
 }
 
-// onResponseHeaders records evidence and strips the internal response
-// headers (which engine served; how many attempts it took).
-// attemptCount is the header Envoy adds to responses with the number of
-// upstream attempts (route's include_attempt_count_in_response).
-const attemptCount = "x-envoy-attempt-count"
-
-func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	var upstream string
-	code, attempts := 0, 0
-	for _, hv := range h.GetHeaders().GetHeaders() {
-		switch hv.Key {
-		case ":status":
-			code, _ = strconv.Atoi(headerValue(hv))
-		case headers.UpstreamHost:
-			upstream = headerValue(hv)
-		case attemptCount:
-			attempts, _ = strconv.Atoi(headerValue(hv))
-		}
-	}
+// onResponseHeaders answers "continue": the bootstrap does not send
+// response headers (ext_proc has left the stream by then), but a
+// configuration that does gets a harmless answer. Evidence comes from
+// Envoy's access logs (attemptlog.go).
+func (s *Server) onResponseHeaders(st *stream, _ *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	if st.phase == phaseRouted {
 		st.phase = phaseObserved
-		lat := s.opt.Now().Sub(st.start)
-		// Failures are counted per attempt from Envoy's upstream log
-		// (attemptlog.go), retried ones included; here only what succeeded.
-		if upstream != "" && code < 500 {
-			id := st.policy.EngineID(upstream)
-			engine := id
-			if engine == "" {
-				engine = upstream
-			}
-			s.obs.Response(upstream, id, false, lat)
-			s.m.responses.WithLabelValues(engine, codeClass(code)).Inc()
-		}
-		s.m.headerLatency.Observe(lat.Seconds())
-		if attempts > 0 && st.granted > 0 {
-			st.class.refund(st.granted - (attempts - 1))
-			st.granted = 0
-		}
 	}
-	// Nothing to change: the bootstrap's header-mutation filter, which
-	// sees the response after ext_proc, strips the two headers read here.
 	return respContinueResponseHeaders
 }
 

@@ -71,7 +71,7 @@ func BenchmarkDecision(b *testing.B) {
 				if _, err := s.step(st, rh); err != nil {
 					b.Fatal(err)
 				}
-				s.finish(st)
+				s.abandon(st.id)
 			}
 		})
 	}

@@ -98,7 +98,7 @@ func TestDemandOutputTokens(t *testing.T) {
 		if err != nil || r.GetRequestBody() == nil {
 			t.Fatalf("%s: %v %v", body, r, err)
 		}
-		s.finish(st)
+		s.abandon(st.id)
 	}
 	rep := s.Observer().Flush(time.Now())
 	if len(rep.GetDemand()) != 1 || rep.GetDemand()[0].GetRequests() != 3 || rep.GetDemand()[0].GetOutputTokens() != 340 {

@@ -40,6 +40,14 @@ Envoy keeps its last config while the control plane is away. --state-file
 keeps the published weights across restarts so a restarted control plane
 republishes the same weights instead of starting cold.
 
+The xDS/Reports port is authenticated: mutual TLS (--tls-cert, --tls-key,
+--tls-client-ca), a shared bearer token (--token-file), or both. Without
+either it refuses to start unless --insecure is given (local demos only):
+whoever reaches an unauthenticated port reads every node's configuration and
+can steer the optimizer with forged reports. Reports are also checked for
+plausibility (rates within the frontend's max_requests_per_s, evidence within
+the requests reported, timestamps within --max-clock-skew of this clock).
+
 The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 /explain, /signals, /xds (ACK/NACK per node), /metrics, /healthz and /readyz.`,
 		Args: cobra.NoArgs,
@@ -75,6 +83,12 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 			default:
 				return fmt.Errorf("--allocator: want optimizer or proportional, got %q", allocator)
 			}
+			if err := d.Auth.Validate(); err != nil {
+				return err
+			}
+			if d.Auth.TokenFile != "" && d.Auth.CertFile == "" {
+				log.Warn("the xDS token travels without TLS: use it only on the same host or a trusted network (add --tls-cert/--tls-key)")
+			}
 			r, err := controlplane.NewRunner(d)
 			if err != nil {
 				return err
@@ -85,6 +99,11 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f := cmd.Flags()
 	f.StringVar(&fleetPath, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml")
 	f.StringVar(&d.XDSListen, "xds-listen", d.XDSListen, "gRPC address for ADS and Reports")
+	f.BoolVar(&d.Auth.Insecure, "insecure", false, "serve ADS and Reports without authentication (local demos only)")
+	f.StringVar(&d.Auth.CertFile, "tls-cert", "", "server certificate (PEM): TLS on the xDS/Reports port")
+	f.StringVar(&d.Auth.KeyFile, "tls-key", "", "the key (PEM) of --tls-cert")
+	f.StringVar(&d.Auth.ClientCAFile, "tls-client-ca", "", "CA (PEM) that client certificates must chain to: mutual TLS")
+	f.StringVar(&d.Auth.TokenFile, "token-file", "", "file of accepted bearer tokens, one per line (re-read when it changes)")
 	f.StringVar(&d.AdminListen, "admin-listen", d.AdminListen, "admin HTTP address (keep it on localhost)")
 	f.DurationVar(&d.Interval, "interval", d.Interval, "control cycle period")
 	f.DurationVar(&d.ScrapeInterval, "scrape-interval", d.ScrapeInterval, "engine /metrics and /health scrape period")

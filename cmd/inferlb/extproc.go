@@ -41,12 +41,20 @@ from the control plane over ADS (--control-plane, --node-id); --policy-file
 gives one (protobuf JSON RoutingPolicy) to use until the first arrives, or
 alone without a control plane.
 
-  inferlb extproc --control-plane 127.0.0.1:18000 --node-id fe-eu --region eu-west
+The control plane's port is authenticated: give this instance its
+credentials (mutual TLS: --control-plane-ca, --control-plane-cert,
+--control-plane-key; or its shared token: --control-plane-token-file; or
+both), or --insecure for a local demo. --control-plane may list several
+replicas, separated by commas: the policy comes from one at a time, reports
+go to all.
+
+  inferlb extproc --control-plane 127.0.0.1:18000 --node-id fe-eu --region eu-west --control-plane-token-file /etc/inferlb/xds-token
   inferlb extproc --policy-file policy.json
 
-Print a frontend Envoy bootstrap that uses this service:
+Print a frontend Envoy bootstrap that uses this service (with the same
+control-plane credentials for Envoy's ADS connection):
 
-  inferlb extproc --print-bootstrap fail-closed --node-id fe-eu --control-plane 127.0.0.1:18000 --envoy-port 10000`,
+  inferlb extproc --print-bootstrap fail-closed --node-id fe-eu --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel)
@@ -64,6 +72,11 @@ Print a frontend Envoy bootstrap that uses this service:
 			}
 			if cfg.ShutdownGrace <= 0 {
 				return fmt.Errorf("--shutdown-grace must be positive, got %v", cfg.ShutdownGrace)
+			}
+			if cfg.ControlPlane != "" {
+				if err := cfg.Auth.Validate(); err != nil {
+					return err
+				}
 			}
 			if printBootstrap != "" {
 				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, envoyPort)
@@ -97,7 +110,14 @@ Print a frontend Envoy bootstrap that uses this service:
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:9002", "ext_proc gRPC address (Envoy connects here)")
 	f.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:9102", "address for /metrics, /healthz and /policy (empty: off)")
-	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports); empty: none")
+	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports), or its replicas' separated by commas; empty: none")
+	f.BoolVar(&cfg.Auth.Insecure, "insecure", false, "talk to the control plane without TLS or token (local demos only)")
+	f.StringVar(&cfg.Auth.CAFile, "control-plane-ca", "", "CA (PEM) verifying the control plane's certificate: TLS on")
+	f.StringVar(&cfg.Auth.CertFile, "control-plane-cert", "", "this instance's client certificate (PEM) for mutual TLS")
+	f.StringVar(&cfg.Auth.KeyFile, "control-plane-key", "", "the key (PEM) of --control-plane-cert")
+	f.StringVar(&cfg.Auth.ServerName, "control-plane-server-name", "", "name the control plane's certificate must carry (default: the host dialled)")
+	f.StringVar(&cfg.Auth.TokenFile, "control-plane-token-file", "", "file holding the control plane's shared bearer token")
+	f.DurationVar(&cfg.MaxRequestAge, "max-request-age", extproc.DefaultMaxRequestAge, "an admitted request whose end Envoy's access log never reports gives back its in-flight slot after this long")
 	f.StringVar(&cfg.NodeID, "node-id", "", "frontend node id (the RoutingPolicy resource name)")
 	f.StringVar(&cfg.Region, "region", "", "frontend region (sent as node locality)")
 	f.StringVar(&cfg.Instance, "instance", "", "instance name in reports (default host-pid)")
@@ -123,13 +143,23 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	if cfg.ControlPlane == "" {
 		return fmt.Errorf("--print-bootstrap needs --control-plane (Envoy takes CDS/EDS from it)")
 	}
-	xh, xp, err := splitHostPort(cfg.ControlPlane, "--control-plane")
+	cps, err := service.SplitAddresses(cfg.ControlPlane)
+	if err != nil {
+		return err
+	}
+	xh, xp, err := splitHostPort(cps[0], "--control-plane")
+	if err != nil {
+		return err
+	}
+	token, err := cfg.Auth.Token()
 	if err != nil {
 		return err
 	}
 	y, err := envoyconfigs.Render(envoyconfigs.Params{
 		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
-		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
+		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
+		XDSAuth: envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
+			ServerName: cfg.Auth.ServerName},
 	})
 	if err != nil {
 		return err

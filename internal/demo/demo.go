@@ -166,7 +166,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
 		"--xds-listen", fmt.Sprintf("127.0.0.1:%d", pt.xds),
 		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.cpAdmin),
-		"--interval", o.ControlInterval.String(),
+		"--interval", o.ControlInterval.String(), "--insecure",
 		"--state-file", filepath.Join(o.OutDir, "control-plane-state.json")); err != nil {
 		return nil, err
 	}
@@ -178,7 +178,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			"--listen", fmt.Sprintf("127.0.0.1:%d", pt.extproc[k]),
 			"--http-listen", fmt.Sprintf("127.0.0.1:%d", pt.extprocHTTP[k]),
 			"--control-plane", fmt.Sprintf("127.0.0.1:%d", pt.xds),
-			"--node-id", f.NodeID, "--region", f.Region, "--instance", "demo-"+f.Name); err != nil {
+			"--node-id", f.NodeID, "--region", f.Region, "--instance", "demo-"+f.Name, "--insecure"); err != nil {
 			return nil, err
 		}
 		boot, err := envoyconfigs.Render(envoyconfigs.Params{
