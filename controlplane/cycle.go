@@ -656,13 +656,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 			if budget == 0 {
 				retries = 0
 			}
-			inflight := 0
-			for _, j := range f.eligible[cl.Name] {
-				e := f.engines[j]
-				if fp, ok := c.spec.ProfileOf(e); ok {
-					inflight += 2 * fp.MaxRunning * max(e.Replicas, 1)
-				}
-			}
+			inflight := c.InflightLimit(cl.Name)
 			tc := translate.Class{Name: cl.Name, Model: cl.Model, Residency: cl.Residency,
 				MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
 				Weights: cd.Weights, ShedByLevel: cd.shedLevels, RetryBudgetFraction: budget,
@@ -712,6 +706,30 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	c.published = res.Nodes
 	c.planned = planned
 	return res, nil
+}
+
+// InflightLimit is a class's local in-flight limit at one ext_proc instance
+// (RoutingPolicy local_inflight_limit): twice the running slots of its
+// eligible engines.
+func (c *Controller) InflightLimit(class string) int {
+	n := 0
+	for _, j := range c.problem.eligible[class] {
+		e := c.problem.engines[j]
+		if fp, ok := c.spec.ProfileOf(e); ok {
+			n += 2 * fp.MaxRunning * max(e.Replicas, 1)
+		}
+	}
+	return n
+}
+
+// CapacityRPS is the fleet's capacity in reference requests per second (each
+// engine's profile capacity times its replicas).
+func (c *Controller) CapacityRPS() float64 {
+	sum := 0.0
+	for _, e := range c.problem.engines {
+		sum += c.profiles[e.ID].CapacityRPS * float64(max(e.Replicas, 1))
+	}
+	return sum
 }
 
 // plannedFromPublished is the load (reference req/s per engine) the

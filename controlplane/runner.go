@@ -44,6 +44,9 @@ type RunConfig struct {
 	Warmup time.Duration
 	// StateFile, if set, keeps the published weights across restarts.
 	StateFile string
+	// MaxClockSkew is how far a report's interval end may be from this
+	// clock (0: 10 s).
+	MaxClockSkew time.Duration
 	// Auth secures the xDS/Reports port. DefaultRunConfig leaves it
 	// Insecure (tests, embedding); the command requires credentials unless
 	// --insecure is given.
@@ -142,7 +145,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		ids = append(ids, e.ID)
 		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address})
 	}
-	if r.intake, err = signals.NewIntake(signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now}); err != nil {
+	if r.intake, err = signals.NewIntake(r.intakeOptions(nodes, classes, prios)); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
 	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter}, ids)
@@ -168,6 +171,36 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		}
 	}
 	return r, nil
+}
+
+// intakeOptions are the Reports intake's names and plausibility bounds,
+// from the fleet: a frontend carries at most its max_requests_per_s (default
+// twice the fleet's capacity); an instance has at most its classes' local
+// in-flight limits in flight; a request makes at most 1 + MaxRetries
+// attempts and asks for at most the largest context of the fleet.
+func (r *Runner) intakeOptions(nodes, classes, prios []string) signals.IntakeOptions {
+	cfg := r.cfg
+	o := signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now,
+		MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
+		MaxAttempts: 1 + float64(cfg.Cycle.MaxRetries), MaxClockSkew: cfg.MaxClockSkew}
+	inflight := 0.0
+	for _, c := range cfg.Fleet.Classes {
+		inflight += float64(r.ctrl.InflightLimit(c.Name))
+	}
+	for _, f := range cfg.Fleet.Frontends {
+		b := f.MaxRequestsPerS
+		if b <= 0 {
+			b = 2 * r.ctrl.CapacityRPS()
+		}
+		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
+	}
+	for _, m := range cfg.Fleet.Models {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(m.MaxContextTokens))
+	}
+	for _, p := range cfg.Fleet.Profiles {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(p.MaxContextTokens))
+	}
+	return o
 }
 
 // Registry is the runner's own metrics registry.

@@ -102,8 +102,8 @@ func Render(p Params) (string, error) {
 	if p.Variant == FailOpen && p.FallbackCluster == "" {
 		return "", fmt.Errorf("envoyconfigs: fail-open needs a FallbackCluster")
 	}
-	if p.NodeID == "" || p.ListenPort <= 0 || p.ExtProcPort <= 0 || p.XDSPort <= 0 || p.BodyLimit <= 0 {
-		return "", fmt.Errorf("envoyconfigs: NodeID, ListenPort, ExtProcPort, XDSPort and BodyLimit are required")
+	if p.NodeID == "" || p.ListenPort <= 0 || p.ExtProcPort <= 0 || (p.XDSPort <= 0 && len(p.XDSAddresses) == 0) || p.BodyLimit <= 0 {
+		return "", fmt.Errorf("envoyconfigs: NodeID, ListenPort, ExtProcPort, XDSPort (or XDSAddresses) and BodyLimit are required")
 	}
 	// A port past 65535 renders a bootstrap Envoy refuses with a message
 	// about its own schema; say which parameter is wrong instead.

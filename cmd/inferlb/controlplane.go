@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -113,6 +114,7 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.DurationVar(&d.DemandWindow, "demand-window", d.DemandWindow, "window over which reported demand is averaged")
 	f.DurationVar(&d.Warmup, "warmup", d.Warmup, "wait this long (scrapes and reports) before the first publication")
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
+	f.DurationVar(&d.MaxClockSkew, "max-clock-skew", 10*time.Second, "reports whose interval ends further than this from this clock are refused")
 	f.StringVar(&allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
 	f.Float64Var(&solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
 	f.StringVar(&lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")

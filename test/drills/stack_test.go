@@ -157,7 +157,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	listen := envoytest.FreePort(t)
 	p := envoyconfigs.Params{Variant: o.variant, NodeID: nodeID, Region: "east", ListenPort: listen,
 		ExtProcPort: port(t, s.extGRPC), XDSPort: port(t, s.cpXDS[0]), XDSAddresses: s.cpXDS,
-		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(t)}
+		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth()}
 	if o.envoy != nil {
 		o.envoy(&p)
 	}

@@ -282,3 +282,94 @@ func TestIntake(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 }
+
+// Implausible reports are refused whole, with the bound they break named
+// (the forgeries: 2^64−1 requests, 10^9/s, timestamps in 1970 and a
+// century ahead, 1000 errors per engine without requests); plausible but
+// large ones are capped at the frontend's bound in the demand, per instance
+// and per node.
+func TestIntakePlausibility(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	in, err := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
+		Priorities: []string{"p"}, Now: func() time.Time { return now },
+		MaxRequestsPerS: map[string]float64{"fe": 100}, MaxInflight: map[string]float64{"fe": 10},
+		MaxAttempts: 3, MaxTokensPerRequest: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := func(inst string, req uint64, resp uint64) *policyv1.ReportRequest {
+		return &policyv1.ReportRequest{NodeId: "fe", Instance: inst,
+			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
+			Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: req, PromptTokens: req * 100, OutputTokens: req * 50}},
+			Engines: []*policyv1.EngineEvidence{{Address: "10.0.0.1:8000", Responses: resp, Errors: resp,
+				Completed: 0}}}
+	}
+	for name, tc := range map[string]struct {
+		r      *policyv1.ReportRequest
+		reason string
+		want   string
+	}{
+		"2^64-1 requests": {rep("a", math.MaxUint64, 0), "rate", "exceed the 100/s frontend fe can carry"},
+		"1e9 per second":  {rep("a", 1_000_000_000, 0), "rate", "exceed the 100/s"},
+		"1970": {func() *policyv1.ReportRequest {
+			r := rep("a", 1, 0)
+			r.IntervalStart, r.IntervalEnd = timestamppb.New(time.Unix(0, 0)), timestamppb.New(time.Unix(1, 0))
+			return r
+		}(), "clock", "from the control plane's clock"},
+		"a century ahead": {func() *policyv1.ReportRequest {
+			r := rep("a", 1, 0)
+			r.IntervalStart, r.IntervalEnd = timestamppb.New(now.AddDate(100, 0, 0)), timestamppb.New(now.AddDate(100, 0, 0).Add(time.Second))
+			return r
+		}(), "clock", "at most 10s is accepted"},
+		"interval from 1970 to now": {func() *policyv1.ReportRequest {
+			r := rep("a", 1, 0)
+			r.IntervalStart = timestamppb.New(time.Unix(0, 0))
+			return r
+		}(), "clock", "more than the 1m0s accepted"},
+		"tokens": {func() *policyv1.ReportRequest {
+			r := rep("a", 2, 0)
+			r.Demand[0].PromptTokens = 1 << 40
+			return r
+		}(), "tokens", "a request has at most 8192"},
+		// Credit: 3 attempts × 10 in flight = 30 responses without requests.
+		"1000 errors without requests": {rep("b", 0, 1000), "evidence", "1000 engine responses, more than its 0 admitted requests"},
+		"latency count": {func() *policyv1.ReportRequest {
+			r := rep("a", 2, 2)
+			r.Engines[0].HeaderLatencyCount = 3
+			return r
+		}(), "malformed", "may not exceed responses 2"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := in.Report(context.Background(), tc.r)
+			var rj *Rejection
+			if !errors.As(err, &rj) || rj.Reason != tc.reason || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want a %q rejection containing %q", err, tc.reason, tc.want)
+			}
+		})
+	}
+	// The credit carries: 30 responses in flight at start, then 3 per
+	// admitted request; beyond, refused.
+	if err := in.Report(context.Background(), rep("c", 0, 30)); err != nil {
+		t.Fatalf("responses of the requests in flight at start: %v", err)
+	}
+	if err := in.Report(context.Background(), rep("c", 5, 15)); err != nil {
+		t.Fatalf("3 responses per admitted request: %v", err)
+	}
+	if err := in.Report(context.Background(), rep("c", 0, 1)); err == nil {
+		t.Fatal("a response beyond the credit was accepted")
+	}
+	// Caps: two instances at 90/s each (each plausible) make 180/s: the
+	// node's demand counts its bound, 100/s.
+	for k := 0; k < 10; k++ {
+		now = now.Add(time.Second)
+		for _, inst := range []string{"x", "y"} {
+			if err := in.Report(context.Background(), rep(inst, 90, 0)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	d, _ := in.Snapshot(now)
+	if got := d[DemandKey{"fe", "c", "p"}].RequestsPerS; math.Abs(got-100) > 1e-6 {
+		t.Fatalf("node demand %.2f/s from two instances at 90/s each, want the bound 100/s", got)
+	}
+}
