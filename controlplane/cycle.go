@@ -84,10 +84,16 @@ type PenaltyOptions struct {
 	// MinSamples: fewer first tokens (or responses) in an interval are no
 	// evidence.
 	MinSamples float64
-	// Max caps a penalty (an engine keeps some traffic to show recovery).
+	// Max caps a penalty.
 	Max float64
-	// HalfLife of the decay once the evidence is gone.
+	// HalfLife of the decay while the evidence shows the engine normal
+	// again (without evidence a penalty is held).
 	HalfLife time.Duration
+	// A penalized engine that is up keeps a probe share of each class:
+	// enough for ProbeRPS requests/s of the class's demand, between
+	// MinProbeShare and MaxProbeShare, so that its recovery is judged on
+	// traffic.
+	ProbeRPS, MinProbeShare, MaxProbeShare float64
 }
 
 // DefaultConfig is the production tuning.
@@ -102,7 +108,7 @@ func DefaultConfig() Config {
 		IdleDemandPerS: 0.05,
 		UnknownHealth:  0.5,
 		Penalty: PenaltyOptions{LatencyTolerance: 0.5, LatencyScale: 2, ErrorTolerance: 0.02, ErrorScale: 0.5,
-			MinSamples: 3, Max: 0.9, HalfLife: 30 * time.Second},
+			MinSamples: 3, Max: 0.9, HalfLife: 30 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
 		RetryBudget: 0.2,
 		MaxRetries:  2,
 	}
@@ -146,6 +152,9 @@ func (c Config) Validate() error {
 	if p.HalfLife <= 0 {
 		bad("penalty.half_life", p.HalfLife, "must be positive")
 	}
+	if !(p.ProbeRPS >= 0 && p.MinProbeShare >= 0 && p.MinProbeShare <= p.MaxProbeShare && p.MaxProbeShare < 0.5) {
+		bad("penalty.probe", fmt.Sprintf("rps %v, share %v–%v", p.ProbeRPS, p.MinProbeShare, p.MaxProbeShare), "want rps ≥ 0 and 0 ≤ min ≤ max < 0.5")
+	}
 	if !(c.RetryBudget >= 0 && c.RetryBudget <= 1) {
 		bad("retry_budget", c.RetryBudget, "must be in [0, 1]")
 	}
@@ -171,10 +180,16 @@ type EngineView struct {
 	// ObservedUtilization is work per second over replica capacity.
 	ObservedUtilization float64 `json:"observed_utilization"`
 	PlannedUtilization  float64 `json:"planned_utilization"`
-	// Residuals: observed / predicted at the observed load (0: no evidence).
-	TTFTResidual float64 `json:"ttft_residual"`
-	TBOTResidual float64 `json:"tbot_residual"`
-	ErrorRate    float64 `json:"error_rate"`
+	// Residuals: observed / predicted at the observed load and queue (0: no
+	// evidence): TTFT and TBOT from the engine's metrics, E2E from
+	// ext_proc's timing of whole requests. The predictions are in ms.
+	TTFTResidual float64        `json:"ttft_residual"`
+	TBOTResidual float64        `json:"tbot_residual"`
+	E2EResidual  float64        `json:"e2e_residual"`
+	TTFTPredMs   float64        `json:"ttft_predicted_ms"`
+	TBOTPredMs   float64        `json:"tbot_predicted_ms"`
+	Window       signals.Window `json:"evidence_window"`
+	ErrorRate    float64        `json:"error_rate"`
 	Penalty      float64 `json:"penalty"`
 	PenaltyWhy   string  `json:"penalty_why,omitempty"`
 }
@@ -215,6 +230,8 @@ type Result struct {
 	Fallback  string                   `json:"fallback_reason,omitempty"`
 	Objective float64                  `json:"objective"`
 	Engines   []EngineView             `json:"engines"`
+	// PenaltyNotes say when fleet-wide slowness was not taken for faults.
+	PenaltyNotes []string `json:"penalty_notes,omitempty"`
 	Nodes     map[string]*NodeDecision `json:"nodes"`
 	// Publish lists the nodes whose resources changed, to publish.
 	Publish []*translate.Resources `json:"-"`
@@ -231,6 +248,7 @@ type Controller struct {
 	problem  problemFrame
 
 	penalties map[string]float64
+	cause     map[string]string // engine → why its penalty was set (causeLatency, causeErrors)
 	// impaired marks engines that were penalized, down or stale last cycle
 	// (never-scraped engines are not impaired), to notice recoveries.
 	impaired  map[string]bool
@@ -247,7 +265,9 @@ type problemFrame struct {
 	priorities []fleet.Priority
 	byAddr     map[string]string
 	eligible   map[string][]int
-	rtt        [][]float64
+	rtt        [][]float64 // [frontend][engine] ms
+	// engineIdx and nodeIdx index engines and frontends (node id) into rtt.
+	engineIdx, nodeIdx map[string]int
 }
 
 // NewController builds a controller for a validated fleet.
@@ -259,7 +279,7 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		alloc = OptimizerAllocator{Options: optimizer.Options{Tolerance: DefaultSolverTolerance}}
 	}
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
-		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, impaired: map[string]bool{},
+		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, cause: map[string]string{}, impaired: map[string]bool{},
 		published: map[string]*NodeDecision{}, planned: map[string]float64{}}
 	f := &c.problem
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
@@ -299,8 +319,10 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 			f.eligible[cl.Name] = append(f.eligible[cl.Name], idx[e.ID])
 		}
 	}
+	f.engineIdx, f.nodeIdx = idx, map[string]int{}
 	f.rtt = make([][]float64, len(f.frontends))
 	for i, fe := range f.frontends {
+		f.nodeIdx[fe.NodeID] = i
 		f.rtt[i] = make([]float64, len(f.engines))
 		for j, e := range f.engines {
 			ms, ok := spec.RTTMs(fe.Region, e.Region)
@@ -395,10 +417,6 @@ func (c *Controller) healthOf(s signals.State) (translate.Health, float64) {
 func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	f := &c.problem
 	res := &Result{At: in.Now, Nodes: map[string]*NodeDecision{}, Allocator: fmt.Sprintf("%T", c.alloc)}
-	sig := map[string]signals.Engine{}
-	for _, e := range in.Engines {
-		sig[e.ID] = e
-	}
 	dt := time.Duration(0)
 	if !c.lastStep.IsZero() {
 		dt = in.Now.Sub(c.lastStep)
@@ -414,77 +432,18 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	if dt > 0 {
 		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
 	}
-	evidence := map[string]signals.Evidence{}
-	for addr, ev := range in.Evidence {
-		if id, ok := f.byAddr[addr]; ok {
-			evidence[id] = ev
-		}
-	}
-
-	// 1–2. Engine views and penalties.
+	// 1–2. Engine views and penalties (penalty.go).
 	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs}
 	health := map[string]translate.Health{}
 	recovered := map[string]bool{}
-	for _, e := range f.engines {
-		s, ok := sig[e.ID]
-		state := signals.New
-		if ok {
-			state = s.Status()
-		}
-		h, hf := c.healthOf(state)
-		health[e.ID] = h
-		prof := c.profiles[e.ID]
-		reps := float64(max(e.Replicas, 1))
-		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
-		if state == signals.Up {
-			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*prof.OutputTokenSec
-			v.ObservedUtilization = work / reps
-			if s.Waiting >= 1 {
-				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
-			}
-			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
-			v.BackgroundLoad = clamp(v.ObservedUtilization-v.PlannedUtilization, 0, 0.95)
-			if s.TTFTSamples >= c.cfg.Penalty.MinSamples && s.RequestsPerS > 0 && !math.IsNaN(s.TTFTMs) {
-				prompt := s.PromptTokensPerS / s.RequestsPerS
-				output := s.GenerationTokPerS / s.RequestsPerS
-				u := math.Min(v.ObservedUtilization, 0.98)
-				pt, pb := prof.Latency(prompt, output, u)
-				if pt > 0 {
-					v.TTFTResidual = s.TTFTMs / pt
-				}
-				if pb > 0 && !math.IsNaN(s.TBOTMs) {
-					v.TBOTResidual = s.TBOTMs / pb
-				}
-			}
-		}
-		po := c.cfg.Penalty
-		target, why := 0.0, ""
-		if r := math.Max(v.TTFTResidual, v.TBOTResidual); r > 1+po.LatencyTolerance {
-			target = (r - 1 - po.LatencyTolerance) / po.LatencyScale
-			why = fmt.Sprintf("latency %.2f× its profile at utilization %.2f", r, v.ObservedUtilization)
-		}
-		if ev, ok := evidence[e.ID]; ok && ev.Responses >= po.MinSamples {
-			v.ErrorRate = ev.ErrorRate()
-			if t := (v.ErrorRate - po.ErrorTolerance) / po.ErrorScale; t > target {
-				target = t
-				why = fmt.Sprintf("%.0f%% errors over %.0f responses", 100*v.ErrorRate, ev.Responses)
-			}
-		}
-		target = clamp(target, 0, po.Max)
-		pen := c.penalties[e.ID] * decay
-		if target >= pen {
-			pen = target
-		} else if pen > 0 {
-			why = "recovering (decaying)"
-		}
-		if pen < minPenalty {
-			pen = 0
-		}
+	views, states, as, up := c.observe(in)
+	res.PenaltyNotes = notFaults(as)
+	for j, e := range f.engines {
+		v, state := views[j], states[j]
+		health[e.ID], _ = c.healthOf(state)
+		pen, why := c.nextPenalty(e.ID, c.penalties[e.ID], *as[e.ID], decay)
 		c.penalties[e.ID] = pen
 		v.Penalty, v.PenaltyWhy = pen, why
-		if pen == 0 {
-			v.PenaltyWhy = ""
-		}
 		impaired := pen > 0 || (state != signals.Up && state != signals.New)
 		if c.impaired[e.ID] && !impaired {
 			recovered[e.ID] = true
@@ -492,8 +451,9 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		}
 		c.impaired[e.ID] = impaired
 		res.Engines = append(res.Engines, v)
-		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: prof, Replicas: reps, ReadyReplicas: reps,
-			Health: hf * (1 - v.BackgroundLoad), Penalty: pen})
+		reps := float64(max(e.Replicas, 1))
+		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: c.profiles[e.ID], Replicas: reps, ReadyReplicas: reps,
+			Health: v.HealthFactor * (1 - v.BackgroundLoad), Penalty: pen})
 	}
 
 	// 3. The problem and the allocator.
@@ -591,6 +551,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 					cd.Proposed[w.Engine] = w.Weight
 					util += w.Weight * engUtil[w.Engine]
 				}
+				c.probe(cd.Proposed, cd.Demand, c.penalties, up)
 				for _, s := range flow.Shed {
 					if s.Fraction > 0 {
 						cd.Shed[s.Priority] = s.Fraction

@@ -38,6 +38,10 @@ type RunConfig struct {
 	// StaleAfter marks an engine's metrics stale; Smoothing is the EWMA
 	// time constant; DemandWindow the Reports window.
 	StaleAfter, Smoothing, DemandWindow time.Duration
+	// EvidenceWindow is how far back the latency evidence of penalties
+	// reaches; IdleReset how long without a first token makes an engine
+	// forget its latency (signals.TrackerOptions; 0: 10 s and 60 s).
+	EvidenceWindow, IdleReset time.Duration
 	// Warmup delays the first publication so that the first cycle sees one
 	// full scrape round and the demand reports of a demand window's worth
 	// of time (a restarted control plane must not publish from nothing).
@@ -79,7 +83,10 @@ type Runner struct {
 	scraper *signals.Scraper
 	targets []signals.Target
 	kick    chan struct{}
-	ran     atomic.Bool // Run was called: a Runner runs once
+	// scrapeDone signals a finished scrape round: the cycle loop checks
+	// whether a penalty would rise (Controller.PenaltyRising).
+	scrapeDone chan struct{}
+	ran        atomic.Bool // Run was called: a Runner runs once
 
 	// mu guards tracker (the scrape loop writes it, the cycle and the admin
 	// handlers read it), last, cycles, ready and the bound addresses.
@@ -118,6 +125,9 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	if cfg.Warmup < 0 || cfg.Smoothing < 0 {
 		return nil, fmt.Errorf("control plane: warmup and smoothing must be ≥ 0, got %v and %v", cfg.Warmup, cfg.Smoothing)
 	}
+	if cfg.EvidenceWindow < 0 || cfg.IdleReset < 0 || cfg.MaxClockSkew < 0 {
+		return nil, fmt.Errorf("control plane: evidence_window, idle_reset and max_clock_skew must be ≥ 0, got %v, %v and %v", cfg.EvidenceWindow, cfg.IdleReset, cfg.MaxClockSkew)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -130,7 +140,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{}),
-		scraped: make(chan struct{})}
+		scraped: make(chan struct{}), scrapeDone: make(chan struct{}, 1)}
 	var nodes, classes, prios, ids []string
 	for _, f := range cfg.Fleet.Frontends {
 		nodes = append(nodes, f.NodeID)
@@ -148,7 +158,8 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	if r.intake, err = signals.NewIntake(r.intakeOptions(nodes, classes, prios)); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter}, ids)
+	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
+		EvidenceWindow: cfg.EvidenceWindow, IdleReset: cfg.IdleReset}, ids)
 	r.scraper = &signals.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
 	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
@@ -299,6 +310,10 @@ func (r *Runner) scrapeLoop(ctx context.Context) {
 			}
 		}
 		select {
+		case r.scrapeDone <- struct{}{}:
+		default:
+		}
+		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
@@ -345,13 +360,41 @@ warm:
 	defer t.Stop()
 	for {
 		r.cycle(ctx)
-		select {
-		case <-ctx.Done():
+		if !r.awaitCycle(ctx, t.C) {
 			return
-		case <-t.C:
-		case <-r.kick:
 		}
 	}
+}
+
+// awaitCycle waits for the next cycle: the period, a kick (an engine's
+// state changed), or a scrape round after which a penalty would rise. It
+// returns false when ctx ends.
+func (r *Runner) awaitCycle(ctx context.Context, period <-chan time.Time) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-period:
+			return true
+		case <-r.kick:
+			return true
+		case <-r.scrapeDone:
+			if ids := r.ctrl.PenaltyRising(r.inputs()); len(ids) > 0 {
+				r.log.Info("penalty rising: cycle now", "engines", ids)
+				return true
+			}
+		}
+	}
+}
+
+// inputs are a cycle's observations now.
+func (r *Runner) inputs() Inputs {
+	now := r.cfg.Now()
+	dem, ev := r.intake.Snapshot(now)
+	r.mu.Lock()
+	engines := r.tracker.Engines(now)
+	r.mu.Unlock()
+	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev}
 }
 
 func (r *Runner) allReported() bool {
@@ -365,13 +408,10 @@ func (r *Runner) allReported() bool {
 }
 
 func (r *Runner) cycle(ctx context.Context) {
-	now := r.cfg.Now()
-	dem, ev := r.intake.Snapshot(now)
-	r.mu.Lock()
-	engines := r.tracker.Engines(now)
-	r.mu.Unlock()
+	in := r.inputs()
+	engines := in.Engines
 	t0 := time.Now()
-	res, err := r.ctrl.Step(ctx, Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev})
+	res, err := r.ctrl.Step(ctx, in)
 	r.m.cycleSeconds.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		r.m.cycles.WithLabelValues("error").Inc()

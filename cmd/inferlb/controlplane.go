@@ -87,6 +87,11 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 			if err := d.Auth.Validate(); err != nil {
 				return err
 			}
+			for name, v := range map[string]time.Duration{"--evidence-window": d.EvidenceWindow, "--idle-reset": d.IdleReset, "--max-clock-skew": d.MaxClockSkew} {
+				if v <= 0 {
+					return fmt.Errorf("%s: must be positive, got %v", name, v)
+				}
+			}
 			if d.Auth.TokenFile != "" && d.Auth.CertFile == "" {
 				log.Warn("the xDS token travels without TLS: use it only on the same host or a trusted network (add --tls-cert/--tls-key)")
 			}
@@ -128,7 +133,11 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.Float64Var(&d.Cycle.StabilityMs, "stability-ms", d.Cycle.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
 	f.Float64Var(&d.Cycle.PenaltyCostMs, "penalty-cost-ms", d.Cycle.PenaltyCostMs, "optimizer cost per request per unit of an engine's outlier penalty (failures, slowness), ms")
 	f.Float64Var(&d.Cycle.DeadbandTV, "deadband", d.Cycle.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
-	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of outlier penalties after recovery")
+	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of an outlier penalty while the engine's traffic looks normal again")
+	f.Float64Var(&d.Cycle.Penalty.ProbeRPS, "probe-rps", d.Cycle.Penalty.ProbeRPS, "requests/s a penalized engine keeps of each class, to judge its recovery")
+	f.Float64Var(&d.Cycle.Penalty.MaxProbeShare, "max-probe-share", d.Cycle.Penalty.MaxProbeShare, "largest share of a class a penalized engine keeps for probing")
+	f.DurationVar(&d.EvidenceWindow, "evidence-window", 10*time.Second, "how far back the latency evidence of outlier penalties reaches")
+	f.DurationVar(&d.IdleReset, "idle-reset", time.Minute, "an engine without a first token this long forgets its measured latency")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	rootCmd.AddCommand(cmd)
 }

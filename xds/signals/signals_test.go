@@ -373,3 +373,62 @@ func TestIntakePlausibility(t *testing.T) {
 		t.Fatalf("node demand %.2f/s from two instances at 90/s each, want the bound 100/s", got)
 	}
 }
+
+// The evidence window accumulates first tokens across scrapes (one a
+// second makes 3 in 3 s, where one scrape never holds 3), forgets what is
+// older than the window, and the latency memory is cleared when the engine
+// restarts (counters go down, or it comes back from down) or has been idle
+// for IdleReset: a restarted engine is judged on what it does now.
+func TestTrackerEvidenceWindowAndResets(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tr := NewTracker(TrackerOptions{Smoothing: time.Second, StaleAfter: 3 * time.Second, EvidenceWindow: 5 * time.Second, IdleReset: 20 * time.Second}, []string{"e"})
+	// m: n first tokens so far, each 100 ms (slow), n·10 gaps of 50 ms.
+	m := func(n float64, running, waiting float64) Metrics {
+		return Metrics{Running: running, Waiting: waiting, TTFTSum: 0.1 * n, TTFTCount: n, ITLSum: 0.5 * n, ITLCount: 10 * n,
+			Success: n, PromptTokens: 100 * n, PrefixHits: 40 * n, GenTokens: 10 * n, PrefixQueries: 100 * n}
+	}
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for s := 0; s <= 3; s++ {
+		tr.Observe(Sample{ID: "e", At: at(s), Healthy: true, Metrics: m(float64(s), 2, 1)})
+	}
+	w := tr.Engines(at(3))[0].Window
+	if w.TTFTCount != 3 || math.Abs(w.TTFTMeanMs-100) > 1e-9 || w.ITLCount != 30 || math.Abs(w.TBOTMeanMs-50) > 1e-9 ||
+		w.Running != 2 || w.Waiting != 1 || math.Abs(w.CompletionsPerS-1) > 1e-9 || math.Abs(w.UncachedPromptPerS-60) > 1e-9 {
+		t.Fatalf("window after 3 s at one request a second: %+v", w)
+	}
+	// Ten seconds without traffic: the window is empty again.
+	for s := 4; s <= 13; s++ {
+		tr.Observe(Sample{ID: "e", At: at(s), Healthy: true, Metrics: m(3, 0, 0)})
+	}
+	if w := tr.Engines(at(13))[0].Window; w.TTFTCount != 0 {
+		t.Fatalf("window after 10 quiet seconds: %+v", w)
+	}
+	e := tr.Engines(at(13))[0]
+	if math.IsNaN(e.TTFTMs) {
+		t.Fatal("smoothed TTFT forgotten before the idle reset")
+	}
+	// Idle for more than 20 s: forgotten.
+	for s := 14; s <= 25; s++ {
+		tr.Observe(Sample{ID: "e", At: at(s), Healthy: true, Metrics: m(3, 0, 0)})
+	}
+	if e := tr.Engines(at(25))[0]; !math.IsNaN(e.TTFTMs) || !math.IsNaN(e.TBOTMs) || e.Resets != 1 || !strings.Contains(e.LastReset, "no first token") {
+		t.Fatalf("after 22 s idle: TTFT %v TBOT %v resets %d (%s)", e.TTFTMs, e.TBOTMs, e.Resets, e.LastReset)
+	}
+	// Traffic again, then a restart: counters start over.
+	tr.Observe(Sample{ID: "e", At: at(26), Healthy: true, Metrics: m(6, 1, 0)})
+	tr.Observe(Sample{ID: "e", At: at(27), Healthy: true, Metrics: m(8, 1, 0)})
+	if e := tr.Engines(at(27))[0]; math.IsNaN(e.TTFTMs) || e.Window.TTFTCount != 5 {
+		t.Fatalf("traffic after the idle reset: %+v", e)
+	}
+	tr.Observe(Sample{ID: "e", At: at(28), Healthy: true, Metrics: m(1, 1, 0)})
+	if e := tr.Engines(at(28))[0]; !math.IsNaN(e.TTFTMs) || e.Window.TTFTCount != 0 || e.Resets != 2 || !strings.Contains(e.LastReset, "counters reset") {
+		t.Fatalf("after a counter reset: %+v", e)
+	}
+	// Down, then up again (a restart whose counters happen to be higher).
+	tr.Observe(Sample{ID: "e", At: at(29), Healthy: true, Metrics: m(3, 1, 0)})
+	tr.Observe(Sample{ID: "e", At: at(30), HealthErr: errors.New("connection refused"), MetricsErr: errors.New("connection refused")})
+	tr.Observe(Sample{ID: "e", At: at(31), Healthy: true, Metrics: m(9, 1, 0)})
+	if e := tr.Engines(at(31))[0]; e.Status() != Up || !math.IsNaN(e.TTFTMs) || e.Resets != 3 || !strings.Contains(e.LastReset, "from down") {
+		t.Fatalf("back from down: %+v", e)
+	}
+}
