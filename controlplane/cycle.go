@@ -190,8 +190,8 @@ type EngineView struct {
 	TBOTPredMs   float64        `json:"tbot_predicted_ms"`
 	Window       signals.Window `json:"evidence_window"`
 	ErrorRate    float64        `json:"error_rate"`
-	Penalty      float64 `json:"penalty"`
-	PenaltyWhy   string  `json:"penalty_why,omitempty"`
+	Penalty      float64        `json:"penalty"`
+	PenaltyWhy   string         `json:"penalty_why,omitempty"`
 }
 
 // ClassDecision is one (frontend, class)'s outcome.
@@ -225,14 +225,14 @@ type NodeDecision struct {
 
 // Result is one cycle's outcome.
 type Result struct {
-	At        time.Time                `json:"at"`
-	Allocator string                   `json:"allocator"`
-	Fallback  string                   `json:"fallback_reason,omitempty"`
-	Objective float64                  `json:"objective"`
-	Engines   []EngineView             `json:"engines"`
+	At        time.Time    `json:"at"`
+	Allocator string       `json:"allocator"`
+	Fallback  string       `json:"fallback_reason,omitempty"`
+	Objective float64      `json:"objective"`
+	Engines   []EngineView `json:"engines"`
 	// PenaltyNotes say when fleet-wide slowness was not taken for faults.
-	PenaltyNotes []string `json:"penalty_notes,omitempty"`
-	Nodes     map[string]*NodeDecision `json:"nodes"`
+	PenaltyNotes []string                 `json:"penalty_notes,omitempty"`
+	Nodes        map[string]*NodeDecision `json:"nodes"`
 	// Publish lists the nodes whose resources changed, to publish.
 	Publish []*translate.Resources `json:"-"`
 }

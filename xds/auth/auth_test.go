@@ -121,7 +121,11 @@ func TestMutualTLS(t *testing.T) {
 	var mu sync.Mutex
 	var rejected []string
 	addr := serve(t, auth.Server{CertFile: pki.ServerCert, KeyFile: pki.ServerKey, ClientCAFile: pki.CA,
-		Reject: func(_, method, reason string) { mu.Lock(); rejected = append(rejected, method+": "+reason); mu.Unlock() }})
+		Reject: func(_, method, reason string) {
+			mu.Lock()
+			rejected = append(rejected, method+": "+reason)
+			mu.Unlock()
+		}})
 	good := auth.Client{CAFile: pki.CA, CertFile: pki.ClientCert, KeyFile: pki.ClientKey, ServerName: authtest.ServerName}
 	if err := call(t, addr, good); err != nil {
 		t.Fatalf("client with the CA's certificate: %v", err)
@@ -169,7 +173,11 @@ func TestToken(t *testing.T) {
 	var mu sync.Mutex
 	var rejected []string
 	addr := serve(t, auth.Server{TokenFile: serverFile,
-		Reject: func(_, method, reason string) { mu.Lock(); rejected = append(rejected, method+": "+reason); mu.Unlock() }})
+		Reject: func(_, method, reason string) {
+			mu.Lock()
+			rejected = append(rejected, method+": "+reason)
+			mu.Unlock()
+		}})
 	if err := call(t, addr, auth.Client{TokenFile: writeToken(t, tok)}); err != nil {
 		t.Fatalf("right token: %v", err)
 	}
