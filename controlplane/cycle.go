@@ -47,6 +47,12 @@ type Config struct {
 	Translate translate.Options
 	// Headroom caps planned utilization of available capacity (0, 1).
 	Headroom float64
+	// OverloadHeadroom is the cap when demand does not fit under Headroom
+	// (the solution sheds): [Headroom, 1). Keeping headroom for latency is
+	// then paid for in shed requests, and an overloaded fleet should serve
+	// what it can: at Headroom 0.85 an overload admitted at most 85% of
+	// the fleet's capacity.
+	OverloadHeadroom float64
 	// StabilityMs: the cost the optimizer charges per moved request (a cold
 	// KV cache).
 	StabilityMs float64
@@ -65,7 +71,10 @@ type Config struct {
 	IdleDemandPerS float64
 	// UnknownHealth scales the capacity of a stale engine (0..1).
 	UnknownHealth float64
-	Penalty       PenaltyOptions
+	// BackgroundFloor is the part of observed minus planned utilization
+	// taken for measurement noise rather than background load.
+	BackgroundFloor float64
+	Penalty         PenaltyOptions
 	// RetryBudget is the retry share when utilization is low; it falls
 	// linearly to 0 between 50% and 100% utilization and is 0 while
 	// shedding. MaxRetries per request while the budget is positive.
@@ -99,16 +108,18 @@ type PenaltyOptions struct {
 // DefaultConfig is the production tuning.
 func DefaultConfig() Config {
 	return Config{
-		Translate:      translate.DefaultOptions(),
-		Headroom:       0.85,
-		StabilityMs:    30,
-		PenaltyCostMs:  1500,
-		DeadbandTV:     0.03,
-		ShedDeadband:   0.01,
-		IdleDemandPerS: 0.05,
-		UnknownHealth:  0.5,
+		Translate:        translate.DefaultOptions(),
+		Headroom:         0.85,
+		OverloadHeadroom: 0.95,
+		StabilityMs:      30,
+		PenaltyCostMs:    1500,
+		DeadbandTV:       0.03,
+		ShedDeadband:     0.01,
+		IdleDemandPerS:   0.05,
+		UnknownHealth:    0.5,
+		BackgroundFloor:  0.1,
 		Penalty: PenaltyOptions{LatencyTolerance: 0.5, LatencyScale: 2, ErrorTolerance: 0.02, ErrorScale: 0.5,
-			MinSamples: 3, Max: 0.9, HalfLife: 30 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
+			MinSamples: 3, Max: 0.9, HalfLife: 10 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
 		RetryBudget: 0.2,
 		MaxRetries:  2,
 	}
@@ -123,6 +134,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.Headroom > 0 && c.Headroom < 1) {
 		bad("headroom", c.Headroom, "must be in (0, 1)")
+	}
+	if !(c.OverloadHeadroom >= c.Headroom && c.OverloadHeadroom < 1) {
+		bad("overload_headroom", c.OverloadHeadroom, "must be in [headroom, 1)")
 	}
 	if !(c.PenaltyCostMs >= 0) || math.IsInf(c.PenaltyCostMs, 0) {
 		bad("penalty_cost_ms", c.PenaltyCostMs, "must be ≥ 0 and finite")
@@ -141,6 +155,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.UnknownHealth >= 0 && c.UnknownHealth <= 1) {
 		bad("unknown_health", c.UnknownHealth, "must be in [0, 1]")
+	}
+	if !(c.BackgroundFloor >= 0 && c.BackgroundFloor < 1) {
+		bad("background_floor", c.BackgroundFloor, "must be in [0, 1)")
 	}
 	p := c.Penalty
 	if !(p.LatencyScale > 0 && p.ErrorScale > 0 && p.LatencyTolerance >= 0 && p.ErrorTolerance >= 0 && p.MinSamples >= 0) {
@@ -230,6 +247,9 @@ type Result struct {
 	Fallback  string       `json:"fallback_reason,omitempty"`
 	Objective float64      `json:"objective"`
 	Engines   []EngineView `json:"engines"`
+	// Headroom is the utilization cap the allocation was planned with
+	// (OverloadHeadroom when demand did not fit under Headroom).
+	Headroom float64 `json:"headroom"`
 	// PenaltyNotes say when fleet-wide slowness was not taken for faults.
 	PenaltyNotes []string                 `json:"penalty_notes,omitempty"`
 	Nodes        map[string]*NodeDecision `json:"nodes"`
@@ -420,13 +440,14 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	dt := time.Duration(0)
 	if !c.lastStep.IsZero() {
 		dt = in.Now.Sub(c.lastStep)
-	} else if len(c.published) > 0 {
-		// First cycle after Seed: the engines carry what the seeded
-		// weights send them. Without a plan of this process's own, that
-		// load would read as background and shrink every busy engine's
-		// capacity (shedding, moving weights) right after a restart.
-		c.planned = c.plannedFromPublished(in.Demand)
 	}
+	// What our own traffic puts on each engine now: the weights in force
+	// (published, or seeded from a state file) times the demand admitted
+	// now. Background load is measured against this, not against the last
+	// cycle's plan: a surge of our own demand (or a restart) read against
+	// an older plan looked like background load, cut every busy engine's
+	// capacity and shed even the top priority.
+	c.planned = c.plannedFromPublished(in.Demand)
 	c.lastStep = in.Now
 	decay := 1.0
 	if dt > 0 {
@@ -505,6 +526,18 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		p.Last = last
 	}
 	sol, err := c.alloc.Allocate(ctx, p)
+	if err == nil && c.cfg.OverloadHeadroom > p.Headroom && sheds(sol) {
+		// Overloaded: serve up to OverloadHeadroom rather than shed to keep
+		// latency headroom.
+		po := *p
+		po.Headroom = c.cfg.OverloadHeadroom
+		if s2, err2 := c.alloc.Allocate(ctx, &po); err2 == nil {
+			sol, res.Headroom = s2, po.Headroom
+		}
+	}
+	if res.Headroom == 0 {
+		res.Headroom = p.Headroom
+	}
 	if err != nil {
 		res.Fallback = err.Error()
 		res.Allocator = fmt.Sprintf("%T", c.fallback)
@@ -528,7 +561,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	defaultPriority := f.priorities[len(f.priorities)/2].Name
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
-	planned := map[string]float64{}
 	for _, fe := range f.frontends {
 		prev := c.published[fe.NodeID]
 		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
@@ -627,7 +659,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 			for id := range cd.Weights {
 				e, _ := c.spec.EngineByID(id)
 				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id]}
-				planned[id] += cd.Weights[id] * cd.Demand * c.workRatio(id, flow, cl)
 			}
 			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)
 			cd.Priority = map[string]uint32{}
@@ -665,19 +696,24 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		c.version = nextVersion
 	}
 	c.published = res.Nodes
-	c.planned = planned
+	c.planned = c.plannedFromPublished(in.Demand)
 	return res, nil
 }
 
 // InflightLimit is a class's local in-flight limit at one ext_proc instance
-// (RoutingPolicy local_inflight_limit): twice the running slots of its
-// eligible engines.
+// (RoutingPolicy local_inflight_limit): three times the running slots of
+// its eligible engines. Requests in flight at ext_proc include their time in
+// Envoy and on the network, and under overload the fleet is planned at
+// OverloadHeadroom with a queue: with twice the slots, ext_proc's local
+// guardrail shed more than the policy did and the fleet ran at 85% of its
+// capacity. The least important level is refused at 1.8× the slots
+// (extproc's 40% reserve).
 func (c *Controller) InflightLimit(class string) int {
 	n := 0
 	for _, j := range c.problem.eligible[class] {
 		e := c.problem.engines[j]
 		if fp, ok := c.spec.ProfileOf(e); ok {
-			n += 2 * fp.MaxRunning * max(e.Replicas, 1)
+			n += 3 * fp.MaxRunning * max(e.Replicas, 1)
 		}
 	}
 	return n
@@ -694,8 +730,8 @@ func (c *Controller) CapacityRPS() float64 {
 }
 
 // plannedFromPublished is the load (reference req/s per engine) the
-// published weights send at the given demand: what a cycle plans, for a
-// controller that has published but not yet planned (seeded at start).
+// published weights send at the given demand, counting only what ext_proc
+// admits (shed requests never reach an engine).
 func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.DemandRate) map[string]float64 {
 	planned := map[string]float64{}
 	for _, fe := range c.problem.frontends {
@@ -710,7 +746,8 @@ func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.Dema
 			}
 			rate := 0.0
 			for _, pr := range c.problem.priorities {
-				rate += dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}].RequestsPerS
+				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
 			}
 			sum := 0.0
 			for _, w := range cd.Weights {
@@ -745,6 +782,18 @@ func (c *Controller) workRatio(id string, flow *optimizer.Flow, cl fleet.Class) 
 // (0.001 × 1500 ms still outweighs the congestion differences of a lightly
 // loaded fleet) would keep a recovered engine drained for many half-lives.
 const minPenalty = 0.01
+
+// sheds reports whether a solution sheds any demand.
+func sheds(sol *optimizer.Solution) bool {
+	for _, f := range sol.Flows {
+		for _, s := range f.Shed {
+			if s.RatePerS > 1e-9 {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // touchesRecovered reports whether any engine eligible for the class
 // recovered this cycle. For such classes the cycle solves without the

@@ -72,11 +72,27 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 		if state == signals.Up {
 			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*prof.OutputTokenSec
 			v.ObservedUtilization = work / reps
+			// Background: load beyond what our traffic explains (the
+			// weights in force times the demand admitted now), from the
+			// token rates. A queue (a KV-bound batch never reaches the work
+			// model's rate) means no spare capacity: when our traffic alone
+			// would leave the engine well below capacity, the queue is
+			// someone else's and the engine counts as full. When our own
+			// traffic is near capacity, its queue is ours: counting it as
+			// background cut the capacity of every engine an overload
+			// queued on, and shed what the fleet could have served.
+			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
+			used := v.ObservedUtilization
 			if s.Waiting >= 1 {
 				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
+				if v.PlannedUtilization < ownQueue {
+					used = v.ObservedUtilization
+				}
 			}
-			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
-			v.BackgroundLoad = clamp(v.ObservedUtilization-v.PlannedUtilization, 0, 0.95)
+			// Estimates of both sides are noisy (token rates over a few
+			// seconds against a work model): the first BackgroundFloor of
+			// the difference is taken for noise, not someone else's load.
+			v.BackgroundLoad = clamp(used-v.PlannedUtilization-c.cfg.BackgroundFloor, 0, 0.95)
 			up[e.ID] = true
 		} else {
 			s = signals.Engine{} // latency evidence only from an engine that is up
@@ -106,6 +122,10 @@ func (c *Controller) PenaltyRising(in Inputs) []string {
 	}
 	return out
 }
+
+// ownQueue: an engine our traffic loads to this share of its capacity or
+// more may queue our own requests (see observe).
+const ownQueue = 0.8
 
 // assessment is one engine's evidence in one cycle: targets from its own
 // metrics (scrape), from ext_proc's timing (e2e) and from errors.

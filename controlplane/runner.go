@@ -135,6 +135,19 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	if lg == nil {
 		lg = slog.Default()
 	}
+	// A penalized engine's probe traffic must bring MinSamples of evidence
+	// within the windows it is judged over (demand window for ext_proc's
+	// evidence, evidence window for the engine's own), with a margin: else
+	// its penalty is held for lack of evidence however well it does.
+	ew := cfg.EvidenceWindow
+	if ew == 0 {
+		ew = 10 * time.Second
+	}
+	if floor := 1.5 * cfg.Cycle.Penalty.MinSamples / min(cfg.DemandWindow, ew).Seconds(); cfg.Cycle.Penalty.ProbeRPS < floor {
+		lg.Info("probe rate raised to bring enough evidence within the windows", "probe_rps", floor,
+			"min_samples", cfg.Cycle.Penalty.MinSamples, "window", min(cfg.DemandWindow, ew))
+		cfg.Cycle.Penalty.ProbeRPS = floor
+	}
 	ctrl, err := NewController(cfg.Fleet, cfg.Cycle, cfg.Allocator)
 	if err != nil {
 		return nil, err

@@ -20,7 +20,15 @@ const (
 	// more important traffic: the least important level is refused at
 	// (1 − localReserve) of the limit, level 0 only at the limit itself,
 	// levels between linearly.
-	localReserve = 0.2
+	//
+	// 0.4: the control plane sets a class's limit at three times its
+	// engines' running slots, so the least important level is refused at
+	// 1.8× the slots, where the engines are saturated and queueing (no
+	// throughput is lost), and the most important keeps 1.2× the slots of
+	// room: with 0.2 (and twice the slots), a fleet planned at 95% under
+	// overload queued up to the limit and refused the top priority
+	// locally.
+	localReserve = 0.4
 	// retryBurst is the most retries the budget holds (and its start).
 	retryBurst = 10.0
 	// Utilization knee and ceiling for the retry budget: full budget up to

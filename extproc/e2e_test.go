@@ -451,9 +451,9 @@ func TestEvidenceReports(t *testing.T) {
 }
 
 // The local in-flight guardrail: with a class limit of 10, the least
-// important priority is refused from 8 in flight (20% reserve), the most
+// important priority is refused from 6 in flight (40% reserve), the most
 // important only at 10; requests in flight include those streaming their
-// response (the ext_proc stream lives as long as the HTTP stream).
+// response (until Envoy's request log reports their end).
 func TestLocalInflightLimit(t *testing.T) {
 	noLeaks(t)
 	r := startRig(t, rigOptions{engines: 1, policy: func(p *policyv1.RoutingPolicy) {

@@ -130,6 +130,7 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.DurationVar(&d.Cycle.Translate.HealthCheck.Timeout, "health-check-timeout", d.Cycle.Translate.HealthCheck.Timeout, "Envoy active health check timeout")
 	f.Uint32Var(&d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "health-check-unhealthy-threshold", d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "failed checks before Envoy marks a host unhealthy")
 	f.Float64Var(&d.Cycle.Headroom, "headroom", d.Cycle.Headroom, "planned utilization cap of available capacity, in (0, 1)")
+	f.Float64Var(&d.Cycle.OverloadHeadroom, "overload-headroom", d.Cycle.OverloadHeadroom, "utilization cap when demand does not fit under --headroom (the rest is shed), in [headroom, 1)")
 	f.Float64Var(&d.Cycle.StabilityMs, "stability-ms", d.Cycle.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
 	f.Float64Var(&d.Cycle.PenaltyCostMs, "penalty-cost-ms", d.Cycle.PenaltyCostMs, "optimizer cost per request per unit of an engine's outlier penalty (failures, slowness), ms")
 	f.Float64Var(&d.Cycle.DeadbandTV, "deadband", d.Cycle.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
