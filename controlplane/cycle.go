@@ -93,6 +93,10 @@ type PenaltyOptions struct {
 	// MinSamples: fewer first tokens (or responses) in an interval are no
 	// evidence.
 	MinSamples float64
+	// E2ESlackMs is the time per request allowed for the proxy path when
+	// ext_proc's timing of whole requests is compared with the engine's
+	// profile.
+	E2ESlackMs float64
 	// Max caps a penalty.
 	Max float64
 	// HalfLife of the decay while the evidence shows the engine normal
@@ -119,7 +123,7 @@ func DefaultConfig() Config {
 		UnknownHealth:    0.5,
 		BackgroundFloor:  0.1,
 		Penalty: PenaltyOptions{LatencyTolerance: 0.5, LatencyScale: 2, ErrorTolerance: 0.02, ErrorScale: 0.5,
-			MinSamples: 3, Max: 0.9, HalfLife: 10 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
+			MinSamples: 3, E2ESlackMs: 50, Max: 0.9, HalfLife: 10 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
 		RetryBudget: 0.2,
 		MaxRetries:  2,
 	}
@@ -160,7 +164,7 @@ func (c Config) Validate() error {
 		bad("background_floor", c.BackgroundFloor, "must be in [0, 1)")
 	}
 	p := c.Penalty
-	if !(p.LatencyScale > 0 && p.ErrorScale > 0 && p.LatencyTolerance >= 0 && p.ErrorTolerance >= 0 && p.MinSamples >= 0) {
+	if !(p.LatencyScale > 0 && p.ErrorScale > 0 && p.LatencyTolerance >= 0 && p.ErrorTolerance >= 0 && p.MinSamples >= 0 && p.E2ESlackMs >= 0) {
 		bad("penalty", fmt.Sprintf("%+v", p), "scales must be > 0 and tolerances ≥ 0")
 	}
 	if !(p.Max >= 0 && p.Max < 1) {

@@ -25,8 +25,10 @@ import (
 // says so; a faulty one is slower than its own batch and queue explain. A
 // third estimate comes from ext_proc: the time Envoy measured for requests
 // the engine served to the end, against overhead + queue + the tokens they
-// asked for at the predicted TBOT, plus the round trip. Each needs
-// MinSamples; the largest residual counts.
+// asked for at the predicted TBOT, plus the round trip and E2ESlackMs per
+// request for the proxy path (Envoy, the network, a busy frontend: for a
+// short request they would dwarf the engine's time). Each needs MinSamples;
+// the largest residual counts.
 //
 // Load alone never penalizes the whole fleet: when every engine with
 // evidence would get a latency penalty from its own metrics and all of them
@@ -174,7 +176,7 @@ func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence
 					}
 				}
 				perReqPrompt := ev.CompletionPromptTokens / ev.Completed
-				pred += ev.Completed*(fp.OverheadMs+queue+1000*perReqPrompt/fp.PrefillTokensPerS+1.5*tbot) +
+				pred += ev.Completed*(fp.OverheadMs+queue+1000*perReqPrompt/fp.PrefillTokensPerS+1.5*tbot+po.E2ESlackMs) +
 					math.Max(0, ev.CompletionOutputTokens-ev.Completed)*tbot
 				if pred > 0 {
 					v.E2EResidual = 1000 * ev.CompletionSeconds / pred

@@ -54,7 +54,7 @@ func (a attemptLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 		if id := msg.GetIdentifier(); id != nil {
 			requests = id.GetLogName() == RequestLogName
 		}
-		p := a.s.policy.Load()
+		p := a.s.dec.Policy()
 		for _, e := range msg.GetHttpLogs().GetLogEntry() {
 			if requests {
 				a.s.requestEnded(e, p)
@@ -79,11 +79,8 @@ func (s *Server) attemptFailed(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy)
 	if code != 0 && code < 500 && !f.GetUpstreamRemoteReset() && !f.GetUpstreamConnectionTermination() {
 		return // not a failure (the bootstrap's filter sends only failures)
 	}
-	if c := s.reqs.useRetry(e.GetRequest().GetRequestHeaders()[headers.RequestID]); c != nil {
-		c.chargeRetry()
-	}
-	id := p.EngineID(addr)
-	s.obs.Failure(addr, id)
+	s.reqs.useRetry(s.dec, e.GetRequest().GetRequestHeaders()[headers.RequestID])
+	id := s.dec.Failed(addr)
 	cc := "5xx"
 	if code == 0 || code < 500 {
 		cc = "reset"
@@ -106,24 +103,21 @@ func (s *Server) requestEnded(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) 
 	if addr == "" || code == 0 || code >= 500 {
 		return // failures come from the upstream log, per attempt
 	}
-	id := p.EngineID(addr)
-	s.m.responses.WithLabelValues(engineLabel(id, addr), codeClass(code)).Inc()
-	if f := cp.GetResponseFlags(); f != nil && proto.Size(f) > 0 {
-		// Cut short (client gone, reset, idle timeout): its time says
-		// nothing about the engine's speed.
-		s.obs.Answered(addr, id)
-		return
-	}
+	s.m.responses.WithLabelValues(engineLabel(p.EngineID(addr), addr), codeClass(code)).Inc()
+	// A request cut short (client gone, reset, idle timeout) is answered,
+	// but its time says nothing about the engine's speed.
+	timed := proto.Size(cp.GetResponseFlags()) == 0
 	tx := dur(cp.GetTimeToFirstUpstreamTxByte())
 	header := dur(cp.GetTimeToFirstUpstreamRxByte()) - tx
 	total := dur(cp.GetTimeToLastUpstreamRxByte()) - tx
 	if header < 0 || total < 0 {
-		s.obs.Answered(addr, id)
-		return
+		timed = false
 	}
-	s.obs.Completed(addr, id, header, total, r.prompt, r.output)
-	s.m.headerLatency.Observe(header.Seconds())
-	s.m.completion.Observe(total.Seconds())
+	s.dec.Finished(&r.dc, addr, code, header, total, timed)
+	if timed {
+		s.m.headerLatency.Observe(header.Seconds())
+		s.m.completion.Observe(total.Seconds())
+	}
 }
 
 func dur(d *durationpb.Duration) time.Duration {

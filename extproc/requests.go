@@ -39,13 +39,10 @@ type requestTable struct {
 	lastSweep time.Time
 }
 
-// tracked is one admitted request.
+// tracked is one admitted request: its decision and when it began.
 type tracked struct {
-	class          *Class
-	granted        int
-	start          time.Time
-	prompt, output int
-	used           int // retries charged (guarded by the table's mu)
+	dc    Decision // its retry charges are guarded by the table's mu
+	start time.Time
 }
 
 func newRequestTable(maxAge time.Duration, now time.Time) *requestTable {
@@ -87,16 +84,14 @@ func (t *requestTable) take(id string) *tracked {
 }
 
 // useRetry records a failed attempt of the request with the id: if it had
-// a retry left, Envoy retries, and the retry is charged to its class.
-func (t *requestTable) useRetry(id string) *Class {
+// a retry left, Envoy retries, and the retry is charged to its class's
+// budget (Decider.ChargeRetry).
+func (t *requestTable) useRetry(d *Decider, id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := t.byID[id]
-	if r == nil || r.used >= r.granted {
-		return nil
+	if r := t.byID[id]; r != nil {
+		d.ChargeRetry(&r.dc)
 	}
-	r.used++
-	return r.class
 }
 
 // len is the number of requests in flight.

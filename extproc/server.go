@@ -20,8 +20,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -63,17 +61,15 @@ type Options struct {
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	opt    Options
-	log    *slog.Logger
-	m      *metrics
-	obs    *Observer
-	policy atomic.Pointer[Policy]
-	reqs   *requestTable
-
-	statesMu sync.Mutex
-	states   map[string]*classState
-
-	anon atomic.Uint64 // keys for requests with nothing to hash
+	opt Options
+	log *slog.Logger
+	m   *metrics
+	// dec makes the per-request decisions (decide.go); the server adds the
+	// ext_proc protocol, the header mutations and the metrics.
+	dec *Decider
+	// reqs holds the admitted requests until Envoy's request log reports
+	// their end (requests.go).
+	reqs *requestTable
 }
 
 // New returns a Server without a policy: until SetPolicy succeeds every
@@ -91,14 +87,12 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Server{
-		opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), obs: NewObserver(opt.Now()),
-		states: map[string]*classState{}, reqs: newRequestTable(opt.MaxRequestAge, opt.Now()),
-	}
+	return &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
+		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
 }
 
 // Register adds the ext_proc service and the access-log service (Envoy's
-// upstream log of failed attempts) to a gRPC server.
+// upstream log of failed attempts and its request log) to a gRPC server.
 func (s *Server) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
 	accesslogv3.RegisterAccessLogServiceServer(g, attemptLog{s: s})
@@ -109,29 +103,22 @@ func (s *Server) Registry() *prometheus.Registry { return s.opt.Registry }
 
 // Observer returns the demand and evidence accumulator (the reports client
 // flushes it).
-func (s *Server) Observer() *Observer { return s.obs }
+func (s *Server) Observer() *Observer { return s.dec.Observer() }
+
+// Decider returns the server's decision logic.
+func (s *Server) Decider() *Decider { return s.dec }
 
 // Policy returns the policy in force (nil before the first).
-func (s *Server) Policy() *Policy { return s.policy.Load() }
+func (s *Server) Policy() *Policy { return s.dec.Policy() }
 
 // SetPolicy compiles and installs a RoutingPolicy. On error the old policy
 // stays in force.
 func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
-	s.statesMu.Lock()
-	defer s.statesMu.Unlock()
-	p, err := Compile(rp, func(name string) *classState {
-		st := s.states[name]
-		if st == nil {
-			st = newClassState()
-			s.states[name] = st
-		}
-		return st
-	})
+	p, old, err := s.dec.SetPolicy(rp)
 	if err != nil {
 		s.m.policyUpdates.WithLabelValues("rejected").Inc()
 		return err
 	}
-	old := s.policy.Swap(p)
 	s.m.policyUpdates.WithLabelValues("applied").Inc()
 	if old != nil {
 		s.m.policyInfo.DeleteLabelValues(old.Version)
@@ -165,13 +152,10 @@ type stream struct {
 	session string
 	prioHdr string
 	resid   string
-	// decision
-	class   *Class
-	policy  *Policy
-	granted int
-	prio    string
-	id      string // request id (admitted requests)
-	br      body.Request
+	// dc is the decision; id the request's id once it was admitted (its
+	// entry in the request table holds the decision from then on).
+	dc Decision
+	id string
 }
 
 // Process serves one ext_proc stream: one HTTP request's decision.
@@ -222,8 +206,8 @@ func (s *Server) abandon(id string) {
 
 // release gives back what an admitted request held.
 func (s *Server) release(r *tracked) {
-	r.class.release()
-	s.m.inflight.WithLabelValues(r.class.Name).Dec()
+	s.dec.Release(&r.dc)
+	s.m.inflight.WithLabelValues(r.dc.Class.Name).Dec()
 }
 
 // step advances the state machine by one message.
@@ -341,78 +325,33 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	if len(b) > s.opt.BodyLimit {
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
-	p := s.policy.Load()
-	if p == nil {
-		return s.reject(st, &apiError{status: 503, typ: "service_unavailable", code: "no_routing_decision",
-			message: "The load balancer cannot route requests right now (no routing decision available); retry shortly.", retryAfter: 1, reason: "no_policy"})
-	}
-	if err := body.Parse(b, st.kind, &st.br); err != nil {
-		var fe *body.FieldError
-		if errors.As(err, &fe) {
-			return s.reject(st, badRequest("invalid_field", fe.Field, "Invalid request: "+err.Error()+"."))
+	dc := &st.dc
+	if rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc); rej != nil {
+		if rej.Shed() {
+			s.m.decisions.WithLabelValues(dc.Class.Name, dc.Priority, dc.Outcome.String()).Inc()
 		}
-		return s.reject(st, badRequest("invalid_json", "", "We could not parse the JSON body of your request: "+err.Error()+"."))
+		return s.reject(st, rej.e)
 	}
-	br := &st.br
-	level, prio := p.defaultLevel, p.defaultPriority
-	if st.prioHdr != "" {
-		l, ok := p.priorities[st.prioHdr]
-		if !ok {
-			return s.reject(st, badRequest("invalid_priority", headers.Priority,
-				fmt.Sprintf("Unknown priority %q in header %s; known: %s.", st.prioHdr, headers.Priority, strings.Join(p.priorityNames(), ", "))))
-		}
-		level, prio = l, st.prioHdr
-	}
-	need := br.PromptTokens + max(br.MaxTokens, 0)
-	c, rerr := p.Route(br.Model, st.resid, need)
-	switch rerr {
-	case errUnknownModel:
-		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
-			message: fmt.Sprintf("The model %q does not exist or is not served here.", br.Model), reason: "unknown_model"})
-	case errResidency:
-		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
-			message: fmt.Sprintf("The model %q is not served in data-residency zone %q (header %s).", br.Model, st.resid, headers.Residency), reason: "residency"})
-	}
-	keyHash, _ := affinityKey(st.session, br)
-	if keyHash == 0 {
-		keyHash = mix(s.anon.Add(1))
-	}
-	outcome := p.admit(c, level, keyHash)
-	// The output the request will cost: what it asks for, else the class's
-	// typical length.
-	output := br.MaxTokens
-	if output < 0 {
-		output = c.MeanOutputTokens
-	}
-	s.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
-	s.m.decisions.WithLabelValues(c.Name, prio, outcome.String()).Inc()
-	if outcome != admitted {
-		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
-		if outcome == shedLocal {
-			msg = fmt.Sprintf("Too many requests in flight for %s at this frontend; retry after the indicated delay.", c.Name)
-		}
-		return s.reject(st, &apiError{status: 429, typ: "rate_limit_exceeded", code: "overloaded", message: msg,
-			retryAfter: 1, reason: outcome.String()})
-	}
-	st.class, st.policy, st.prio = c, p, prio
+	c, level := dc.Class, dc.Level
+	s.m.decisions.WithLabelValues(c.Name, dc.Priority, dc.Outcome.String()).Inc()
 	s.m.inflight.WithLabelValues(c.Name).Inc()
-	st.granted = c.grantRetries()
-	if st.granted > 0 {
-		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(st.granted))
+	if dc.Retries > 0 {
+		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(dc.Retries))
 	}
 	st.phase = phaseRouted
-	id, expired := s.reqs.add(&tracked{class: c, granted: st.granted, start: st.start, prompt: br.PromptTokens, output: output}, st.start)
+	id, expired := s.reqs.add(&tracked{dc: *dc, start: st.start}, st.start)
 	st.id = id
 	for _, r := range expired {
 		s.release(r)
 		s.m.requestsExpired.Inc()
 	}
+	p := dc.Policy
 
 	// Only the affinity key and the request id are new per request; the
 	// other headers are built once and shared.
 	set := make([]*corev3.HeaderValueOption, 0, 7)
-	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, hex16(keyHash)), setHeader(headers.RequestID, id), c.classHdr,
-		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, st.granted))
+	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, dc.AffinityHeader()), setHeader(headers.RequestID, id), c.classHdr,
+		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, dc.Retries))
 	if p.regionHdr != nil {
 		set = append(set, p.regionHdr)
 	}

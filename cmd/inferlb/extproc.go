@@ -48,13 +48,13 @@ both), or --insecure for a local demo. --control-plane may list several
 replicas, separated by commas: the policy comes from one at a time, reports
 go to all.
 
-  inferlb extproc --control-plane 127.0.0.1:18000 --node-id fe-eu --region eu-west --control-plane-token-file /etc/inferlb/xds-token
-  inferlb extproc --policy-file policy.json
-
-Print a frontend Envoy bootstrap that uses this service (with the same
-control-plane credentials for Envoy's ADS connection):
-
-  inferlb extproc --print-bootstrap fail-closed --node-id fe-eu --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure`,
+--print-bootstrap prints a frontend Envoy bootstrap that uses this service
+and the control plane, for --node-id in --region, with the same
+control-plane credentials for Envoy's ADS connection, and exits.`,
+		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure
+  inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
+  inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west \
+      --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel)
@@ -142,6 +142,11 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	}
 	if cfg.ControlPlane == "" {
 		return fmt.Errorf("--print-bootstrap needs --control-plane (Envoy takes CDS/EDS from it)")
+	}
+	// Envoy sends its node id and locality to the control plane: without
+	// them it would get no (or the wrong) configuration, silently.
+	if cfg.NodeID == "" || cfg.Region == "" {
+		return fmt.Errorf("--print-bootstrap needs --node-id and --region (the Envoy node's id and locality), got %q and %q", cfg.NodeID, cfg.Region)
 	}
 	cps, err := service.SplitAddresses(cfg.ControlPlane)
 	if err != nil {
