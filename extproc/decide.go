@@ -30,6 +30,21 @@ type Decider struct {
 	states   map[string]*classState
 
 	anon atomic.Uint64 // keys for requests with nothing to hash
+
+	clients atomic.Pointer[ClientPriorities] // nil: any client may ask for any priority
+}
+
+// SetClientPriorities installs which priorities each client may use (nil:
+// no restriction).
+func (d *Decider) SetClientPriorities(c *ClientPriorities) { d.clients.Store(c) }
+
+// ClientHeader is the header naming the client ("" without client
+// priorities).
+func (d *Decider) ClientHeader() string {
+	if c := d.clients.Load(); c != nil {
+		return c.Header
+	}
+	return ""
 }
 
 // NewDecider returns a Decider without a policy; its Observer's first
@@ -71,6 +86,9 @@ type Input struct {
 	// headers.SessionID, headers.Priority and headers.Residency ("" when
 	// absent).
 	Session, Priority, Residency string
+	// Client is the value of the client-identity header (ClientHeader),
+	// set by an authentication layer; "" when absent.
+	Client string
 	// Body is the request body (JSON).
 	Body []byte
 }
@@ -180,6 +198,12 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 				fmt.Sprintf("Unknown priority %q in header %s; known: %s.", in.Priority, headers.Priority, strings.Join(p.priorityNames(), ", ")))
 		}
 		level, prio = l, in.Priority
+	}
+	if cp := d.clients.Load(); cp != nil {
+		var e *apiError
+		if level, prio, e = cp.priorityFor(p, in.Client, in.Priority, level, prio); e != nil {
+			return e
+		}
 	}
 	need := br.PromptTokens + max(br.MaxTokens, 0)
 	c, rerr := p.Route(br.Model, in.Residency, need)

@@ -55,6 +55,8 @@ type Options struct {
 	// slot without Envoy's access log reporting its end (default
 	// DefaultMaxRequestAge).
 	MaxRequestAge time.Duration
+	// ClientPriorities, if set, limits the priorities each client may use.
+	ClientPriorities *ClientPriorities
 }
 
 // Server is the ext_proc gRPC service.
@@ -87,8 +89,10 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
+	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
 		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
+	s.dec.SetClientPriorities(opt.ClientPriorities)
+	return s
 }
 
 // Register adds the ext_proc service and the access-log service (Envoy's
@@ -124,6 +128,17 @@ func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
 		s.m.policyInfo.DeleteLabelValues(old.Version)
 	}
 	s.m.policyInfo.WithLabelValues(p.Version).Set(1)
+	if cp := s.dec.clients.Load(); cp != nil {
+		var unknown []string
+		for _, n := range cp.Names() {
+			if _, ok := p.priorities[n]; !ok {
+				unknown = append(unknown, n)
+			}
+		}
+		if len(unknown) > 0 {
+			s.log.Warn("the client priorities name priorities this policy does not have", "unknown", unknown, "known", p.priorityNames())
+		}
+	}
 	s.log.Info("routing policy applied", "version", p.Version, "classes", len(p.classes), "node", p.NodeID)
 	return nil
 }
@@ -152,6 +167,7 @@ type stream struct {
 	session string
 	prioHdr string
 	resid   string
+	client  string
 	// dc is the decision; id the request's id once it was admitted (its
 	// entry in the request table holds the decision from then on).
 	dc Decision
@@ -230,11 +246,10 @@ func (s *Server) step(st *stream, req *extprocv3.ProcessingRequest) (*extprocv3.
 		}
 		return s.onRequestBody(st, v.RequestBody.GetBody()), nil
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		if st.phase == phaseRequestHeaders {
-			return nil, fmt.Errorf("response headers in phase %s", st.phase)
-		}
-		// Also after an Envoy local reply (e.g. its own 413) in phase
-		// request_body; only routed requests are observed.
+		// In any phase: Envoy's own local replies (its 413, its 431 for
+		// oversized headers) pass through the filter before any request
+		// message did. Refusing them made Envoy reset the connection
+		// instead of answering.
 		return s.onResponseHeaders(st, v.ResponseHeaders), nil
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}, nil
@@ -264,9 +279,14 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	st.start = s.opt.Now()
 	var method, path string
 	contentLength := -1
+	clientHdr := s.dec.ClientHeader()
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		k := hv.Key
 		switch {
+		case clientHdr != "" && k == clientHdr:
+			// Set by the authentication layer (the bootstrap strips a
+			// client's own before any filter runs).
+			st.client = headerValue(hv)
 		case k == ":method":
 			method = headerValue(hv)
 		case k == ":path":
@@ -326,7 +346,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
 	dc := &st.dc
-	if rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc); rej != nil {
+	if rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b}, dc); rej != nil {
 		if rej.Shed() {
 			s.m.decisions.WithLabelValues(dc.Class.Name, dc.Priority, dc.Outcome.String()).Inc()
 		}

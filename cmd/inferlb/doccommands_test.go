@@ -44,10 +44,11 @@ type docCmd struct {
 type fixture struct{ cmd, ready string }
 
 var fixtures = map[string]fixture{
-	"demo":          {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
-	"engine-18100":  {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
-	"h100-18100":    {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
-	"control-plane": {"inferlb control-plane --fleet examples/fleet-3region.yaml --insecure", "http://127.0.0.1:18080/healthz"},
+	"demo":              {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
+	"engine-18100":      {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
+	"h100-18100":        {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
+	"control-plane":     {"inferlb control-plane --fleet examples/fleet-3region.yaml --insecure", "http://127.0.0.1:18080/healthz"},
+	"fleet-admin-18090": {"inferlb engine-sim --fleet examples/fleet-3region.yaml --admin-listen 127.0.0.1:18090", "http://127.0.0.1:18090/admin/engines"},
 }
 
 const (
@@ -85,6 +86,8 @@ var docCommands = []docCmd{
 	{cmd: "inferlb engine-sim --fleet " + fleet3, serve: "http://127.0.0.1:18012/health"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --time-scale 0.1", serve: "http://127.0.0.1:18012/health"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --engines us-east-h100-1,eu-west-a100-1 --time-scale 0.1", serve: "http://127.0.0.1:18011/health"},
+	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --admin-listen 127.0.0.1:18090", serve: "http://127.0.0.1:18090/admin/engines"},
+	{cmd: `curl -s -X POST -d '{"slowdown": 5}' http://127.0.0.1:18090/admin/engines/us-east-h100-1/faults`, with: "fleet-admin-18090", want: `"slowdown":5`},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3, serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3 + " --time-scale 2", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},

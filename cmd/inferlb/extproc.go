@@ -20,6 +20,7 @@ func init() {
 	var (
 		cfg                                service.Config
 		logLevel, printBootstrap, fallback string
+		authFilters                        string
 		cpuProfile                         string
 		gcPercent                          int
 		envoyPort                          int
@@ -79,7 +80,7 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 				}
 			}
 			if printBootstrap != "" {
-				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, envoyPort)
+				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, authFilters, envoyPort)
 			}
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
@@ -117,6 +118,8 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 	f.StringVar(&cfg.Auth.KeyFile, "control-plane-key", "", "the key (PEM) of --control-plane-cert")
 	f.StringVar(&cfg.Auth.ServerName, "control-plane-server-name", "", "name the control plane's certificate must carry (default: the host dialled)")
 	f.StringVar(&cfg.Auth.TokenFile, "control-plane-token-file", "", "file holding the control plane's shared bearer token")
+	f.StringVar(&cfg.ClientPriorities, "client-priorities", "", "YAML file of the priorities each client may use, by a header your authentication layer sets (docs/operations.md)")
+	f.StringVar(&authFilters, "auth-filters", "", "with --print-bootstrap: YAML list of HTTP filters (your authentication) put before ext_proc; they set the --client-priorities header")
 	f.DurationVar(&cfg.MaxRequestAge, "max-request-age", extproc.DefaultMaxRequestAge, "an admitted request whose end Envoy's access log never reports gives back its in-flight slot after this long")
 	f.StringVar(&cfg.NodeID, "node-id", "", "frontend node id (the RoutingPolicy resource name)")
 	f.StringVar(&cfg.Region, "region", "", "frontend region (sent as node locality)")
@@ -135,7 +138,7 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 	rootCmd.AddCommand(cmd)
 }
 
-func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback string, envoyPort int) error {
+func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters string, envoyPort int) error {
 	eh, ep, err := splitHostPort(cfg.Listen, "--listen")
 	if err != nil {
 		return err
@@ -160,11 +163,30 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	if err != nil {
 		return err
 	}
+	var clientHeader, filters string
+	if cfg.ClientPriorities != "" {
+		cp, err := extproc.LoadClientPriorities(cfg.ClientPriorities)
+		if err != nil {
+			return err
+		}
+		clientHeader = cp.Header
+	}
+	if authFilters != "" {
+		if clientHeader == "" {
+			return fmt.Errorf("--auth-filters: give --client-priorities too (the filters set its header)")
+		}
+		b, err := os.ReadFile(authFilters)
+		if err != nil {
+			return fmt.Errorf("--auth-filters: %w", err)
+		}
+		filters = string(b)
+	}
 	y, err := envoyconfigs.Render(envoyconfigs.Params{
 		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
 		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
 		XDSAuth: envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
 			ServerName: cfg.Auth.ServerName},
+		ClientHeader: clientHeader, AuthFilters: filters,
 	})
 	if err != nil {
 		return err

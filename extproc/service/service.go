@@ -78,6 +78,9 @@ type Config struct {
 	// MaxRequestAge bounds how long an admitted request holds its in-flight
 	// slot without Envoy's access log reporting its end (0: the default).
 	MaxRequestAge time.Duration
+	// ClientPriorities is a file of the priorities each client may use
+	// (extproc.ClientPriorities; "" = no restriction).
+	ClientPriorities string
 	// NodeID and Region: the frontend node this instance serves.
 	NodeID, Region string
 	// Instance names this process in reports (default host-pid).
@@ -171,7 +174,15 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
 		}
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge})
+	var clients *extproc.ClientPriorities
+	if cfg.ClientPriorities != "" {
+		var err error
+		if clients, err = extproc.LoadClientPriorities(cfg.ClientPriorities); err != nil {
+			return err
+		}
+	}
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+		ClientPriorities: clients})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
 		if err != nil {
@@ -251,15 +262,16 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		httpAddr = hl.Addr().String()
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		// Read-only: GET (and HEAD) only; anything else is 405.
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if srv.Policy() == nil {
 				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
 				return
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		mux.HandleFunc("/policy", func(w http.ResponseWriter, _ *http.Request) {
+		mux.HandleFunc("GET /policy", func(w http.ResponseWriter, _ *http.Request) {
 			p := srv.Policy()
 			if p == nil {
 				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)

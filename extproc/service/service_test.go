@@ -102,6 +102,17 @@ func TestRun(t *testing.T) {
 	if _, m := get(t, "http://"+h+"/metrics"); !strings.Contains(m, `inferlb_extproc_policy_info{version="cp-7"} 1`) {
 		t.Fatalf("metrics lack the policy version")
 	}
+	// The admin port is read-only: POST and friends are 405, not GET.
+	for _, path := range []string{"/healthz", "/metrics", "/policy"} {
+		resp, err := http.Post("http://"+h+path, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Errorf("POST %s: %d, want 405", path, resp.StatusCode)
+		}
+	}
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}

@@ -21,9 +21,6 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", s.health)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /admin/faults", s.getFaults)
-	mux.HandleFunc("POST /admin/faults", s.postFaults)
-	mux.HandleFunc("DELETE /admin/faults", s.deleteFaults)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: 404, typ: "NotFoundError", message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
 	})

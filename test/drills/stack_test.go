@@ -269,7 +269,7 @@ func (s *stack) waitServing() {
 		if n := len(cs["inferlb_chat"]); n != len(s.engines) {
 			return fmt.Errorf("envoy has %d of %d engines in inferlb_chat", n, len(s.engines))
 		}
-		r := c.do(context.Background(), request{prompt: "ready?", maxTokens: 2, priority: "high"})
+		r := c.do(context.Background(), request{prompt: "ready?", maxTokens: 2})
 		if r.outcome != outcomeOK {
 			return fmt.Errorf("first request: %s", r)
 		}
