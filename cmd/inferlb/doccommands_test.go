@@ -44,11 +44,12 @@ type docCmd struct {
 type fixture struct{ cmd, ready string }
 
 var fixtures = map[string]fixture{
-	"demo":              {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
-	"engine-18100":      {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
-	"h100-18100":        {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
-	"control-plane":     {"inferlb control-plane --fleet examples/fleet-3region.yaml --insecure", "http://127.0.0.1:18080/healthz"},
-	"fleet-admin-18090": {"inferlb engine-sim --fleet examples/fleet-3region.yaml --admin-listen 127.0.0.1:18090", "http://127.0.0.1:18090/admin/engines"},
+	"demo":                {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
+	"engine-18100":        {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
+	"h100-18100":          {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
+	"control-plane":       {"inferlb control-plane --fleet examples/fleet-3region.yaml --insecure", "http://127.0.0.1:18080/healthz"},
+	"control-plane-token": {"inferlb control-plane --fleet examples/fleet-3region.yaml --token-file xds-token", "http://127.0.0.1:18080/healthz"},
+	"fleet-admin-18090":   {"inferlb engine-sim --fleet examples/fleet-3region.yaml --admin-listen 127.0.0.1:18090", "http://127.0.0.1:18090/admin/engines"},
 }
 
 const (
@@ -97,6 +98,14 @@ var docCommands = []docCmd{
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west", serve: "routing policy applied"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure", want: "node:"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure > envoy.yaml"},
+	// Securing the control plane's port (docs/operations.md).
+	{cmd: "inferlb token > xds-token"},
+	{cmd: "inferlb control-plane --fleet " + fleet3 + " --token-file xds-token", serve: "http://127.0.0.1:18080/healthz"},
+	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-us-east --region us-east --control-plane-token-file xds-token", with: "control-plane-token", serve: "http://127.0.0.1:9102/healthz"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-us-east --region us-east --control-plane 127.0.0.1:18000 --control-plane-token-file xds-token > envoy.yaml"},
+	{cmd: "inferlb control-plane --fleet " + fleet3 + " --tls-cert /etc/inferlb/cp.crt --tls-key /etc/inferlb/cp.key --tls-client-ca /etc/inferlb/clients-ca.crt", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
+	{cmd: "inferlb extproc --control-plane cp.inferlb.internal:18000 --node-id frontend-us-east --region us-east --control-plane-ca /etc/inferlb/cp-ca.crt --control-plane-cert /etc/inferlb/fe.crt --control-plane-key /etc/inferlb/fe.key --control-plane-server-name cp.inferlb.internal", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-us-east --region us-east --control-plane 127.0.0.1:18000 --insecure --client-priorities examples/auth/client-priorities.yaml --auth-filters examples/auth/envoy-jwt-auth.yaml", want: "envoy.filters.http.jwt_authn"},
 	// Load against one engine.
 	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace internal/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
 	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},

@@ -19,10 +19,11 @@ func TestDrillExtProcDeath(t *testing.T) {
 	for _, variant := range []string{envoyconfigs.FailClosed, envoyconfigs.FailOpen} {
 		t.Run(variant, func(t *testing.T) {
 			s := startStack(t, stackOptions{variant: variant})
-			// Streams of ~150 tokens × ~25 ms: about 4 s each, so that a
-			// dozen are mid-stream when ext_proc dies.
-			tr := s.startTraffic(trafficOptions{rate: 4, maxTokens: 150})
-			tr.waitSent(t, 14, 30*time.Second)
+			// Streams of 120 tokens × ~25 ms: about 3 s each, so that
+			// several are mid-stream when ext_proc dies, at 60% of the
+			// fleet's capacity (no shedding).
+			tr := s.startTraffic(trafficOptions{rate: 2.5, maxTokens: 120})
+			tr.waitSent(t, 10, 30*time.Second)
 			// Requests started 300 ms or more before the kill have their
 			// routing decision (a decision takes milliseconds).
 			inflight := tr.inFlight(300 * time.Millisecond)

@@ -113,7 +113,9 @@ func (s *stack) waitShare(t *testing.T, id string, ok func(float64) bool, timeou
 // clears the penalty and it gets its share back.
 func TestDrillEngineRestart(t *testing.T) {
 	s := startStack(t, stackOptions{cpArgs: []string{"--penalty-half-life", "2s"}})
-	tr := s.startTraffic(trafficOptions{rate: 5, maxTokens: 60})
+	// 60 tokens: ~1.5 s streams; 3 requests/s is a third of the fleet's
+	// capacity, half of what is left while one engine is down.
+	tr := s.startTraffic(trafficOptions{rate: 3, maxTokens: 60})
 	e2 := s.engines[2]
 	before := s.waitShare(t, "e2", func(x float64) bool { return x > 0.2 }, 30*time.Second, "a fair share before the fault")
 	if err := e2.SetFaults(enginesim.Faults{Slowdown: 5}); err != nil {
