@@ -41,20 +41,8 @@ func TestDrillForgedReports(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dial := func(c auth.Client) *grpc.ClientConn {
-		opts, err := c.DialOptions()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(s.cpXDS[0], opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return conn
-	}
-	anon := dial(auth.Client{Insecure: true})
-	insider := dial(auth.Client{TokenFile: s.auth.tokenFile})
+	anon := s.dialCP(t, auth.Client{Insecure: true})
+	insider := s.dialCP(t, auth.Client{TokenFile: s.auth.tokenFile})
 
 	// Without credentials: no reports, no configuration.
 	now := time.Now()
@@ -156,20 +144,12 @@ func TestDrillMutualTLS(t *testing.T) {
 		"another CA's certificate": {CAFile: s.auth.pki.CA, CertFile: s.auth.pki.OtherCert, KeyFile: s.auth.pki.OtherKey},
 		"no certificate":           {Insecure: true},
 	} {
-		opts, err := c.DialOptions()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(s.cpXDS[0], opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := s.dialCP(t, c)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		now := time.Now()
-		_, err = policyv1.NewReportsClient(conn).Report(ctx, &policyv1.ReportRequest{NodeId: nodeID, Instance: "intruder",
+		_, err := policyv1.NewReportsClient(conn).Report(ctx, &policyv1.ReportRequest{NodeId: nodeID, Instance: "intruder",
 			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now)})
 		cancel()
-		conn.Close()
 		if status.Code(err) != codes.Unavailable {
 			t.Errorf("%s: %v, want the connection refused", name, err)
 		}
@@ -187,4 +167,20 @@ func TestDrillMutualTLS(t *testing.T) {
 	if n, err := metric(s.cpAdmin[0]+"/metrics", "inferlb_xds_auth_failures_total", `method="tls-handshake"`); err != nil || n < 2 {
 		t.Errorf("refused handshakes counted: %v (%v), want ≥ 2", n, err)
 	}
+}
+
+// dialCP connects to the first control-plane replica with the client's
+// credentials (closed when the test ends).
+func (s *stack) dialCP(t *testing.T, c auth.Client) *grpc.ClientConn {
+	t.Helper()
+	opts, err := c.DialOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(s.cpXDS[0], opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

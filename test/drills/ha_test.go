@@ -122,35 +122,25 @@ func TestDrillHighAvailability(t *testing.T) {
 	// fails its health checks and the control plane marks it unhealthy.
 	changeReaches := func(what string) {
 		t.Helper()
-		if err := s.engines[0].SetFaults(enginesim.Faults{HealthFail: true}); err != nil {
-			t.Fatal(err)
-		}
-		if err := envoytest.Poll(context.Background(), 20*time.Second, 100*time.Millisecond, func() error {
-			cs, err := xdstest.Clusters(s.envoy)
-			if err != nil {
-				return err
+		for _, f := range []struct {
+			faults enginesim.Faults
+			want   string
+		}{{enginesim.Faults{HealthFail: true}, "UNHEALTHY"}, {enginesim.Faults{}, "HEALTHY"}} {
+			if err := s.engines[0].SetFaults(f.faults); err != nil {
+				t.Fatal(err)
 			}
-			if h := cs["inferlb_chat"][s.engines[0].Addr()]; h.EDSHealth != "UNHEALTHY" {
-				return fmt.Errorf("e0's health at Envoy: %s", h.EDSHealth)
+			if err := envoytest.Poll(context.Background(), 20*time.Second, 100*time.Millisecond, func() error {
+				cs, err := xdstest.Clusters(s.envoy)
+				if err != nil {
+					return err
+				}
+				if h := cs["inferlb_chat"][s.engines[0].Addr()]; h.EDSHealth != f.want {
+					return fmt.Errorf("e0's health at Envoy: %s, want %s", h.EDSHealth, f.want)
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("%s: the control plane's verdict on e0 did not reach Envoy: %v", what, err)
 			}
-			return nil
-		}); err != nil {
-			t.Fatalf("%s: the control plane's verdict on e0 did not reach Envoy: %v", what, err)
-		}
-		if err := s.engines[0].SetFaults(enginesim.Faults{}); err != nil {
-			t.Fatal(err)
-		}
-		if err := envoytest.Poll(context.Background(), 20*time.Second, 100*time.Millisecond, func() error {
-			cs, err := xdstest.Clusters(s.envoy)
-			if err != nil {
-				return err
-			}
-			if h := cs["inferlb_chat"][s.engines[0].Addr()]; h.EDSHealth != "HEALTHY" {
-				return fmt.Errorf("e0's health at Envoy: %s", h.EDSHealth)
-			}
-			return nil
-		}); err != nil {
-			t.Fatalf("%s: e0's recovery did not reach Envoy: %v", what, err)
 		}
 		t.Logf("%s: e0 marked unhealthy and healthy again at Envoy", what)
 	}
