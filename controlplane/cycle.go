@@ -659,10 +659,13 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				Weights: cd.Weights, ShedByLevel: cd.shedLevels, RetryBudgetFraction: budget,
 				MaxRetries: retries, LocalInflightLimit: uint32(inflight), Utilization: util,
 				MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens))}
+			if m, ok := c.spec.ModelByName(cl.Model); ok {
+				tc.TokenizerSHA256, tc.ChatTemplateTokens = m.TokenizerSHA256, uint32(m.ChatTemplateTokens)
+			}
 			cd.Utilization = util
 			for id := range cd.Weights {
 				e, _ := c.spec.EngineByID(id)
-				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id]}
+				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath}
 			}
 			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)
 			cd.Priority = map[string]uint32{}

@@ -20,6 +20,7 @@ type metrics struct {
 	requestsExpired prometheus.Counter
 	unknownLogs     prometheus.Counter
 	completion      prometheus.Histogram
+	contextBounds   *prometheus.CounterVec // method
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -71,6 +72,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "inferlb_extproc_streams",
 			Help: "Open ext_proc streams.",
 		}),
+		contextBounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_context_bounds_total",
+			Help: "Requests routed by their context need, by how the prompt was bounded: short (11× bytes fit the smallest class), bytes (tokens.Bound), tokenizer (the model's tokenizer.json counted the texts).",
+		}, []string{"method"}),
 	}
 	m.requestsExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_requests_expired_total",
 		Help: "Admitted requests whose end Envoy's access log never reported; their in-flight slot was taken back after --max-request-age."})
@@ -80,6 +85,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion)
 	reg.MustRegister(m.decisions, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
-		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams)
+		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams, m.contextBounds)
 	return m
 }

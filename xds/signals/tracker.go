@@ -83,6 +83,21 @@ type Engine struct {
 	// counter reset, long idle); LastReset says why the last one was.
 	Resets    int    `json:"latency_resets"`
 	LastReset string `json:"last_reset,omitempty"`
+	// QueueMs and E2EMs are the mean time requests waited to be scheduled
+	// and their mean end-to-end latency over recent intervals (NaN until
+	// seen). TTFTExcludesQueue is set once the engine's mean queue time
+	// exceeded its mean TTFT, which a TTFT that counts queueing never
+	// does; from then on TTFTMs is the reported TTFT plus the queue time,
+	// so queueing is never invisible in the latency evidence.
+	QueueMs           float64 `json:"queue_ms"`
+	E2EMs             float64 `json:"e2e_ms"`
+	TTFTExcludesQueue bool    `json:"ttft_excludes_queue,omitempty"`
+	// Missing names the mapped metrics the last page lacked (a server
+	// creating them at its first request, or a mapping that does not fit).
+	Missing []string `json:"missing,omitempty"`
+	// Restarts counts restarts seen (a counter went down or vanished, or
+	// the process start time changed).
+	Restarts int `json:"restarts,omitempty"`
 
 	state State
 }
@@ -112,6 +127,7 @@ type delta struct {
 	at                                 time.Time
 	dt                                 float64 // seconds since the previous scrape
 	ttftSum, ttftCount, itlSum, itlCnt float64
+	queueSum, queueCount               float64
 	success, uncached, gen             float64
 	running, waiting                   float64
 }
@@ -147,7 +163,8 @@ type Tracker struct {
 func NewTracker(opt TrackerOptions, ids []string) *Tracker {
 	t := &Tracker{opt: opt, tracks: map[string]*track{}}
 	for _, id := range ids {
-		t.tracks[id] = &track{e: Engine{ID: id, TTFTMs: math.NaN(), TBOTMs: math.NaN()}}
+		nan := math.NaN()
+		t.tracks[id] = &track{e: Engine{ID: id, Running: nan, Waiting: nan, KVUsage: nan, TTFTMs: nan, TBOTMs: nan, QueueMs: nan, E2EMs: nan}}
 	}
 	return t
 }
@@ -234,17 +251,19 @@ func (t *Tracker) resetLatency(tr *track, why string) {
 func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 	dt := at.Sub(tr.prevAt)
 	a := t.alpha(dt)
-	tr.e.Running = ewma(tr.e.Running, m.Running, a, tr.hasGauges)
-	tr.e.Waiting = ewma(tr.e.Waiting, m.Waiting, a, tr.hasGauges)
-	tr.e.KVUsage = ewma(tr.e.KVUsage, m.KVUsage, a, tr.hasGauges)
+	tr.e.Running = foldGauge(tr.e.Running, m.Running, a, tr.hasGauges)
+	tr.e.Waiting = foldGauge(tr.e.Waiting, m.Waiting, a, tr.hasGauges)
+	tr.e.KVUsage = foldGauge(tr.e.KVUsage, m.KVUsage, a, tr.hasGauges)
 	tr.hasGauges = true
 	tr.e.LastMetrics = at
+	tr.e.Missing = m.Missing
 	if tr.havePrev && dt > 0 {
 		p := tr.prev
-		// A counter that went down means the engine restarted: rebase, and
-		// forget the latency measured before.
-		reset := m.Success < p.Success || m.TTFTCount < p.TTFTCount || m.PromptTokens < p.PromptTokens
+		// A counter that went down or vanished means the engine restarted:
+		// rebase, and forget the latency measured before.
+		reset := m.RestartedSince(p)
 		if reset {
+			tr.e.Restarts++
 			t.resetLatency(tr, "counters reset (engine restarted)")
 		}
 		if !reset {
@@ -264,7 +283,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 			}
 			tr.e.TTFTSamples = 0
 			if dc := m.TTFTCount - p.TTFTCount; dc > 0 {
-				tr.e.TTFTMs = ewma(tr.e.TTFTMs, 1000*(m.TTFTSum-p.TTFTSum)/dc, a, tr.hasTTFT)
+				tr.e.TTFTMs = ewma(tr.e.TTFTMs, ttftEvidence(&tr.e, m, p), a, tr.hasTTFT)
 				tr.e.TTFTSamples = dc
 				tr.hasTTFT = true
 			}
@@ -272,6 +291,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 				tr.e.TBOTMs = ewma(tr.e.TBOTMs, 1000*(m.ITLSum-p.ITLSum)/dc, a, tr.hasTBOT)
 				tr.hasTBOT = true
 			}
+			foldExtra(&tr.e, m, p, a)
 			tr.hasRates = true
 			d := delta{at: at, dt: sec, running: m.Running, waiting: m.Waiting}
 			pos := func(cur, prev float64) float64 {
@@ -281,6 +301,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 				return cur - prev
 			}
 			d.ttftSum, d.ttftCount = pos(m.TTFTSum, p.TTFTSum), pos(m.TTFTCount, p.TTFTCount)
+			d.queueSum, d.queueCount = pos(m.QueueSum, p.QueueSum), pos(m.QueueCount, p.QueueCount)
 			d.itlSum, d.itlCnt = pos(m.ITLSum, p.ITLSum), pos(m.ITLCount, p.ITLCount)
 			d.success, d.gen = pos(m.Success, p.Success), pos(m.GenTokens, p.GenTokens)
 			d.uncached = math.Max(0, pos(m.PromptTokens, p.PromptTokens)-pos(m.PrefixHits, p.PrefixHits))
@@ -301,7 +322,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 // window sums the evidence of the scrapes within the window before now.
 func (t *Tracker) window(tr *track, now time.Time) Window {
 	var w Window
-	var ttft, itl, succ, unc, gen, run, wait float64
+	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount float64
 	n := 0
 	for _, d := range tr.deltas {
 		if now.Sub(d.at) > t.evidenceWindow() {
@@ -310,6 +331,8 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 		w.Seconds += d.dt
 		w.TTFTCount += d.ttftCount
 		ttft += d.ttftSum
+		qSum += d.queueSum
+		qCount += d.queueCount
 		w.ITLCount += d.itlCnt
 		itl += d.itlSum
 		succ += d.success
@@ -324,6 +347,12 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 	}
 	if w.TTFTCount > 0 {
 		w.TTFTMeanMs = 1000 * ttft / w.TTFTCount
+		// An engine whose TTFT leaves out queueing (ttftEvidence) has it
+		// added back: the prediction it is judged against includes the
+		// queue.
+		if tr.e.TTFTExcludesQueue && qCount > 0 {
+			w.TTFTMeanMs += 1000 * qSum / qCount
+		}
 	}
 	if w.ITLCount > 0 {
 		w.TBOTMeanMs = 1000 * itl / w.ITLCount
@@ -368,7 +397,8 @@ func (t *Tracker) Engines(now time.Time) []Engine {
 	return out
 }
 
-// MarshalJSON writes NaN latencies (nothing observed yet) as null.
+// MarshalJSON writes NaN gauges and latencies (not reported, or nothing
+// observed yet) as null.
 func (e Engine) MarshalJSON() ([]byte, error) {
 	type plain Engine
 	nan := func(v float64) *float64 {
@@ -379,9 +409,14 @@ func (e Engine) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(struct {
 		plain
-		TTFTMs *float64 `json:"ttft_ms"`
-		TBOTMs *float64 `json:"tbot_ms"`
-	}{plain(e), nan(e.TTFTMs), nan(e.TBOTMs)})
+		Running *float64 `json:"running"`
+		Waiting *float64 `json:"waiting"`
+		KVUsage *float64 `json:"kv_usage"`
+		TTFTMs  *float64 `json:"ttft_ms"`
+		TBOTMs  *float64 `json:"tbot_ms"`
+		QueueMs *float64 `json:"queue_ms"`
+		E2EMs   *float64 `json:"e2e_ms"`
+	}{plain(e), nan(e.Running), nan(e.Waiting), nan(e.KVUsage), nan(e.TTFTMs), nan(e.TBOTMs), nan(e.QueueMs), nan(e.E2EMs)})
 }
 
 func isTimeout(err error) bool {

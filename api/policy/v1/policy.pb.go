@@ -287,8 +287,17 @@ type ClassPolicy struct {
 	// mean_output_tokens): a request that states no max_tokens counts this in
 	// the demand it reports.
 	MeanOutputTokens uint32 `protobuf:"varint,12,opt,name=mean_output_tokens,json=meanOutputTokens,proto3" json:"mean_output_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Context bound (numbers 140.. are issue 14's, to keep merges apart).
+	// The SHA-256 (hex) of the class's model's tokenizer.json, when the fleet
+	// spec names one: ext_proc counts prompt texts with the tokenizer of that
+	// digest (loaded with its --tokenizer flag) when the bytes bound comes
+	// near the class's context limit. Empty: the bytes bound only.
+	TokenizerSha256 string `protobuf:"bytes,140,opt,name=tokenizer_sha256,json=tokenizerSha256,proto3" json:"tokenizer_sha256,omitempty"`
+	// Tokens the model's chat template adds beyond the request's own bytes
+	// (the fleet spec's chat_template_tokens), added to every bound.
+	ChatTemplateTokens uint32 `protobuf:"varint,141,opt,name=chat_template_tokens,json=chatTemplateTokens,proto3" json:"chat_template_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClassPolicy) Reset() {
@@ -401,6 +410,20 @@ func (x *ClassPolicy) GetUtilization() float64 {
 func (x *ClassPolicy) GetMeanOutputTokens() uint32 {
 	if x != nil {
 		return x.MeanOutputTokens
+	}
+	return 0
+}
+
+func (x *ClassPolicy) GetTokenizerSha256() string {
+	if x != nil {
+		return x.TokenizerSha256
+	}
+	return ""
+}
+
+func (x *ClassPolicy) GetChatTemplateTokens() uint32 {
+	if x != nil {
+		return x.ChatTemplateTokens
 	}
 	return 0
 }
@@ -771,7 +794,7 @@ const file_policy_proto_rawDesc = "" +
 	"\tEngineRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\xd8\x04\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xb7\x05\n" +
 	"\vClassPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x14\n" +
@@ -786,7 +809,9 @@ const file_policy_proto_rawDesc = "" +
 	"\x14local_inflight_limit\x18\n" +
 	" \x01(\rR\x12localInflightLimit\x12 \n" +
 	"\vutilization\x18\v \x01(\x01R\vutilization\x12,\n" +
-	"\x12mean_output_tokens\x18\f \x01(\rR\x10meanOutputTokens\x1aF\n" +
+	"\x12mean_output_tokens\x18\f \x01(\rR\x10meanOutputTokens\x12*\n" +
+	"\x10tokenizer_sha256\x18\x8c\x01 \x01(\tR\x0ftokenizerSha256\x121\n" +
+	"\x14chat_template_tokens\x18\x8d\x01 \x01(\rR\x12chatTemplateTokens\x1aF\n" +
 	"\x18ShedFractionByLevelEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xbc\x02\n" +
