@@ -18,9 +18,9 @@ import (
 // evidence window:
 //
 //	TBOT = (a + b·running) / (1 − uncached prompt tokens/s ÷ P)
-//	TTFT = overhead + uncached prompt per request ÷ P + 1.5·TBOT + waiting ÷ completions/s
+//	TTFT = overhead + uncached prompt per request ÷ P + 1.5·TBOT + 2·waiting ÷ completions/s
 //
-// (the last term is the queue wait by Little's law). A busy, healthy engine
+// (the last term is the queue wait by Little's law, with room for bursts). A busy, healthy engine
 // is slow because its batch is full and its queue long, and the prediction
 // says so; a faulty one is slower than its own batch and queue explain. A
 // third estimate comes from ext_proc: the time Envoy measured for requests
@@ -85,16 +85,26 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			// queued on, and shed what the fleet could have served.
 			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
 			used := v.ObservedUtilization
+			// A queue that lasts (the evidence window's mean, not one
+			// scrape's burst) means no spare capacity.
+			waiting := s.Waiting
+			if s.Window.Seconds > 0 {
+				waiting = s.Window.Waiting
+			}
 			if s.Waiting >= 1 {
 				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
-				if v.PlannedUtilization < ownQueue {
-					used = v.ObservedUtilization
-				}
+			}
+			if waiting >= 1 && v.PlannedUtilization < ownQueue {
+				used = math.Max(used, 0.95)
 			}
 			// Estimates of both sides are noisy (token rates over a few
 			// seconds against a work model): the first BackgroundFloor of
 			// the difference is taken for noise, not someone else's load.
-			v.BackgroundLoad = clamp(used-v.PlannedUtilization-c.cfg.BackgroundFloor, 0, 0.95)
+			// Before anything is published there is no plan to compare
+			// with: every engine's load would read as background.
+			if len(c.published) > 0 {
+				v.BackgroundLoad = clamp(used-v.PlannedUtilization-c.cfg.BackgroundFloor, 0, 0.95)
+			}
 			up[e.ID] = true
 		} else {
 			s = signals.Engine{} // latency evidence only from an engine that is up
@@ -129,6 +139,9 @@ func (c *Controller) PenaltyRising(in Inputs) []string {
 // more may queue our own requests (see observe).
 const ownQueue = 0.8
 
+// queueSlack widens the Little's-law queue wait in the TTFT prediction.
+const queueSlack = 2
+
 // assessment is one engine's evidence in one cycle: targets from its own
 // metrics (scrape), from ext_proc's timing (e2e) and from errors.
 type assessment struct {
@@ -156,9 +169,12 @@ func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence
 		if w.ITLCount >= po.MinSamples && w.TBOTMeanMs > 0 {
 			v.TBOTResidual = w.TBOTMeanMs / tbot
 		}
-		// Queue wait and prompt per request need requests finishing.
+		// Queue wait and prompt per request need requests finishing. The
+		// queue is a time-averaged gauge against the queue each request
+		// met (bursts, a queue that grew or drained in the window): its
+		// estimate is allowed queueSlack times its value.
 		if w.CompletionsPerS > 0 {
-			queue := 1000 * w.Waiting / w.CompletionsPerS
+			queue := queueSlack * 1000 * w.Waiting / w.CompletionsPerS
 			prompt := w.UncachedPromptPerS / w.CompletionsPerS
 			v.TTFTPredMs = fp.OverheadMs + 1000*prompt/fp.PrefillTokensPerS + 1.5*tbot + queue
 			if w.TTFTCount >= po.MinSamples && w.TTFTMeanMs > 0 {
