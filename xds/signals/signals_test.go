@@ -432,3 +432,41 @@ func TestTrackerEvidenceWindowAndResets(t *testing.T) {
 		t.Fatalf("back from down: %+v", e)
 	}
 }
+
+// Whatever a reporter sends, the intake neither panics nor lets a number
+// through that is not finite or that exceeds the frontend's bound.
+func FuzzIntakeReport(f *testing.F) {
+	f.Add(uint64(10), uint64(1), uint64(1000), uint64(500), uint64(8), uint64(1), 0.5, int64(-1), int64(0), uint64(3), 1.5)
+	f.Add(uint64(math.MaxUint64), uint64(0), uint64(0), uint64(0), uint64(1000), uint64(1000), math.Inf(1), int64(-1<<40), int64(1<<40), uint64(0), math.NaN())
+	f.Fuzz(func(t *testing.T, req, shed, pt, ot, resp, errs uint64, lat float64, startS, endS int64, completed uint64, compSec float64) {
+		now := time.Unix(1_800_000_000, 0)
+		in, err := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"}, Priorities: []string{"p"},
+			Now: func() time.Time { return now }, MaxRequestsPerS: map[string]float64{"fe": 100}, MaxInflight: map[string]float64{"fe": 10},
+			MaxTokensPerRequest: 8192})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &policyv1.ReportRequest{NodeId: "fe", Instance: "i",
+			IntervalStart: &timestamppb.Timestamp{Seconds: now.Unix() + startS}, IntervalEnd: &timestamppb.Timestamp{Seconds: now.Unix() + endS},
+			Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: req, Shed: shed, PromptTokens: pt, OutputTokens: ot}},
+			Engines: []*policyv1.EngineEvidence{{Address: "a:1", Responses: resp, Errors: errs, HeaderLatencySumSeconds: lat, HeaderLatencyCount: resp,
+				Completed: completed, CompletionSecondsSum: compSec}}}
+		_ = in.Report(context.Background(), r)
+		d, ev := in.Snapshot(now)
+		for k, x := range d {
+			for _, v := range []float64{x.RequestsPerS, x.ShedPerS, x.PromptTokens, x.OutputTokens} {
+				if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+					t.Fatalf("%v: %+v", k, x)
+				}
+			}
+			if x.RequestsPerS > 100+1e-9 {
+				t.Fatalf("%v: %.1f requests/s above the bound", k, x.RequestsPerS)
+			}
+		}
+		for a, e := range ev {
+			if math.IsNaN(e.Responses+e.Errors+e.HeaderLatencyMs+e.CompletionSeconds) || e.Errors > e.Responses {
+				t.Fatalf("%s: %+v", a, e)
+			}
+		}
+	})
+}
