@@ -96,7 +96,7 @@ type chainWriter struct {
 	done  bool   // the anchor is recorded (points after it are flagged)
 	// Token estimate of the current message's content: tokens before
 	// it, its token count, its start depth and its raw length.
-	tokBase, tokMsg int
+	tokBase, tokMsg  int
 	msgStart, msgLen uint64
 }
 

@@ -554,4 +554,3 @@ func (p *parser) prompt(r *Request) error {
 	}
 	return p.syntax("expected a value")
 }
-
