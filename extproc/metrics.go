@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	decisions      *prometheus.CounterVec // class, priority, outcome
+	keys           *prometheus.CounterVec // class, key
 	rejected       *prometheus.CounterVec // status
 	decisionTime   prometheus.Histogram
 	bodyBytes      prometheus.Histogram
@@ -22,6 +23,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "inferlb_extproc_decisions_total",
 			Help: "Routing decisions by class, priority and outcome (admitted, shed_policy, shed_local).",
 		}, []string{"class", "priority", "outcome"}),
+		keys: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_affinity_keys_total",
+			Help: "Affinity keys by class and kind: session, prompt_cache_key, user; conversation, group, spread (from the prefix chain and the split table); none (nothing to key on: a fresh key); off (affinity off for the class).",
+		}, []string{"class", "key"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferlb_extproc_rejected_total",
 			Help: "Requests answered with an error before routing, by HTTP status and reason.",
@@ -66,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Open ext_proc streams.",
 		}),
 	}
-	reg.MustRegister(m.decisions, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
+	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams)
 	return m
 }

@@ -52,6 +52,9 @@ type Class struct {
 	// request states none.
 	MeanOutputTokens int
 
+	// aff derives the class's affinity keys (affinity.go).
+	aff affinity
+
 	state *classState
 	// The decision's cluster and class headers, built once by Compile and
 	// shared read-only by every response.
@@ -186,6 +189,11 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		if err := labelValue(c.Name); err != nil {
 			return nil, fmt.Errorf("%s: name: %w", where, err)
 		}
+		aff, err := compileAffinity(cp.GetAffinity())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		c.aff = aff
 		seen[c.Name] = true
 		raw := make([]float64, p.maxLevel+1)
 		for l, f := range cp.GetShedFractionByLevel() {

@@ -14,7 +14,6 @@ package extproc
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"strconv"
@@ -69,6 +68,10 @@ type Server struct {
 
 	anon atomic.Uint64 // keys for requests with nothing to hash
 }
+
+// fresh is a new key for a request with nothing to key on (or with
+// affinity off): distinct per request, spread over the whole range.
+func (s *Server) fresh() uint64 { return mix(s.anon.Add(1)) }
 
 // New returns a Server without a policy: until SetPolicy succeeds every
 // request is answered 503.
@@ -350,11 +353,16 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
 			message: fmt.Sprintf("The model %q is not served in data-residency zone %q (header %s).", br.Model, st.resid, headers.Residency), reason: "residency"})
 	}
-	keyHash, _ := affinityKey(st.session, br)
+	kd := c.aff.key(st.session, br, s.fresh)
+	keyHash := kd.Key
 	if keyHash == 0 {
-		keyHash = mix(s.anon.Add(1))
+		keyHash = s.fresh()
 	}
-	outcome := p.admit(c, level, keyHash)
+	shedKey := kd.Conversation
+	if shedKey == 0 {
+		shedKey = keyHash
+	}
+	outcome := p.admit(c, level, shedKey)
 	// The output the request will cost: what it asks for, else the class's
 	// typical length.
 	output := br.MaxTokens
@@ -362,6 +370,8 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		output = c.MeanOutputTokens
 	}
 	s.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
+	s.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0))
+	s.m.keys.WithLabelValues(c.Name, kd.label()).Inc()
 	s.m.decisions.WithLabelValues(c.Name, prio, outcome.String()).Inc()
 	if outcome != admitted {
 		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
@@ -417,43 +427,6 @@ func (p *Policy) priorityNames() []string {
 		}
 	}
 	return out
-}
-
-// affinityKey applies the documented rule: explicit session header, then
-// prompt_cache_key, then user, then the stable-prefix hash. It returns 0
-// when there is nothing to key on.
-func affinityKey(session string, br *body.Request) (uint64, string) {
-	switch {
-	case session != "":
-		return keyHash('s', session), "session"
-	case br.PromptCacheKey != "":
-		return keyHash('p', br.PromptCacheKey), "prompt_cache_key"
-	case br.User != "":
-		return keyHash('u', br.User), "user"
-	case br.HasPrefix:
-		return mix(br.PrefixHash ^ 0x68), "prefix"
-	}
-	return 0, ""
-}
-
-func keyHash(tag byte, v string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte{tag, 0})
-	h.Write([]byte(v))
-	return mix(h.Sum64())
-}
-
-// mix is a 64-bit finalizer (splitmix64), so keys spread over the whole range.
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	if h == 0 {
-		h = 1
-	}
-	return h
 }
 
 func hex16(v uint64) string {
