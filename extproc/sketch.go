@@ -138,4 +138,3 @@ func cmpDesc(a, b uint64) int {
 
 // convBit is a conversation's bit in a 64-bit linear-counting bitmap.
 func convBit(conv uint64) uint64 { return 1 << (conv >> 58) }
-
