@@ -266,6 +266,10 @@ type Class struct {
 	// MeanOutputTokens is the class's typical output length, for demand
 	// reports of requests without max_tokens.
 	MeanOutputTokens uint32
+	// Affinity is the class's cache-affinity configuration and split
+	// table (affinity.go); the zero value publishes none (ext_proc's
+	// defaults).
+	Affinity Affinity
 }
 
 // Priority is a traffic priority.
@@ -328,6 +332,9 @@ func Translate(n Node, o Options) (*Resources, error) {
 		seen[c.Name] = true
 		if err := checkClassPolicy(c); err != nil {
 			return nil, fmt.Errorf("translate node %s class %s: %w", n.NodeID, c.Name, err)
+		}
+		if err := c.Affinity.check(); err != nil {
+			return nil, fmt.Errorf("translate node %s class %s: affinity: %w", n.NodeID, c.Name, err)
 		}
 		name := o.ClusterName(c.Name)
 		cla, err := loadAssignment(name, c, n.Engines, o)
@@ -574,6 +581,7 @@ func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
 			MinContextTokens: c.MinContextTokens, MaxContextTokens: c.MaxContextTokens,
 			ShedFractionByLevel: shed, RetryBudgetFraction: c.RetryBudgetFraction, MaxRetries: c.MaxRetries,
 			LocalInflightLimit: c.LocalInflightLimit, Utilization: c.Utilization, MeanOutputTokens: c.MeanOutputTokens,
+			Affinity: c.Affinity.policy(),
 		})
 	}
 	prios := slices.Clone(n.Priorities)
