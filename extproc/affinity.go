@@ -27,8 +27,9 @@ import (
 //     on its own first turn, which every later turn repeats.
 //
 // If the deepest hot point says SPREAD, the key is that prefix and the
-// conversation modulo its spread R: the prefix's traffic is cut into R keys,
-// each conversation keeping one. If every point from the anchor on is hot
+// conversation's slot among its spread R (jump consistent hashing, a
+// "conversation mod R" that moves few conversations when R changes): the
+// prefix's traffic is cut into R keys, each conversation keeping one. If every point from the anchor on is hot
 // (identical prompts), the key is the deepest hot point and a fresh number
 // modulo R. The table is the control plane's, identical at every replica,
 // so replicas agree on every key.
@@ -237,10 +238,24 @@ walk:
 			conv = fresh()
 		}
 		d.Kind, d.Spread = "spread", uint32(r)
-		d.Key = mix(pts[d.Hot].Hash ^ tagSpread ^ (conv%r+1)<<8)
+		d.Key = mix(pts[d.Hot].Hash ^ tagSpread ^ uint64(jump(conv, int64(r))+1)<<8)
 	default:
 		d.Kind, d.Key = "conversation", mix(pts[d.Point].Hash^tagPrefix)
 	}
+}
+
+// jump is Lamping and Veach's jump consistent hash: key's slot among n,
+// such that going from n to n+1 slots moves only 1/(n+1) of the keys (a
+// spread prefix's R changes without remapping most of its conversations,
+// as "conversation mod R" would).
+func jump(key uint64, n int64) int64 {
+	b, j := int64(-1), int64(0)
+	for j < n {
+		b = j
+		key = key*2862933555777941757 + 1
+		j = int64(float64(b+1) * (float64(int64(1)<<31) / float64((key>>33)+1)))
+	}
+	return b
 }
 
 // label is the decision's value of the keys metric's "key" label.

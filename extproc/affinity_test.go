@@ -444,3 +444,30 @@ func popcount(x uint64) int {
 	}
 	return n
 }
+
+// Going from R to R+1 slots moves about 1/(R+1) of the conversations, and
+// slots are used evenly.
+func TestJumpHash(t *testing.T) {
+	const n = 20000
+	moved := 0
+	count := make([]int, 8)
+	for i := uint64(0); i < n; i++ {
+		k := mix(i)
+		a, b := jump(k, 7), jump(k, 8)
+		if a != b {
+			moved++
+			if b != 7 {
+				t.Fatalf("key moved from slot %d to %d, not to the new slot", a, b)
+			}
+		}
+		count[b]++
+	}
+	if f := float64(moved) / n; f < 0.1 || f > 0.15 {
+		t.Fatalf("%.3f of keys moved from 7 to 8 slots, want about 1/8", f)
+	}
+	for s, c := range count {
+		if c < n/8*9/10 || c > n/8*11/10 {
+			t.Fatalf("slot %d holds %d of %d keys", s, c, n)
+		}
+	}
+}
