@@ -471,3 +471,41 @@ func TestJumpHash(t *testing.T) {
 		}
 	}
 }
+
+// ExplainKey agrees with the server's decision and says why.
+func TestExplainKey(t *testing.T) {
+	shared := preAnchor(t, conversation(testPreamble, 0, 1)[0])
+	pol := affinityPolicy(table(&policyv1.PrefixRule{Prefix: shared[len(shared)-1], Action: policyv1.PrefixRule_ACTION_DEEPER, Spread: 4}), 0)
+	s := New(Options{Registry: prometheus.NewRegistry()})
+	if err := s.SetPolicy(pol); err != nil {
+		t.Fatal(err)
+	}
+	b := conversation(testPreamble, 3, 2)[1]
+	x, err := s.Policy().ExplainKey("/v1/chat/completions", "", "", []byte(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := decide(t, s, "", b)
+	if x.Header != want || x.Class != "chat" || x.Kind != "conversation" || x.Hot != len(shared)-1 || !x.Points[x.Point].Anchor {
+		t.Fatalf("explanation %+v, server's key %s", x, want)
+	}
+	if !strings.Contains(x.Why, "is hot, so the key goes deeper") || !strings.Contains(x.Why, "the anchor") || !strings.HasPrefix(x.Why, "no x-session-id header; no prompt_cache_key; no user; ") {
+		t.Fatalf("why: %s", x.Why)
+	}
+	if x.Points[x.Hot].Rule == "" || x.TableRules != 1 {
+		t.Fatalf("rules not shown: %+v", x.Points)
+	}
+	x, err = s.Policy().ExplainKey("/v1/chat/completions", "s-1", "", []byte(b))
+	if want, _ := decide(t, s, "s-1", b); err != nil || x.Source != "session" || x.Header != want {
+		t.Fatalf("session: %+v %v", x, err)
+	}
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/embeddings", b, `path "/v1/embeddings"`},
+		{"/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"x"}]}`, `model "other": no class`},
+		{"/v1/chat/completions", `{"model":`, "body: invalid JSON"},
+	} {
+		if _, err := s.Policy().ExplainKey(c.path, "", "", []byte(c.body)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %s: %v, want %q", c.path, c.body, err, c.want)
+		}
+	}
+}

@@ -90,7 +90,8 @@ func (p *Policy) PriorityName(level uint32) string {
 }
 
 // Compile validates a RoutingPolicy and builds the hot-path form. states
-// supplies the runtime state per class name (created when missing).
+// supplies the runtime state per class name (created when missing); nil
+// gives every class fresh state.
 //
 // Shed fractions are made consistent with "lowest priority first": a level
 // sheds only when every less important level (higher number) sheds
@@ -99,6 +100,9 @@ func (p *Policy) PriorityName(level uint32) string {
 func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (*Policy, error) {
 	if rp == nil {
 		return nil, fmt.Errorf("policy: nil")
+	}
+	if states == nil { // a policy to inspect (explain-key), not to serve
+		states = func(string) *classState { return newClassState() }
 	}
 	p := &Policy{
 		Version:    rp.GetVersion(),
