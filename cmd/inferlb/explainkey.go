@@ -28,8 +28,8 @@ func init() { rootCmd.AddCommand(newExplainKeyCmd()) }
 func newExplainKeyCmd() *cobra.Command {
 	var (
 		policyFile, controlPlane, nodeID, path, session, residency string
-		asJSON                                                    bool
-		timeout                                                   time.Duration
+		asJSON                                                     bool
+		timeout                                                    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "explain-key [BODY_FILE]",
