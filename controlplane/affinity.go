@@ -17,24 +17,25 @@ import (
 // replica reads the same way (docs/control-plane.md, docs/extproc.md).
 //
 // A point's share is the larger of its share of the class's requests and
-// of its tokens. With N engines in the class, one engine's share is 1/N; a
+// of its tokens. With N engines in the class, one engine's share is 1/N. A
 // point is hot when its share exceeds hot_share/N (and stays hot until it
-// falls below hotHysteresis of that), so no key carries more load than a
-// fraction of what one engine can take.
+// falls below hotHysteresis of that) and it is shared: it has at least
+// minHotContinuations continuations (the requests through it go on to
+// different next points, or many end there). One conversation's turns never
+// make a point hot, however busy the conversation: they all continue alike.
 //
-//   - A hot point at or past a conversation's anchor gets a rule (DEEPER),
-//     so ext_proc's walk passes it and keys deeper.
-//   - A hot point before the anchor gets a rule only if it is the deepest
-//     hot point of its chain (no hot child): the divergence point. Short
-//     prefixes are DEEPER (every conversation keyed on its own point: the
-//     prefix ends up cached on every engine, cheap for a short one); those
-//     of at least spread_min_prefix_tokens are SPREAD over R keys (R
-//     engines cache it, each conversation keeps one).
-//   - A shared cold prefix before the anchor (two conversations or more,
-//     its parent hot or absent) keys its conversations together: GROUP on
-//     its deepest point that still carries nine tenths of its traffic (the
-//     next divergence point), if that is at least group_min_prefix_tokens
-//     long.
+//   - Every hot point gets a rule. Before the anchor, short prefixes are
+//     DEEPER (every conversation keyed on its own point: the prefix ends up
+//     cached on every engine, cheap for a short one) and those of at least
+//     spread_min_prefix_tokens SPREAD over R keys (R engines cache it, each
+//     conversation keeps one). A hot point at or past the anchor (few-shot
+//     messages, identical prompts) is DEEPER, and so is every point between
+//     it and the anchor, so that ext_proc's walk passes them all.
+//   - A shared cold prefix before the anchor (a point with two
+//     continuations or more, no cold shared point above it) keys its
+//     conversations together: GROUP, if it is at least
+//     group_min_prefix_tokens long. It is the divergence point: the deepest
+//     prefix its conversations share.
 //
 // R is ceil(2·share/threshold), so each of its keys carries at most half
 // the hot threshold; it changes only by more than rHysteresis (ext_proc
@@ -44,12 +45,14 @@ import (
 const (
 	hotHysteresis = 0.7
 	rHysteresis   = 0.25
-	// groupFollow: a group's point descends to a child carrying at least
-	// this share of its requests.
-	groupFollow = 0.9
-	// minConversations: a point seen by fewer (estimated) conversations is
-	// not shared (two bits of the bitmap give 2.03).
-	minConversations = 1.5
+	// minHotContinuations: a point with fewer (estimated) continuations is
+	// not shared enough to be hot (3 bits of the bitmap give 3.07; one
+	// conversation gives 1, or 2 counting its first turn's end).
+	minHotContinuations = 2.5
+	// minGroupContinuations: a point before the anchor with two
+	// continuations is where conversations diverge (one conversation has
+	// one there).
+	minGroupContinuations = 1.5
 	// minViewRequests: with fewer (decayed) requests the view says nothing
 	// and the previous table stands.
 	minViewRequests = 5
@@ -66,7 +69,7 @@ type PrefixRuleView struct {
 	Share         float64 `json:"share"`
 	DepthBytes    uint32  `json:"depth_bytes"`
 	DepthTokens   uint32  `json:"depth_tokens"`
-	Conversations float64 `json:"conversations"`
+	Continuations float64 `json:"continuations"`
 	Why           string  `json:"why"`
 }
 
@@ -116,24 +119,30 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		return s
 	}
 	byHash := make(map[uint64]*signals.PrefixPoint, len(view.Points))
-	children := map[uint64][]*signals.PrefixPoint{}
 	for i := range view.Points {
-		p := &view.Points[i]
-		byHash[p.Prefix] = p
-		if p.Parent != 0 {
-			children[p.Parent] = append(children[p.Parent], p)
-		}
+		byHash[view.Points[i].Prefix] = &view.Points[i]
 	}
 	hot := map[uint64]bool{}
 	for i := range view.Points {
 		p := &view.Points[i]
 		r, was := before[p.Prefix]
 		wasHot := was && r.Action != translate.Group
-		if s := share(p); s > thr || (wasHot && s > hotHysteresis*thr) {
+		if s := share(p); (s > thr || (wasHot && s > hotHysteresis*thr)) && p.Continuations >= minHotContinuations {
 			hot[p.Prefix] = true
 		}
 	}
 	preAnchor := func(p *signals.PrefixPoint) bool { return p.Flags&(signals.PointAnchor|signals.PointAfterAnchor) == 0 }
+	// A hot point past the anchor makes the points between it and the
+	// anchor hot too: the walk must pass them.
+	for i := range view.Points {
+		p := &view.Points[i]
+		if !hot[p.Prefix] || preAnchor(p) {
+			continue
+		}
+		for q := parentOf(byHash, p); q != nil && !preAnchor(q) && !hot[q.Prefix]; q = parentOf(byHash, q) {
+			hot[q.Prefix] = true
+		}
+	}
 	type cand struct {
 		rule translate.PrefixRule
 		view PrefixRuleView
@@ -141,62 +150,57 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 	var cands []cand
 	add := func(p *signals.PrefixPoint, r translate.PrefixRule, why string) {
 		cands = append(cands, cand{r, PrefixRuleView{Prefix: fmt.Sprintf("%016x", p.Prefix), Action: r.Action.String(), Spread: r.Spread,
-			Share: share(p), DepthBytes: p.DepthBytes, DepthTokens: p.DepthTokens, Conversations: p.Conversations, Why: why}})
+			Share: share(p), DepthBytes: p.DepthBytes, DepthTokens: p.DepthTokens, Continuations: p.Continuations, Why: why}})
 	}
 	for i := range view.Points {
 		p := &view.Points[i]
 		if !hot[p.Prefix] {
 			continue
 		}
-		deepest := !slices.ContainsFunc(children[p.Prefix], func(c *signals.PrefixPoint) bool { return hot[c.Prefix] && preAnchor(c) })
-		if preAnchor(p) && !deepest {
-			continue // a deeper point of the chain is hot too: its rule decides
-		}
 		s := share(p)
 		r := translate.PrefixRule{Prefix: p.Prefix, Action: translate.Deeper, Spread: spreadFor(s, thr, before[p.Prefix].Spread)}
-		why := fmt.Sprintf("hot: %.1f%% of the class, over %.1f%% (%.2f of one engine's share)", 100*s, 100*thr, s*float64(n))
-		if preAnchor(p) && int(p.DepthTokens) >= a.SpreadMinPrefixTokens {
+		why := fmt.Sprintf("hot: %.1f%% of the class, over %.1f%% (%.2f of one engine's share), %.0f continuations", 100*s, 100*thr, s*float64(n), p.Continuations)
+		switch {
+		case preAnchor(p) && int(p.DepthTokens) >= a.SpreadMinPrefixTokens:
 			r.Action = translate.Spread
 			why += fmt.Sprintf("; %d tokens ≥ spread_min_prefix_tokens %d: spread over %d keys", p.DepthTokens, a.SpreadMinPrefixTokens, r.Spread)
-		} else {
+		case preAnchor(p):
 			why += "; keyed deeper, on each conversation"
+		default:
+			why += "; at or past the anchor: keyed deeper"
 		}
 		add(p, r, why)
 	}
 	for i := range view.Points {
 		p := &view.Points[i]
-		if hot[p.Prefix] || !preAnchor(p) || p.Conversations < minConversations {
+		if hot[p.Prefix] || !preAnchor(p) || int(p.DepthTokens) < a.GroupMinPrefixTokens {
 			continue
 		}
-		if parent, ok := byHash[p.Parent]; ok && !hot[parent.Prefix] {
-			continue // its parent is cold (and shared by as many): the group starts higher
+		if before[p.Prefix].Action == translate.Group {
+			// A group stands while it is seen and cold: its conversations
+			// keep their key when the group thins out.
+			add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
+				fmt.Sprintf("a group: %.0f continuations, %.1f%% of the class (under %.1f%%)", p.Continuations, 100*share(p), 100*thr))
+			continue
 		}
-		// Descend to the divergence point: while exactly one child carries
-		// nearly all of the point's requests. A group published before
-		// stays where it is (and is followed down with some slack).
-		d := p
-		for before[d.Prefix].Action != translate.Group {
-			var next *signals.PrefixPoint
-			n := 0
-			for _, c := range children[d.Prefix] {
-				follow := groupFollow
-				if before[c.Prefix].Action == translate.Group {
-					follow = hotHysteresis
-				}
-				if preAnchor(c) && !hot[c.Prefix] && c.Conversations >= minConversations && c.Requests >= follow*d.Requests {
-					next, n = c, n+1
-				}
-			}
-			if n != 1 {
+		if p.Continuations < minGroupContinuations {
+			continue
+		}
+		// The shallowest cold shared point of its chain (under the hot
+		// ones): a cold shared point above it groups these conversations
+		// and more.
+		shallowest := true
+		for q := parentOf(byHash, p); q != nil && !hot[q.Prefix]; q = parentOf(byHash, q) {
+			if q.Continuations >= minGroupContinuations {
+				shallowest = false
 				break
 			}
-			d = next
 		}
-		if int(d.DepthTokens) < a.GroupMinPrefixTokens {
+		if !shallowest {
 			continue
 		}
-		add(d, translate.PrefixRule{Prefix: d.Prefix, Action: translate.Group},
-			fmt.Sprintf("shared by about %.0f conversations, %.1f%% of the class (under %.1f%%): its conversations keyed together", d.Conversations, 100*share(d), 100*thr))
+		add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
+			fmt.Sprintf("shared: %.0f continuations, %.1f%% of the class (under %.1f%%): the conversations that diverge here keyed together", p.Continuations, 100*share(p), 100*thr))
 	}
 	slices.SortFunc(cands, func(x, y cand) int {
 		return cmp.Or(cmp.Compare(y.view.Share, x.view.Share), cmp.Compare(x.rule.Prefix, y.rule.Prefix))
@@ -222,6 +226,16 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		}
 	}
 	return out
+}
+
+// parentOf is p's parent in the view, nil if it is not there (or, after a
+// hash collision, not shallower: the walk up always ends).
+func parentOf(byHash map[uint64]*signals.PrefixPoint, p *signals.PrefixPoint) *signals.PrefixPoint {
+	q := byHash[p.Parent]
+	if p.Parent == 0 || q == nil || q.DepthBytes >= p.DepthBytes {
+		return nil
+	}
+	return q
 }
 
 // spreadFor is R for a hot point of share s over threshold thr: about

@@ -13,10 +13,10 @@ import (
 )
 
 // pt is a view point: prefix, parent, depth in tokens, flags, requests
-// (of 1000), conversations.
-func pt(prefix, parent uint64, tokens uint32, flags uint32, req, conv float64) signals.PrefixPoint {
+// (of 1000), continuations.
+func pt(prefix, parent uint64, tokens uint32, flags uint32, req, cont float64) signals.PrefixPoint {
 	return signals.PrefixPoint{Prefix: prefix, Parent: parent, DepthBytes: tokens * 5, DepthTokens: tokens, Flags: flags,
-		Requests: req, Upper: req, Tokens: req * 100, Conversations: conv}
+		Requests: req, Upper: req, Tokens: req * 100, Continuations: cont}
 }
 
 func prefixView(points ...signals.PrefixPoint) signals.ClassPrefixes {
@@ -24,11 +24,13 @@ func prefixView(points ...signals.PrefixPoint) signals.ClassPrefixes {
 }
 
 // preambleView: every request shares points 1→2→3 (a 4k-token preamble
-// inside the first user message), then 100 conversations' anchors.
+// inside the first user message; each continues to the next, the last to
+// 100 conversations' anchors), then the anchors (each one conversation:
+// its first turn ends there, its later turns continue alike).
 func preambleView(depth uint32) signals.ClassPrefixes {
-	pts := []signals.PrefixPoint{pt(1, 0, 100, 0, 1000, 200), pt(2, 1, depth/2, 0, 1000, 200), pt(3, 2, depth, 0, 1000, 200)}
+	pts := []signals.PrefixPoint{pt(1, 0, 100, 0, 1000, 1), pt(2, 1, depth/2, 0, 1000, 1), pt(3, 2, depth, 0, 1000, 150)}
 	for i := uint64(0); i < 100; i++ {
-		pts = append(pts, pt(100+i, 3, depth+50, signals.PointMessageEnd|signals.PointAnchor, 10, 1))
+		pts = append(pts, pt(100+i, 3, depth+50, signals.PointMessageEnd|signals.PointAnchor, 10, 2))
 	}
 	return prefixView(pts...)
 }
@@ -62,21 +64,34 @@ func TestSplitTableSharedPreamble(t *testing.T) {
 }
 
 // Few-shot prompts: the first user message, the anchor, is shared by
-// everyone; the shared messages after it are hot too. Each hot point from
-// the anchor on gets a rule (ext_proc's walk must pass each).
+// everyone, and so is the example after it; conversations diverge after
+// that. The divergence point is hot, and so is every point between it and
+// the anchor (ext_proc's walk must pass each); the system prompt before the
+// anchor needs no rule.
 func TestSplitTableHotAnchor(t *testing.T) {
 	cl := testFleet(t).Classes[0]
 	pts := []signals.PrefixPoint{
-		pt(1, 0, 50, signals.PointMessageEnd, 1000, 100),
-		pt(2, 1, 80, signals.PointMessageEnd|signals.PointAnchor, 1000, 100),
-		pt(3, 2, 110, signals.PointMessageEnd|signals.PointAfterAnchor, 1000, 100),
+		pt(1, 0, 50, signals.PointMessageEnd, 1000, 1),
+		pt(2, 1, 80, signals.PointMessageEnd|signals.PointAnchor, 1000, 1),
+		pt(3, 2, 110, signals.PointMessageEnd|signals.PointAfterAnchor, 1000, 50),
 	}
 	for i := uint64(0); i < 50; i++ {
-		pts = append(pts, pt(10+i, 3, 150, signals.PointMessageEnd|signals.PointAfterAnchor, 20, 1))
+		pts = append(pts, pt(10+i, 3, 150, signals.PointMessageEnd|signals.PointAfterAnchor, 20, 2))
 	}
 	rs := rulesOf(splitTable(cl, prefixView(pts...), 4, nil))
-	if len(rs) != 3 || rs[1].Action != translate.Deeper || rs[2].Action != translate.Deeper || rs[3].Action != translate.Deeper {
+	if len(rs) != 2 || rs[2].Action != translate.Deeper || rs[3].Action != translate.Deeper {
 		t.Fatalf("rules %+v", rs)
+	}
+	// One busy conversation (a fifth of the class) never makes its own
+	// points hot: all its turns continue alike.
+	busy := prefixView(pt(1, 0, 50, signals.PointMessageEnd|signals.PointAnchor, 200, 2), pt(2, 1, 90, signals.PointMessageEnd|signals.PointAfterAnchor, 190, 1))
+	if av := splitTable(cl, busy, 4, nil); len(av.rules) != 0 {
+		t.Fatalf("one conversation split: %+v", av.Rules)
+	}
+	// Identical prompts: many requests end at the anchor.
+	same := prefixView(pt(1, 0, 50, signals.PointMessageEnd|signals.PointAnchor, 600, 40))
+	if rs := rulesOf(splitTable(cl, same, 4, nil)); len(rs) != 1 || rs[1].Action != translate.Deeper || rs[1].Spread != 10 {
+		t.Fatalf("identical prompts: %+v", rs)
 	}
 }
 
@@ -92,10 +107,10 @@ func TestSplitTableGroups(t *testing.T) {
 		if d == 4 {
 			depth = 600 // short
 		}
-		// doc d: base → base+1 (same traffic: deeper divergence point) → 6 conversations
-		pts = append(pts, pt(base, 0, depth/2, 0, 60, 6), pt(base+1, base, depth, 0, 58, 6))
+		// doc d: base → base+1 (the divergence point) → 6 conversations
+		pts = append(pts, pt(base, 0, depth/2, 0, 60, 1), pt(base+1, base, depth, 0, 60, 6))
 		for c := uint64(0); c < 6; c++ {
-			pts = append(pts, pt(base+10+c, base+1, depth+100, signals.PointMessageEnd|signals.PointAnchor, 10, 1))
+			pts = append(pts, pt(base+10+c, base+1, depth+100, signals.PointMessageEnd|signals.PointAnchor, 10, 2))
 		}
 	}
 	av := splitTable(cl, prefixView(pts...), 4, nil)
@@ -108,8 +123,14 @@ func TestSplitTableGroups(t *testing.T) {
 			t.Fatalf("document %d: rule %+v, want GROUP on its divergence point", d, r)
 		}
 	}
-	// A single conversation's own prefix (one conversation) is not a group.
-	av = splitTable(cl, prefixView(pt(1, 0, 2000, 0, 60, 1), pt(2, 1, 2100, signals.PointAnchor, 60, 1)), 4, nil)
+	// A group stands while seen and cold, even when its conversations thin
+	// out to one (they keep their key).
+	thin := prefixView(pt(1001, 1000, 3000, 0, 20, 1), pt(1000, 0, 1500, 0, 20, 1))
+	if rs := rulesOf(splitTable(cl, thin, 4, av.rules)); len(rs) != 1 || rs[1001].Action != translate.Group {
+		t.Fatalf("thinned group: %+v", rs)
+	}
+	// A single conversation's own prefix (one continuation) is not a group.
+	av = splitTable(cl, prefixView(pt(1, 0, 2000, 0, 60, 1), pt(2, 1, 2100, signals.PointAnchor, 60, 2)), 4, nil)
 	if len(av.rules) != 0 {
 		t.Fatalf("one conversation grouped: %+v", av.Rules)
 	}
@@ -120,7 +141,7 @@ func TestSplitTableGroups(t *testing.T) {
 func TestSplitTableHysteresis(t *testing.T) {
 	cl := testFleet(t).Classes[0]
 	at := func(share float64) signals.ClassPrefixes {
-		return prefixView(pt(1, 0, 100, 0, 1000*share, 50), pt(2, 1, 200, signals.PointAnchor, 5, 1))
+		return prefixView(pt(1, 0, 100, 0, 1000*share, 50), pt(2, 1, 200, signals.PointAnchor, 5, 2))
 	}
 	av := splitTable(cl, at(0.2), 4, nil) // 0.2 > 0.125: hot, R = ceil(2·0.2/0.125) = 4
 	if rs := rulesOf(av); rs[1].Action != translate.Deeper || rs[1].Spread != 4 {

@@ -290,3 +290,6 @@ func mix(h uint64) uint64 {
 	}
 	return h
 }
+
+// TableRules returns the size and version of the class's split table.
+func (c *Class) TableRules() (rules int, version string) { return len(c.aff.table), c.aff.version }

@@ -381,7 +381,7 @@ func TestPrefixSketch(t *testing.T) {
 			h = 1000 + n // unique noise
 		}
 		truth[h]++
-		sk.add(&body.Point{Hash: h, Depth: uint32(h)}, 0, 10, convBit(mix(uint64(i))))
+		sk.add(&body.Point{Hash: h, Depth: uint32(h)}, 0, 10, bitOf(uint64(i)))
 	}
 	rep := sk.report("c")
 	if len(rep.Counts) != 16 {
@@ -401,8 +401,8 @@ func TestPrefixSketch(t *testing.T) {
 }
 
 // The Observer's report: one class's totals and, for prefix-keyed requests,
-// the points their walks visited with a parent link, the preamble's points
-// counted once per request.
+// the points their walks visited with a parent link and their
+// continuations, the preamble's points counted once per request.
 func TestPrefixReport(t *testing.T) {
 	s := New(Options{Registry: prometheus.NewRegistry()})
 	if err := s.SetPolicy(affinityPolicy(nil, 0)); err != nil {
@@ -431,8 +431,11 @@ func TestPrefixReport(t *testing.T) {
 		if (i == 0) != (c.Parent == 0) || (i > 0 && c.Parent != shared[i-1]) {
 			t.Fatalf("preamble point %d: parent %x", i, c.Parent)
 		}
-		if bits := popcount(c.Conversations); bits < 15 {
-			t.Fatalf("preamble point %d: %d conversation bits for 30 conversations", i, bits)
+		// Each preamble point continues to the next; the last one to
+		// every conversation's own first message.
+		bits := popcount(c.Continuations)
+		if last := i == len(shared)-1; last && bits < 15 || !last && bits != 1 {
+			t.Fatalf("preamble point %d: %d continuation bits for 30 conversations", i, bits)
 		}
 	}
 }

@@ -123,8 +123,10 @@ func (o *Observer) Flush(now time.Time) *policyv1.ReportRequest {
 
 // Prefixes records one request of a class (tokens: prompt plus expected
 // output) and, when its key came from its prefix chain, the chain points
-// the key's walk visited, in the class's prefix sketch.
-func (o *Observer) Prefixes(class string, c *body.Chain, kd *KeyDecision, tokens int) {
+// the key's walk visited, in the class's prefix sketch, each with its
+// continuation: the next point of the chain, or own (a value of this
+// request's) for the chain's last point.
+func (o *Observer) Prefixes(class string, c *body.Chain, kd *KeyDecision, tokens int, own uint64) {
 	o.pmu.Lock()
 	defer o.pmu.Unlock()
 	if o.prefixes == nil {
@@ -145,19 +147,21 @@ func (o *Observer) Prefixes(class string, c *body.Chain, kd *KeyDecision, tokens
 	if kd.Source != "prefix" || kd.Off {
 		return
 	}
-	// The conversation: its own point, or (keyed on a group before it)
-	// its anchor.
-	conv := uint64(0)
-	switch {
-	case kd.Point >= c.Anchor:
-		conv = c.Points[kd.Point].Hash
-	case c.Anchor >= 0:
-		conv = c.Points[c.Anchor].Hash
-	}
-	bit := convBit(mix(conv))
 	parent := uint64(0)
 	for i := 0; i < kd.Walked; i++ {
-		sk.add(&c.Points[i], parent, t, bit)
+		next := own
+		if i+1 < c.N {
+			next = c.Points[i+1].Hash
+		}
+		sk.add(&c.Points[i], parent, t, bitOf(next))
 		parent = c.Points[i].Hash
 	}
+}
+
+// SetPrefixSketchSize sets the points each class's sketch tracks per
+// interval (before the first request; 0: DefaultPrefixSketchSize).
+func (o *Observer) SetPrefixSketchSize(n int) {
+	o.pmu.Lock()
+	o.sketchSize = n
+	o.pmu.Unlock()
 }

@@ -370,7 +370,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		output = c.MeanOutputTokens
 	}
 	s.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
-	s.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0))
+	s.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0), s.fresh())
 	s.m.keys.WithLabelValues(c.Name, kd.label()).Inc()
 	s.m.decisions.WithLabelValues(c.Name, prio, outcome.String()).Inc()
 	if outcome != admitted {

@@ -29,22 +29,22 @@ type ssEntry struct {
 	depthBytes, depthTok uint32
 	flags                uint8
 	count, err, tokens   uint64
-	conv                 uint64
+	cont                 uint64 // continuations bitmap
 }
 
 func newPrefixSketch(size int) *prefixSketch {
 	return &prefixSketch{size: size, idx: make(map[uint64]int, size)}
 }
 
-// add counts one request (of tokens tokens, in the conversation whose
-// linear-counting bit is conv) through point pt, whose parent is the chain
-// point before it.
-func (s *prefixSketch) add(pt *body.Point, parent uint64, tokens uint64, conv uint64) {
+// add counts one request (of tokens tokens) through point pt, whose parent
+// is the chain point before it; cont is the linear-counting bit of the
+// request's continuation after pt.
+func (s *prefixSketch) add(pt *body.Point, parent uint64, tokens uint64, cont uint64) {
 	if i, ok := s.idx[pt.Hash]; ok {
 		e := s.heap[i]
 		e.count++
 		e.tokens += tokens
-		e.conv |= conv
+		e.cont |= cont
 		s.down(i)
 		return
 	}
@@ -65,7 +65,7 @@ func (s *prefixSketch) add(pt *body.Point, parent uint64, tokens uint64, conv ui
 	}
 	e.prefix, e.parent = pt.Hash, parent
 	e.depthBytes, e.depthTok, e.flags = pt.Depth, pt.Tokens, pt.Flags
-	e.conv = conv
+	e.cont = cont
 }
 
 func (s *prefixSketch) less(i, j int) bool { return s.heap[i].count < s.heap[j].count }
@@ -112,7 +112,7 @@ func (s *prefixSketch) report(class string) *policyv1.PrefixReport {
 	for _, e := range s.heap {
 		r.Counts = append(r.Counts, &policyv1.PrefixCount{Prefix: e.prefix, Parent: e.parent,
 			DepthBytes: e.depthBytes, DepthTokens: e.depthTok, Flags: uint32(e.flags),
-			Requests: e.count, RequestsError: e.err, Tokens: e.tokens, Conversations: e.conv})
+			Requests: e.count, RequestsError: e.err, Tokens: e.tokens, Continuations: e.cont})
 	}
 	slices.SortFunc(r.Counts, func(a, b *policyv1.PrefixCount) int {
 		switch {
@@ -136,5 +136,6 @@ func cmpDesc(a, b uint64) int {
 	return 0
 }
 
-// convBit is a conversation's bit in a 64-bit linear-counting bitmap.
-func convBit(conv uint64) uint64 { return 1 << (conv >> 58) }
+// bitOf is a value's bit in a 64-bit linear-counting bitmap (its hash's
+// top 6 bits).
+func bitOf(v uint64) uint64 { return 1 << (mix(v) >> 58) }

@@ -147,11 +147,11 @@ func mergePrefixes(a, b []*policyv1.PrefixReport) []*policyv1.PrefixReport {
 				y.Requests += c.Requests
 				y.RequestsError += c.RequestsError
 				y.Tokens += c.Tokens
-				y.Conversations |= c.Conversations
+				y.Continuations |= c.Continuations
 				continue
 			}
 			y := &policyv1.PrefixCount{Prefix: c.Prefix, Parent: c.Parent, DepthBytes: c.DepthBytes, DepthTokens: c.DepthTokens,
-				Flags: c.Flags, Requests: c.Requests, RequestsError: c.RequestsError, Tokens: c.Tokens, Conversations: c.Conversations}
+				Flags: c.Flags, Requests: c.Requests, RequestsError: c.RequestsError, Tokens: c.Tokens, Continuations: c.Continuations}
 			byPoint[r.Class][c.Prefix] = y
 			x.Counts = append(x.Counts, y)
 		}

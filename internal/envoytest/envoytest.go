@@ -91,6 +91,10 @@ func Start(t testing.TB, opt Options) *Envoy {
 	return e
 }
 
+// Launch starts Envoy as Start does, outside a test (a command's
+// measurement rig): its files go in dir, and the caller stops it.
+func Launch(opt Options, dir string) (*Envoy, error) { return start(opt, dir) }
+
 func start(opt Options, dir string) (*Envoy, error) {
 	bin, err := Binary()
 	if err != nil {

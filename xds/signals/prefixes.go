@@ -58,8 +58,8 @@ type classPrefixes struct {
 
 type pointStat struct {
 	p PrefixPoint
-	// Conversation bitmaps of the current and the previous epoch (an
-	// epoch is a half-life).
+	// Continuation bitmaps of the current and the previous epoch (an epoch
+	// is a half-life).
 	conv, convPrev uint64
 }
 
@@ -73,9 +73,11 @@ type PrefixPoint struct {
 	// Requests and Tokens are decayed lower bounds (the sketches' counts
 	// minus their error bounds); Upper is the decayed count itself.
 	Requests, Upper, Tokens float64
-	// Conversations estimates the distinct conversations through the point
-	// in the last one to two half-lives.
-	Conversations float64
+	// Continuations estimates the point's distinct continuations (the
+	// next chain points of the requests through it, or the requests ending
+	// at it) in the last one to two half-lives: 1 or 2 for one
+	// conversation's turns, more where conversations diverge.
+	Continuations float64
 }
 
 // Point flags (extproc/body).
@@ -184,7 +186,7 @@ func (x *Prefixes) Add(now time.Time, r *policyv1.ReportRequest) {
 			if pc.Requests > 0 {
 				p.p.Tokens += float64(pc.Tokens) * lb / float64(pc.Requests)
 			}
-			p.conv |= pc.Conversations
+			p.conv |= pc.Continuations
 		}
 		if len(c.points) > x.opt.Capacity+x.opt.Capacity/4 {
 			x.prune(c)
@@ -221,7 +223,7 @@ func (x *Prefixes) Snapshot(now time.Time) map[string]ClassPrefixes {
 				continue
 			}
 			pp := p.p
-			pp.Conversations = LinearCount(p.conv | p.convPrev)
+			pp.Continuations = LinearCount(p.conv | p.convPrev)
 			cp.Points = append(cp.Points, pp)
 		}
 		slices.SortFunc(cp.Points, func(a, b PrefixPoint) int {

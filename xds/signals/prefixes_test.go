@@ -18,7 +18,7 @@ func prefixReport(node, inst string, at time.Time, pr ...*policyv1.PrefixReport)
 }
 
 // Reports from two frontends merge into one view per class: lower bounds
-// (count minus error) add up, totals add up, conversation bitmaps are
+// (count minus error) add up, totals add up, continuation bitmaps are
 // or-ed, and everything decays with the half-life, so shares stay shares.
 func TestPrefixesMergeAndDecay(t *testing.T) {
 	now := time.Unix(1000, 0)
@@ -30,7 +30,7 @@ func TestPrefixesMergeAndDecay(t *testing.T) {
 	}
 	rep := func(node string, total, n, errb uint64, conv uint64) *policyv1.ReportRequest {
 		return prefixReport(node, "i", clock, &policyv1.PrefixReport{Class: "chat", Requests: total, Tokens: 100 * total,
-			Counts: []*policyv1.PrefixCount{{Prefix: 7, Parent: 3, DepthBytes: 1024, DepthTokens: 200, Flags: 0, Requests: n, RequestsError: errb, Tokens: 100 * n, Conversations: conv}}})
+			Counts: []*policyv1.PrefixCount{{Prefix: 7, Parent: 3, DepthBytes: 1024, DepthTokens: 200, Flags: 0, Requests: n, RequestsError: errb, Tokens: 100 * n, Continuations: conv}}})
 	}
 	for _, r := range []*policyv1.ReportRequest{rep("a", 100, 40, 0, 0b0011), rep("b", 100, 30, 10, 0b0110)} {
 		if err := in.Report(context.Background(), r); err != nil {
@@ -45,8 +45,8 @@ func TestPrefixesMergeAndDecay(t *testing.T) {
 	if p.Requests != 60 || p.Upper != 70 || math.Abs(p.Tokens-6000) > 1e-9 || p.Parent != 3 || p.DepthBytes != 1024 {
 		t.Fatalf("point %+v", p)
 	}
-	if want := LinearCount(0b0111); p.Conversations != want || want < 3 || want > 3.2 {
-		t.Fatalf("conversations %v, want %v (3 bits)", p.Conversations, want)
+	if want := LinearCount(0b0111); p.Continuations != want || want < 3 || want > 3.2 {
+		t.Fatalf("continuations %v, want %v (3 bits)", p.Continuations, want)
 	}
 	// One half-life later: everything halves, the share stays.
 	clock = now.Add(10 * time.Second)
@@ -54,10 +54,10 @@ func TestPrefixesMergeAndDecay(t *testing.T) {
 	if math.Abs(v.Requests-100) > 1e-9 || math.Abs(v.Points[0].Requests-30) > 1e-9 {
 		t.Fatalf("after a half-life: %v total, %v at the point", v.Requests, v.Points[0].Requests)
 	}
-	// Conversation bitmaps age out after two epochs.
+	// Continuation bitmaps age out after two epochs.
 	clock = now.Add(25 * time.Second)
-	if c := in.Prefixes(clock)["chat"].Points[0].Conversations; c != 0 {
-		t.Fatalf("conversations after two epochs: %v", c)
+	if c := in.Prefixes(clock)["chat"].Points[0].Continuations; c != 0 {
+		t.Fatalf("continuations after two epochs: %v", c)
 	}
 	// Long gone points are forgotten.
 	clock = now.Add(200 * time.Second)

@@ -904,9 +904,13 @@ type PrefixCount struct {
 	Requests      uint64 `protobuf:"varint,6,opt,name=requests,proto3" json:"requests,omitempty"`
 	RequestsError uint64 `protobuf:"varint,7,opt,name=requests_error,json=requestsError,proto3" json:"requests_error,omitempty"`
 	Tokens        uint64 `protobuf:"varint,8,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	// Linear-counting bitmap of the conversations through the point (bit =
-	// the conversation hash's top 6 bits).
-	Conversations uint64 `protobuf:"fixed64,9,opt,name=conversations,proto3" json:"conversations,omitempty"`
+	// Linear-counting bitmap of the point's continuations: for each request
+	// through it, the next point of its chain, or a value of its own when its
+	// chain ends at the point (bit = the value hash's top 6 bits). One
+	// conversation's turns continue alike (its later turns extend the same
+	// history), so a point with many continuations is shared: conversations
+	// diverge there, or identical prompts arrive from many clients.
+	Continuations uint64 `protobuf:"fixed64,9,opt,name=continuations,proto3" json:"continuations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -997,9 +1001,9 @@ func (x *PrefixCount) GetTokens() uint64 {
 	return 0
 }
 
-func (x *PrefixCount) GetConversations() uint64 {
+func (x *PrefixCount) GetContinuations() uint64 {
 	if x != nil {
-		return x.Conversations
+		return x.Continuations
 	}
 	return 0
 }
@@ -1306,7 +1310,7 @@ const file_policy_proto_rawDesc = "" +
 	"\brequests\x18\x06 \x01(\x04R\brequests\x12%\n" +
 	"\x0erequests_error\x18\a \x01(\x04R\rrequestsError\x12\x16\n" +
 	"\x06tokens\x18\b \x01(\x04R\x06tokens\x12$\n" +
-	"\rconversations\x18\t \x01(\x06R\rconversations\"\xba\x01\n" +
+	"\rcontinuations\x18\t \x01(\x06R\rcontinuations\"\xba\x01\n" +
 	"\fDemandSample\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\tR\bpriority\x12\x1a\n" +
