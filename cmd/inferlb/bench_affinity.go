@@ -33,10 +33,12 @@ session (an x-session-id per conversation). A recording proxy in front of each
 engine sees what Envoy sent it.
 
 It prints, per mode: distinct affinity keys per 1,000 requests, TTFT p50 and
-p99 and the prefix-cache hit rate (simulated time), requests per engine
-(max/mean, idle engines), remaps (later turns served by another engine than
-their conversation's previous turn) and key moves, and the split table's size;
-then the ratios against random. Latencies are in the engines' simulated time.
+p99 as the client sees them and as the engines report them (queueing and
+prefill only), the prefix-cache hit rate, requests per engine (max/mean, idle
+engines), remaps (later turns served by another engine than their
+conversation's previous turn), key moves, the EDS weight changes during the
+run and the split table's size; then the ratios against random. Latencies are
+in the engines' simulated time.
 
   inferlb bench affinity
   inferlb bench affinity --requests 400 --modes prefix,random,session --json-out affinity.json`,
@@ -88,10 +90,11 @@ then the ratios against random. Latencies are in the engines' simulated time.
 
 func printAffinityReport(w io.Writer, rep *affinitybench.Report) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\trequests\tkeys/1000\tTTFT p50 ms\tTTFT p99 ms\thit rate\tmax/mean\tidle engines\tremaps\tkey moves\ttable rules\t")
+	fmt.Fprintln(tw, "mode\trequests\tkeys/1000\tTTFT p50 ms\tp99 ms\tengine TTFT p50 ms\tp99 ms\thit rate\tmax/mean\tidle engines\tremaps\tkey moves\tweight changes\ttable rules\t")
 	for _, p := range rep.Phases {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.0f\t%.3f\t%.2f\t%d\t%d/%d\t%d/%d\t%d\t\n", p.Mode, p.Requests, p.KeysPer1000,
-			p.TTFTP50(), p.TTFTP99(), p.HitRate(), p.MaxOverMean, p.IdleEngines, p.Remaps, p.LaterTurns, p.KeyMoves, p.LaterTurns, p.TableRules)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.3f\t%.2f\t%d\t%d/%d\t%d/%d\t%d\t%d\t\n", p.Mode, p.Requests, p.KeysPer1000,
+			p.TTFTP50(), p.TTFTP99(), p.EngineTTFTP50Ms, p.EngineTTFTP99Ms, p.HitRate(), p.MaxOverMean, p.IdleEngines, p.Remaps, p.LaterTurns,
+			p.KeyMoves, p.LaterTurns, p.WeightChanges, p.TableRules)
 	}
 	_ = tw.Flush()
 	if r := rep.Phase(affinitybench.ModeRandom); r != nil && r.TTFTP50() > 0 {
@@ -99,8 +102,8 @@ func printAffinityReport(w io.Writer, rep *affinitybench.Report) {
 			if p.Mode == affinitybench.ModeRandom {
 				continue
 			}
-			fmt.Fprintf(w, "%s vs random: TTFT p50 %.2f×, p99 %.2f×, hit rate %.2f×\n", p.Mode, p.TTFTP50()/r.TTFTP50(),
-				p.TTFTP99()/r.TTFTP99(), p.HitRate()/max(r.HitRate(), 1e-9))
+			fmt.Fprintf(w, "%s vs random: TTFT p50 %.2f×, p99 %.2f×; engine TTFT p50 %.2f×, p99 %.2f×; hit rate %.2f×\n", p.Mode, p.TTFTP50()/r.TTFTP50(),
+				p.TTFTP99()/r.TTFTP99(), p.EngineTTFTP50Ms/max(r.EngineTTFTP50Ms, 1e-9), p.EngineTTFTP99Ms/max(r.EngineTTFTP99Ms, 1e-9), p.HitRate()/max(r.HitRate(), 1e-9))
 		}
 	}
 }

@@ -103,10 +103,10 @@ func DefaultOptions() Options {
 	prof.Model = "m"
 	prof.MaxContextTokens = 32768
 	return Options{
-		Modes: []string{ModePrefix, ModeRandom}, Engines: 4, Profile: prof, TimeScale: 0.25,
+		Modes: []string{ModePrefix, ModeRandom}, Engines: 4, Profile: prof, TimeScale: 0.5,
 		Requests: 1000, Rate: 2, PreambleTokens: 4096,
-		Turns: workload.Range{Min: 3, Max: 8}, UserTokens: workload.Range{Min: 100, Max: 400},
-		OutputTokens: workload.Range{Min: 100, Max: 250}, ThinkTime: time.Second, Seed: 1,
+		Turns: workload.Range{Min: 5, Max: 9}, UserTokens: workload.Range{Min: 200, Max: 400},
+		OutputTokens: workload.Range{Min: 80, Max: 160}, ThinkTime: time.Second, Seed: 1,
 		HashBalanceFactor: 150,
 	}
 }
@@ -118,6 +118,13 @@ type Phase struct {
 	// generator's report.
 	Requests int             `json:"requests"`
 	Loadgen  *loadgen.Report `json:"loadgen"`
+	// EngineTTFTP50Ms and EngineTTFTP99Ms are the engines' own time to
+	// first token (their vllm:time_to_first_token_seconds histograms,
+	// merged, interpolated within buckets), in simulated time: queueing and
+	// prefill, without the request path's own delays, which on a busy
+	// machine (or under the race detector) can dwarf them.
+	EngineTTFTP50Ms float64 `json:"engine_ttft_p50_ms"`
+	EngineTTFTP99Ms float64 `json:"engine_ttft_p99_ms"`
 	// DistinctKeys is the number of distinct affinity keys the engines
 	// saw; KeysPer1000 the same per 1,000 requests.
 	DistinctKeys int     `json:"distinct_keys"`
@@ -133,6 +140,13 @@ type Phase struct {
 	EngineRequests map[string]int `json:"engine_requests"`
 	MaxOverMean    float64        `json:"max_over_mean"`
 	IdleEngines    int            `json:"idle_engines"`
+	// WeightChanges counts the changes of the class's EDS weights Envoy
+	// had during the run (sampled every 250 ms), WeightTV the total
+	// variation they moved: Maglev remaps about 1.35× that share of the
+	// keys. Remaps beyond that come from Envoy's bounded load
+	// (hash_balance_factor) sending a request past a busy engine.
+	WeightChanges int     `json:"weight_changes"`
+	WeightTV      float64 `json:"weight_tv"`
 	// TableRules is the class's split table size at the end, TableVersion
 	// its version.
 	TableRules   int    `json:"table_rules"`
@@ -345,6 +359,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	// Engines, each behind a recording proxy.
 	rc := &recorder{}
 	var addrs []string
+	var sims []*enginesim.Server
 	for i := 0; i < o.Engines; i++ {
 		id := fmt.Sprintf("e%d", i)
 		srv, err := enginesim.Start(ctx, enginesim.Options{ID: id, Model: o.Profile.Model, Profile: o.Profile,
@@ -353,6 +368,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 			return nil, err
 		}
 		g.stop = append(g.stop, func() { _ = srv.Close() })
+		sims = append(sims, srv)
 		target, _ := url.Parse(srv.URL())
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -374,6 +390,11 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 200*time.Millisecond, time.Second
 	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 3*time.Second, time.Second, 5*time.Second, 300*time.Millisecond
 	cfg.Cycle.Translate.HashBalanceFactor = o.HashBalanceFactor
+	// The engines report latencies in simulated time, 1/TimeScale times
+	// what the real-time profile predicts; that is no slowness to
+	// penalize (and penalties moving weights would remap conversations for
+	// a reason that is the rig's, not the balancer's).
+	cfg.Cycle.Penalty.LatencyTolerance = 2 / o.TimeScale
 	runner, err := controlplane.NewRunner(cfg)
 	if err != nil {
 		return nil, err
@@ -456,12 +477,49 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(256), BaseURL: fmt.Sprintf("http://127.0.0.1:%d", listen), Model: o.Profile.Model,
 		Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 60 * time.Second}
 	defer client.CloseIdleConnections()
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	var changes int
+	var moved float64
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		var last map[string]float64
+		for {
+			if cs, err := xdstest.Clusters(envoy); err == nil {
+				w := map[string]float64{}
+				sum := 0.0
+				for addr, h := range cs["inferlb_chat"] {
+					if h.Priority == 0 && h.Routable() {
+						w[addr] = float64(h.Weight)
+						sum += w[addr]
+					}
+				}
+				for a := range w {
+					w[a] /= sum
+				}
+				if last != nil {
+					if d := tvDistance(last, w); d > 0 {
+						changes++
+						moved += d
+					}
+				}
+				last = w
+			}
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}()
 	lg, err := loadgen.Run(ctx, loadgen.Config{Client: client, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: o.Rate},
 		MaxRequests: o.Requests, TimeScale: o.TimeScale, Seed: o.Seed})
+	stopSampling()
+	<-sampled
 	if err != nil {
 		return nil, err
 	}
-	ph = &Phase{Mode: mode, Loadgen: lg}
+	ph = &Phase{Mode: mode, Loadgen: lg, WeightChanges: changes, WeightTV: math.Round(moved*1000) / 1000}
 	if a := ext.Policy(); a != nil {
 		for _, c := range a.Classes() {
 			ph.TableRules, ph.TableVersion = c.TableRules()
@@ -471,8 +529,11 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	reqs := slices.Clone(rc.reqs)
 	rc.mu.Unlock()
 	summarize(ph, reqs, o.Engines)
-	o.progressf("%s: %d requests, %d distinct keys, TTFT p50 %.0f ms p99 %.0f ms, hit rate %.3f, max/mean %.2f, remaps %d of %d later turns",
-		mode, ph.Requests, ph.DistinctKeys, ph.TTFTP50(), ph.TTFTP99(), ph.HitRate(), ph.MaxOverMean, ph.Remaps, ph.LaterTurns)
+	if ph.EngineTTFTP50Ms, ph.EngineTTFTP99Ms, err = engineTTFT(sims); err != nil {
+		return nil, err
+	}
+	o.progressf("%s: %d requests, %d distinct keys, TTFT p50 %.0f ms p99 %.0f ms (engines: %.0f, %.0f), hit rate %.3f, max/mean %.2f, remaps %d of %d later turns, %d weight changes (TV %.3f)",
+		mode, ph.Requests, ph.DistinctKeys, ph.TTFTP50(), ph.TTFTP99(), ph.EngineTTFTP50Ms, ph.EngineTTFTP99Ms, ph.HitRate(), ph.MaxOverMean, ph.Remaps, ph.LaterTurns, ph.WeightChanges, ph.WeightTV)
 	return ph, nil
 }
 
@@ -522,6 +583,68 @@ func summarize(ph *Phase, reqs []seen, engines int) {
 		ph.MaxOverMean = float64(mx) / (float64(sum) / float64(len(ph.EngineRequests)))
 	}
 	ph.MaxOverMean = math.Round(ph.MaxOverMean*1000) / 1000
+}
+
+// engineTTFT merges the engines' TTFT histograms and returns their p50 and
+// p99 in milliseconds (Prometheus' histogram_quantile: linear within the
+// bucket).
+func engineTTFT(sims []*enginesim.Server) (p50, p99 float64, err error) {
+	var bounds []float64
+	var cum []uint64
+	for _, srv := range sims {
+		mfs, err := srv.Registry().Gather()
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "vllm:time_to_first_token_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for i, b := range m.GetHistogram().GetBucket() {
+					if len(bounds) <= i {
+						bounds = append(bounds, b.GetUpperBound())
+						cum = append(cum, 0)
+					}
+					cum[i] += b.GetCumulativeCount()
+				}
+			}
+		}
+	}
+	q := func(f float64) float64 {
+		if len(cum) == 0 || cum[len(cum)-1] == 0 {
+			return 0
+		}
+		rank := f * float64(cum[len(cum)-1])
+		lo, below := 0.0, 0.0
+		for i, c := range cum {
+			if float64(c) >= rank {
+				in := float64(c) - below
+				if in <= 0 {
+					return 1000 * bounds[i]
+				}
+				return 1000 * (lo + (bounds[i]-lo)*(rank-below)/in)
+			}
+			lo, below = bounds[i], float64(c)
+		}
+		return 1000 * lo
+	}
+	return q(0.5), q(0.99), nil
+}
+
+// tvDistance is the total-variation distance between two normalized weight
+// vectors.
+func tvDistance(a, b map[string]float64) float64 {
+	d := 0.0
+	for k, v := range a {
+		d += math.Abs(v - b[k])
+	}
+	for k, v := range b {
+		if _, ok := a[k]; !ok {
+			d += v
+		}
+	}
+	return d / 2
 }
 
 func freePort() (int, error) {
