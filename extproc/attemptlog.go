@@ -32,7 +32,6 @@ func (a attemptLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 			}
 			return err
 		}
-		p := a.s.policy.Load()
 		for _, e := range msg.GetHttpLogs().GetLogEntry() {
 			addr := sockAddr(e.GetCommonProperties().GetUpstreamRemoteAddress())
 			if addr == "" {
@@ -42,12 +41,7 @@ func (a attemptLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 			if code != 0 && code < 500 {
 				continue // not a failure (the bootstrap's filter sends only failures)
 			}
-			id := ""
-			if p != nil {
-				id = p.EngineID(addr)
-			}
-			a.s.obs.Failure(addr, id)
-			engine := id
+			engine := a.s.dec.Failed(addr)
 			if engine == "" {
 				engine = addr
 			}

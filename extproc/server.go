@@ -18,8 +18,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -57,21 +55,13 @@ type Options struct {
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	opt    Options
-	log    *slog.Logger
-	m      *metrics
-	obs    *Observer
-	policy atomic.Pointer[Policy]
-
-	statesMu sync.Mutex
-	states   map[string]*classState
-
-	anon atomic.Uint64 // keys for requests with nothing to hash
+	opt Options
+	log *slog.Logger
+	m   *metrics
+	// dec makes the per-request decisions (decide.go); the server adds the
+	// ext_proc protocol, the header mutations and the metrics.
+	dec *Decider
 }
-
-// fresh is a new key for a request with nothing to key on (or with
-// affinity off): distinct per request, spread over the whole range.
-func (s *Server) fresh() uint64 { return mix(s.anon.Add(1)) }
 
 // New returns a Server without a policy: until SetPolicy succeeds every
 // request is answered 503.
@@ -88,10 +78,7 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Server{
-		opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), obs: NewObserver(opt.Now()),
-		states: map[string]*classState{},
-	}
+	return &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now())}
 }
 
 // Register adds the ext_proc service and the access-log service (Envoy's
@@ -106,29 +93,22 @@ func (s *Server) Registry() *prometheus.Registry { return s.opt.Registry }
 
 // Observer returns the demand and evidence accumulator (the reports client
 // flushes it).
-func (s *Server) Observer() *Observer { return s.obs }
+func (s *Server) Observer() *Observer { return s.dec.Observer() }
+
+// Decider returns the server's decision logic.
+func (s *Server) Decider() *Decider { return s.dec }
 
 // Policy returns the policy in force (nil before the first).
-func (s *Server) Policy() *Policy { return s.policy.Load() }
+func (s *Server) Policy() *Policy { return s.dec.Policy() }
 
 // SetPolicy compiles and installs a RoutingPolicy. On error the old policy
 // stays in force.
 func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
-	s.statesMu.Lock()
-	defer s.statesMu.Unlock()
-	p, err := Compile(rp, func(name string) *classState {
-		st := s.states[name]
-		if st == nil {
-			st = newClassState()
-			s.states[name] = st
-		}
-		return st
-	})
+	p, old, err := s.dec.SetPolicy(rp)
 	if err != nil {
 		s.m.policyUpdates.WithLabelValues("rejected").Inc()
 		return err
 	}
-	old := s.policy.Swap(p)
 	s.m.policyUpdates.WithLabelValues("applied").Inc()
 	if old != nil {
 		s.m.policyInfo.DeleteLabelValues(old.Version)
@@ -162,12 +142,9 @@ type stream struct {
 	session string
 	prioHdr string
 	resid   string
-	// decision
-	class   *Class
-	policy  *Policy
-	granted int
-	prio    string
-	br      body.Request
+	// dc is the decision; routed is true once the request was admitted.
+	dc     Decision
+	routed bool
 }
 
 // Process serves one ext_proc stream: one HTTP request and its response.
@@ -200,9 +177,9 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 
 // finish releases what an admitted request held.
 func (s *Server) finish(st *stream) {
-	if st.class != nil {
-		st.class.release()
-		s.m.inflight.WithLabelValues(st.class.Name).Dec()
+	if st.routed {
+		s.dec.Release(&st.dc)
+		s.m.inflight.WithLabelValues(st.dc.Class.Name).Dec()
 	}
 }
 
@@ -321,79 +298,30 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	if len(b) > s.opt.BodyLimit {
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
-	p := s.policy.Load()
-	if p == nil {
-		return s.reject(st, &apiError{status: 503, typ: "service_unavailable", code: "no_routing_decision",
-			message: "The load balancer cannot route requests right now (no routing decision available); retry shortly.", retryAfter: 1, reason: "no_policy"})
-	}
-	if err := body.Parse(b, st.kind, &st.br); err != nil {
-		var fe *body.FieldError
-		if errors.As(err, &fe) {
-			return s.reject(st, badRequest("invalid_field", fe.Field, "Invalid request: "+err.Error()+"."))
+	dc := &st.dc
+	if rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc); rej != nil {
+		if rej.Shed() {
+			s.m.decisions.WithLabelValues(dc.Class.Name, dc.Priority, dc.Outcome.String()).Inc()
+			s.m.keys.WithLabelValues(dc.Class.Name, dc.Key.label()).Inc()
 		}
-		return s.reject(st, badRequest("invalid_json", "", "We could not parse the JSON body of your request: "+err.Error()+"."))
+		return s.reject(st, rej.e)
 	}
-	br := &st.br
-	level, prio := p.defaultLevel, p.defaultPriority
-	if st.prioHdr != "" {
-		l, ok := p.priorities[st.prioHdr]
-		if !ok {
-			return s.reject(st, badRequest("invalid_priority", headers.Priority,
-				fmt.Sprintf("Unknown priority %q in header %s; known: %s.", st.prioHdr, headers.Priority, strings.Join(p.priorityNames(), ", "))))
-		}
-		level, prio = l, st.prioHdr
-	}
-	need := br.PromptTokens + max(br.MaxTokens, 0)
-	c, rerr := p.Route(br.Model, st.resid, need)
-	switch rerr {
-	case errUnknownModel:
-		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
-			message: fmt.Sprintf("The model %q does not exist or is not served here.", br.Model), reason: "unknown_model"})
-	case errResidency:
-		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
-			message: fmt.Sprintf("The model %q is not served in data-residency zone %q (header %s).", br.Model, st.resid, headers.Residency), reason: "residency"})
-	}
-	kd := c.aff.key(st.session, br, s.fresh)
-	keyHash := kd.Key
-	if keyHash == 0 {
-		keyHash = s.fresh()
-	}
-	shedKey := kd.Conversation
-	if shedKey == 0 {
-		shedKey = keyHash
-	}
-	outcome := p.admit(c, level, shedKey)
-	// The output the request will cost: what it asks for, else the class's
-	// typical length.
-	output := br.MaxTokens
-	if output < 0 {
-		output = c.MeanOutputTokens
-	}
-	s.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
-	s.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0), s.fresh())
-	s.m.keys.WithLabelValues(c.Name, kd.label()).Inc()
-	s.m.decisions.WithLabelValues(c.Name, prio, outcome.String()).Inc()
-	if outcome != admitted {
-		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
-		if outcome == shedLocal {
-			msg = fmt.Sprintf("Too many requests in flight for %s at this frontend; retry after the indicated delay.", c.Name)
-		}
-		return s.reject(st, &apiError{status: 429, typ: "rate_limit_exceeded", code: "overloaded", message: msg,
-			retryAfter: 1, reason: outcome.String()})
-	}
-	st.class, st.policy, st.prio = c, p, prio
+	c, level := dc.Class, dc.Level
+	s.m.decisions.WithLabelValues(c.Name, dc.Priority, dc.Outcome.String()).Inc()
+	s.m.keys.WithLabelValues(c.Name, dc.Key.label()).Inc()
+	st.routed = true
 	s.m.inflight.WithLabelValues(c.Name).Inc()
-	st.granted = c.grantRetries()
-	if st.granted > 0 {
-		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(st.granted))
+	if dc.Retries > 0 {
+		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(dc.Retries))
 	}
 	st.phase = phaseRouted
+	p := dc.Policy
 
 	// Only the affinity key is new per request; the other headers are
 	// built once and shared.
 	set := make([]*corev3.HeaderValueOption, 0, 6)
-	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, hex16(keyHash)), c.classHdr,
-		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, st.granted))
+	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, dc.AffinityHeader()), c.classHdr,
+		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, dc.Retries))
 	if p.regionHdr != nil {
 		set = append(set, p.regionHdr)
 	}
@@ -505,20 +433,15 @@ func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extpro
 		lat := s.opt.Now().Sub(st.start)
 		// Failures are counted per attempt from Envoy's upstream log
 		// (attemptlog.go), retried ones included; here only what succeeded.
+		s.dec.Responded(&st.dc, upstream, code, attempts, lat)
 		if upstream != "" && code < 500 {
-			id := st.policy.EngineID(upstream)
-			engine := id
+			engine := st.dc.Policy.EngineID(upstream)
 			if engine == "" {
 				engine = upstream
 			}
-			s.obs.Response(upstream, id, false, lat)
 			s.m.responses.WithLabelValues(engine, codeClass(code)).Inc()
 		}
 		s.m.headerLatency.Observe(lat.Seconds())
-		if attempts > 0 && st.granted > 0 {
-			st.class.refund(st.granted - (attempts - 1))
-			st.granted = 0
-		}
 	}
 	// Nothing to change: the bootstrap's header-mutation filter, which
 	// sees the response after ext_proc, strips the two headers read here.

@@ -41,7 +41,7 @@ run and the split table's size; then the ratios against random. Latencies are
 in the engines' simulated time.
 
   inferlb bench affinity
-  inferlb bench affinity --requests 400 --modes prefix,random,session --json-out affinity.json`,
+  inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Modes = strings.Split(modes, ",")

@@ -46,8 +46,8 @@ The policy comes from a file (--policy-file, protobuf JSON, as
 'inferlb extproc --policy-file' reads it) or, as ext_proc gets it, from the
 control plane over ADS (--control-plane with --node-id).
 
-  inferlb explain-key --policy-file policy.json request.json
-  inferlb explain-key --control-plane 127.0.0.1:18000 --node-id fe-us-east --session s-42 < request.json`,
+  inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json
+  inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --session s-42 < examples/request-shared-preamble.json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (policyFile == "") == (controlPlane == "") {

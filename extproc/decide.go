@@ -1,0 +1,272 @@
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inferlb/inferlb/api/headers"
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
+)
+
+// Decider is ext_proc's per-request decision logic without the gRPC
+// protocol: the policy in force, the per-class runtime state (in-flight
+// counts, retry budgets), the keys for requests with nothing to hash, and
+// the Observer whose Flush becomes the Reports sent to the control plane.
+//
+// The gRPC Server drives one Decider; the fleet simulator (internal/fleetsim)
+// drives one per simulated frontend, so both run the same decisions. A
+// request's life is Decide, then (if admitted) Responded or Failed for what
+// the upstream did, and Release once it is over.
+type Decider struct {
+	obs    *Observer
+	policy atomic.Pointer[Policy]
+
+	statesMu sync.Mutex // guards states and serializes SetPolicy
+	states   map[string]*classState
+
+	anon atomic.Uint64 // keys for requests with nothing to hash
+}
+
+// NewDecider returns a Decider without a policy; its Observer's first
+// interval starts at now.
+func NewDecider(now time.Time) *Decider {
+	return &Decider{obs: NewObserver(now), states: map[string]*classState{}}
+}
+
+// fresh is a new key for a request with nothing to key on (or with
+// affinity off): distinct per request, spread over the whole range.
+func (d *Decider) fresh() uint64 { return mix(d.anon.Add(1)) }
+
+// Observer returns the demand and evidence accumulator.
+func (d *Decider) Observer() *Observer { return d.obs }
+
+// Policy returns the policy in force (nil before the first).
+func (d *Decider) Policy() *Policy { return d.policy.Load() }
+
+// SetPolicy compiles and installs a RoutingPolicy; it returns the policy
+// installed and the one it replaced. On error the old policy stays in force.
+func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy, err error) {
+	d.statesMu.Lock()
+	defer d.statesMu.Unlock()
+	p, err := Compile(rp, func(name string) *classState {
+		st := d.states[name]
+		if st == nil {
+			st = newClassState()
+			d.states[name] = st
+		}
+		return st
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, d.policy.Swap(p), nil
+}
+
+// Input is what the decision reads from one request: the API it is for,
+// the trusted request headers that matter, and the buffered body.
+type Input struct {
+	Kind body.Kind
+	// Session, Priority and Residency are the values of the headers
+	// headers.SessionID, headers.Priority and headers.Residency ("" when
+	// absent).
+	Session, Priority, Residency string
+	// Body is the request body (JSON).
+	Body []byte
+}
+
+// Outcome is the admission verdict.
+type Outcome uint8
+
+// Admission outcomes.
+const (
+	Admitted   Outcome = Outcome(admitted)
+	ShedPolicy Outcome = Outcome(shedPolicy)
+	ShedLocal  Outcome = Outcome(shedLocal)
+)
+
+func (o Outcome) String() string { return shedReason(o).String() }
+
+// Decision is one request's outcome. Fields are valid after Decide returned
+// no Rejection.
+type Decision struct {
+	// Body is what the decision read from the body.
+	Body body.Request
+	// Policy is the policy the decision was made under; Class the class
+	// (Envoy cluster) chosen.
+	Policy *Policy
+	Class  *Class
+	// Priority is the priority's name and Level its level.
+	Priority string
+	Level    uint32
+	// KeyHash is the cache-affinity key the route hashes on (as the header
+	// value hex16(KeyHash)); KeySource says where it came from ("session",
+	// "prompt_cache_key", "user", "prefix", or "" for a per-request key);
+	// Key is the whole derivation (affinity.go): the prefix walk's kind,
+	// the conversation's key shedding used, affinity off.
+	KeyHash   uint64
+	KeySource string
+	Key       KeyDecision
+	// Outcome is admitted or a shed verdict (then the request is answered
+	// 429 and nothing else applies).
+	Outcome Outcome
+	// Retries is how many retries the request may use (Envoy's
+	// x-envoy-max-retries); reserved from the class's budget.
+	Retries int
+
+	held bool // counted in flight: Release must undo it
+}
+
+// AffinityHeader is the value of the affinity-key header for the decision.
+func (dc *Decision) AffinityHeader() string { return hex16(dc.KeyHash) }
+
+// Rejection is a request answered with an error before routing (unknown
+// model, invalid body, no policy, or a shed verdict): an HTTP status, an
+// OpenAI-format error and a reason label.
+type Rejection struct{ e *apiError }
+
+// Status is the HTTP status.
+func (r *Rejection) Status() int { return r.e.status }
+
+// Reason is the metric label of the rejection (e.g. "unknown_model",
+// "shed_policy").
+func (r *Rejection) Reason() string { return r.e.reason }
+
+// Shed reports whether the request was refused by admission (the policy's
+// shed fraction or the local in-flight limit); the Decision's Class,
+// Priority and Outcome are then set.
+func (r *Rejection) Shed() bool {
+	return r.e.reason == shedPolicy.String() || r.e.reason == shedLocal.String()
+}
+
+func (r *Rejection) Error() string {
+	return fmt.Sprintf("%d %s: %s", r.e.status, r.e.reason, r.e.message)
+}
+
+var errNoPolicy = &apiError{status: 503, typ: "service_unavailable", code: "no_routing_decision",
+	message: "The load balancer cannot route requests right now (no routing decision available); retry shortly.", retryAfter: 1, reason: "no_policy"}
+
+// Decide makes the request's decision under the policy in force: it parses
+// the body, picks the priority and the class, derives the affinity key,
+// decides admission, records the request's demand in the Observer (shed
+// ones too) and grants its retries. A request that is not admitted, or that
+// is invalid, gets a Rejection. An admitted request holds an in-flight slot
+// of its class until Release; Release it before reusing dc.
+func (d *Decider) Decide(in Input, dc *Decision) *Rejection {
+	if e := d.decide(in, dc); e != nil {
+		return &Rejection{e}
+	}
+	return nil
+}
+
+func (d *Decider) decide(in Input, dc *Decision) *apiError {
+	*dc = Decision{}
+	p := d.policy.Load()
+	if p == nil {
+		return errNoPolicy
+	}
+	if err := body.Parse(in.Body, in.Kind, &dc.Body); err != nil {
+		var fe *body.FieldError
+		if errors.As(err, &fe) {
+			return badRequest("invalid_field", fe.Field, "Invalid request: "+err.Error()+".")
+		}
+		return badRequest("invalid_json", "", "We could not parse the JSON body of your request: "+err.Error()+".")
+	}
+	br := &dc.Body
+	level, prio := p.defaultLevel, p.defaultPriority
+	if in.Priority != "" {
+		l, ok := p.priorities[in.Priority]
+		if !ok {
+			return badRequest("invalid_priority", headers.Priority,
+				fmt.Sprintf("Unknown priority %q in header %s; known: %s.", in.Priority, headers.Priority, strings.Join(p.priorityNames(), ", ")))
+		}
+		level, prio = l, in.Priority
+	}
+	need := br.PromptTokens + max(br.MaxTokens, 0)
+	c, rerr := p.Route(br.Model, in.Residency, need)
+	switch rerr {
+	case errUnknownModel:
+		return &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
+			message: fmt.Sprintf("The model %q does not exist or is not served here.", br.Model), reason: "unknown_model"}
+	case errResidency:
+		return &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
+			message: fmt.Sprintf("The model %q is not served in data-residency zone %q (header %s).", br.Model, in.Residency, headers.Residency), reason: "residency"}
+	}
+	kd := c.aff.key(in.Session, br, d.fresh)
+	keyHash := kd.Key
+	if keyHash == 0 {
+		keyHash = d.fresh()
+	}
+	// Shedding keeps a conversation whole: it uses the conversation's key
+	// (with affinity off too), not a spread slot or a fresh key.
+	shedKey := kd.Conversation
+	if shedKey == 0 {
+		shedKey = keyHash
+	}
+	outcome := p.admit(c, level, shedKey)
+	// The output the request will cost: what it asks for, else the class's
+	// typical length.
+	output := br.MaxTokens
+	if output < 0 {
+		output = c.MeanOutputTokens
+	}
+	d.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
+	d.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0), d.fresh())
+	dc.Policy, dc.Class, dc.Priority, dc.Level = p, c, prio, level
+	src := kd.Source
+	if kd.Off {
+		src = "" // a fresh key per request
+	}
+	dc.KeyHash, dc.KeySource, dc.Key, dc.Outcome = keyHash, src, kd, Outcome(outcome)
+	if outcome != admitted {
+		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
+		if outcome == shedLocal {
+			msg = fmt.Sprintf("Too many requests in flight for %s at this frontend; retry after the indicated delay.", c.Name)
+		}
+		return &apiError{status: 429, typ: "rate_limit_exceeded", code: "overloaded", message: msg,
+			retryAfter: 1, reason: outcome.String()}
+	}
+	dc.held = true
+	dc.Retries = c.grantRetries()
+	return nil
+}
+
+// Release ends an admitted request: its in-flight slot is freed. Calling it
+// again, or for a request that was not admitted, does nothing.
+func (d *Decider) Release(dc *Decision) {
+	if dc.held {
+		dc.held = false
+		dc.Class.release()
+	}
+}
+
+// Responded records the final response of an admitted request: upstream is
+// the address of the engine that served it ("" if none), code the HTTP
+// status, attempts the number of upstream attempts Envoy made (0 when
+// unknown), latency the time to response headers. A response below 500
+// from a known upstream is evidence for that engine; the retries the
+// request did not use go back to the budget.
+func (d *Decider) Responded(dc *Decision, upstream string, code, attempts int, latency time.Duration) {
+	if upstream != "" && code < 500 {
+		d.obs.Response(upstream, dc.Policy.EngineID(upstream), false, latency)
+	}
+	if attempts > 0 && dc.Retries > 0 {
+		dc.Class.refund(dc.Retries - (attempts - 1))
+		dc.Retries = 0
+	}
+}
+
+// Failed records one failed upstream attempt at addr (Envoy's upstream log:
+// a 5xx, a reset, a connect failure or a timeout), retried or not, and
+// returns the engine's id ("" if the policy does not know the address).
+func (d *Decider) Failed(addr string) (engineID string) {
+	if p := d.policy.Load(); p != nil {
+		engineID = p.EngineID(addr)
+	}
+	d.obs.Failure(addr, engineID)
+	return engineID
+}
