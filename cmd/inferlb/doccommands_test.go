@@ -118,6 +118,7 @@ var docCommands = []docCmd{
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
 	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},
+	{cmd: "curl -s http://127.0.0.1:18080/affinity", with: "control-plane", want: `"hot_share_of_class"`},
 	{cmd: "inferlb bench extproc --envoy-only --concurrency 150 --sizes 225280,8192", skip: "the measurement behind docs/extproc.md's Envoy table (minutes); the bench extproc entry above covers the command"},
 }
 

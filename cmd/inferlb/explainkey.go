@@ -103,7 +103,7 @@ control plane over ADS (--control-plane with --node-id).
 	f.StringVar(&policyFile, "policy-file", "", "RoutingPolicy in protobuf JSON")
 	f.StringVar(&controlPlane, "control-plane", "", "read the node's policy from this control plane's ADS address")
 	f.StringVar(&nodeID, "node-id", "", "the frontend node whose policy to read (with --control-plane)")
-	f.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the control plane's policy")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the control plane's policy (a control plane that just started publishes after its warm-up)")
 	f.StringVar(&path, "path", "/v1/chat/completions", "the request's path: /v1/chat/completions or /v1/completions")
 	f.StringVar(&session, "session", "", "the request's x-session-id header")
 	f.StringVar(&residency, "residency", "", "the request's x-data-residency header")
