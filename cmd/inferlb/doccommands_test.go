@@ -113,6 +113,7 @@ var docCommands = []docCmd{
 	// Benchmarks.
 	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
 	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's tables (minutes); the entry above runs the same command on one cell"},
+	{cmd: "inferlb bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
 	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/extproc.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does internal/affinitybench's TestSharedPreambleThroughEnvoy"},
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
 	// Cache-affinity keys.
