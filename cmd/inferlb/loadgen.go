@@ -30,7 +30,7 @@ func newLoadgenCmd() *cobra.Command {
 		turns, userTokens, outputTokens                             string
 		rate, speedup, timeScale                                    float64
 		concurrency, maxRequests, blockTokens, maxOutput, maxConns  int
-		systemPrompts, systemPromptTokens, preambleTokens           int
+		systemPrompts, systemPromptTokens                           int
 		duration, timeout, sloTTFT, sloTPOT, thinkTime              time.Duration
 		seed                                                        uint64
 		progress, ignoreEOS, directEngine, sessionIDs, forever      bool
@@ -129,7 +129,7 @@ The examples send to the frontends of a running demo (make demo: us-east on
 				if tracePath != "" {
 					return fmt.Errorf("--trace does not apply to --workload multiturn")
 				}
-				opt := workload.MultiTurnOptions{Format: f, SystemPrompts: systemPrompts, SystemPromptTokens: systemPromptTokens, PreambleTokens: preambleTokens,
+				opt := workload.MultiTurnOptions{Format: f, SystemPrompts: systemPrompts, SystemPromptTokens: systemPromptTokens,
 					ThinkTime: thinkTime, SessionIDs: sessionIDs, Seed: seed}
 				for _, x := range []struct {
 					flag string
@@ -324,7 +324,6 @@ The examples send to the frontends of a running demo (make demo: us-east on
 	fl.StringVar(&regionHeader, "region-header", headers.SourceRegion, "with --direct-engine: header carrying the source region")
 	fl.IntVar(&systemPrompts, "system-prompts", 4, "multiturn: distinct system prompts shared by sessions")
 	fl.IntVar(&systemPromptTokens, "system-prompt-tokens", 400, "multiturn: tokens per system prompt")
-	fl.IntVar(&preambleTokens, "preamble-tokens", 0, "multiturn: one shared preamble of this many tokens opens every session's first user message (and sessions have no system prompt)")
 	fl.StringVar(&turns, "turns", "2-6", "multiturn: turns per session, N or MIN-MAX")
 	fl.StringVar(&userTokens, "user-tokens", "50-200", "multiturn: tokens per user message, N or MIN-MAX")
 	fl.StringVar(&outputTokens, "output-tokens", "50-200", "multiturn: max_tokens per answer, N or MIN-MAX")

@@ -51,6 +51,7 @@ import (
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/internal/loadgen"
+	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
@@ -248,7 +249,8 @@ type recorder struct {
 }
 
 // proxy forwards to an engine and records what Envoy sent: the key and
-// the body's conversation (its first message) and turn (its user messages).
+// the body's conversation (its first user message) and turn (its user
+// messages).
 func (rc *recorder) proxy(engine string, target *url.URL) http.Handler {
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }, FlushInterval: -1,
 		ErrorLog: nil}
@@ -267,11 +269,15 @@ func (rc *recorder) proxy(engine string, target *url.URL) http.Handler {
 				} `json:"messages"`
 			}
 			if json.Unmarshal(b, &body) == nil && len(body.Messages) > 0 {
+				// The conversation is its first user message; its turn
+				// the number of user messages.
 				h := fnv.New64a()
-				h.Write([]byte(body.Messages[0].Content))
 				turn := 0
 				for _, m := range body.Messages {
 					if m.Role == "user" {
+						if turn == 0 {
+							h.Write([]byte(m.Content))
+						}
 						turn++
 					}
 				}
@@ -469,11 +475,12 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	o.progressf("%s: rig ready (%d engines, Envoy %s); sending %d requests", mode, o.Engines, envoy.AdminURL, o.Requests)
 
 	// The conversations.
-	src, err := workload.NewMultiTurn(workload.MultiTurnOptions{PreambleTokens: o.PreambleTokens, Turns: o.Turns,
+	mt, err := workload.NewMultiTurn(workload.MultiTurnOptions{SystemPrompts: 1, SystemPromptTokens: 40, Turns: o.Turns,
 		UserTokens: o.UserTokens, OutputTokens: o.OutputTokens, ThinkTime: o.ThinkTime, SessionIDs: mode == ModeSession, Seed: o.Seed})
 	if err != nil {
 		return nil, err
 	}
+	src := &preambled{MultiTurn: mt, preamble: workload.Words(o.Seed^0x707265616d626c65, o.PreambleTokens) + "\n\n"}
 	client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(256), BaseURL: fmt.Sprintf("http://127.0.0.1:%d", listen), Model: o.Profile.Model,
 		Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 60 * time.Second}
 	defer client.CloseIdleConnections()
@@ -535,6 +542,30 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	o.progressf("%s: %d requests, %d distinct keys, TTFT p50 %.0f ms p99 %.0f ms (engines: %.0f, %.0f), hit rate %.3f, max/mean %.2f, remaps %d of %d later turns, %d weight changes (TV %.3f)",
 		mode, ph.Requests, ph.DistinctKeys, ph.TTFTP50(), ph.TTFTP99(), ph.EngineTTFTP50Ms, ph.EngineTTFTP99Ms, ph.HitRate(), ph.MaxOverMean, ph.Remaps, ph.LaterTurns, ph.WeightChanges, ph.WeightTV)
 	return ph, nil
+}
+
+// preambled opens every conversation's first user message with one shared
+// preamble (an application's instructions pasted above the question): every
+// prompt shares it, inside one message, and diverges right after it.
+type preambled struct {
+	*workload.MultiTurn
+	preamble string
+}
+
+func (p *preambled) Next(at time.Duration) (workload.Request, bool) {
+	r, ok := p.MultiTurn.Next(at)
+	if !ok {
+		return r, false
+	}
+	r.Messages = slices.Clone(r.Messages)
+	for i := range r.Messages {
+		if r.Messages[i].Role == "user" {
+			r.Messages[i].Content = p.preamble + r.Messages[i].Content
+			break
+		}
+	}
+	r.PromptTokens = tokens.CountChat(r.Messages)
+	return r, true
 }
 
 // summarize derives keys, loads and remaps from what the engines saw.

@@ -147,12 +147,6 @@ type MultiTurnOptions struct {
 	// (default 4); SystemPromptTokens their length in tokens (default 400).
 	SystemPrompts      int
 	SystemPromptTokens int
-	// PreambleTokens, if positive, is the length of one shared preamble
-	// that opens every session's first user message (an application's
-	// instructions pasted above the question); sessions then have no
-	// system message. The prompts of all sessions share it, and diverge
-	// right after it.
-	PreambleTokens int
 	// Turns per session (default 2–6).
 	Turns Range
 	// UserTokens per user message (default 50–200) and OutputTokens per answer
@@ -180,9 +174,8 @@ type MultiTurnOptions struct {
 // user message, so turn k+1's prompt extends turn k's prompt by the answer to
 // turn k and the new message.
 type MultiTurn struct {
-	opt      MultiTurnOptions
-	systems  []string
-	preamble string // "" without PreambleTokens
+	opt     MultiTurnOptions
+	systems []string
 
 	mu   sync.Mutex
 	rng  *rand.Rand
@@ -216,8 +209,6 @@ func NewMultiTurn(opt MultiTurnOptions) (*MultiTurn, error) {
 		return nil, fmt.Errorf("multiturn: system prompt tokens %d out of range [1, %d]", opt.SystemPromptTokens, maxTraceTokens)
 	case opt.ThinkTime < 0:
 		return nil, fmt.Errorf("multiturn: think time %v is negative", opt.ThinkTime)
-	case opt.PreambleTokens < 0 || opt.PreambleTokens > maxTraceTokens:
-		return nil, fmt.Errorf("multiturn: preamble tokens %d out of range [0, %d]", opt.PreambleTokens, maxTraceTokens)
 	}
 	for _, c := range []struct {
 		name string
@@ -248,9 +239,6 @@ func NewMultiTurn(opt MultiTurnOptions) (*MultiTurn, error) {
 	m := &MultiTurn{opt: opt, rng: rand.New(rand.NewPCG(opt.Seed, 0x6d756c7469))}
 	for i := 0; i < opt.SystemPrompts; i++ {
 		m.systems = append(m.systems, Words(mix64(opt.Seed^mix64(uint64(i)+0x737973)), opt.SystemPromptTokens))
-	}
-	if opt.PreambleTokens > 0 {
-		m.preamble = Words(mix64(opt.Seed^0x707265616d626c65), opt.PreambleTokens) + "\n\n"
 	}
 	return m, nil
 }
@@ -292,9 +280,6 @@ func (m *MultiTurn) Next(at time.Duration) (Request, bool) {
 		seed:     seed,
 		Messages: []tokens.Message{{Role: "system", Content: m.systems[sys]}},
 	}
-	if m.preamble != "" {
-		r.Messages = nil
-	}
 	if m.opt.SessionIDs {
 		r.SessionID = fmt.Sprintf("s%016x", seed)
 	}
@@ -309,9 +294,6 @@ func (m *MultiTurn) addTurn(r *Request) {
 	r.Turn++
 	rng := rand.New(rand.NewPCG(r.seed, uint64(r.Turn)))
 	user := Words(rng.Uint64(), m.opt.UserTokens.draw(rng))
-	if r.Turn == 1 {
-		user = m.preamble + user
-	}
 	r.Messages = append(r.Messages, tokens.Message{Role: "user", Content: user})
 	r.MaxTokens = m.opt.OutputTokens.draw(rng)
 	r.ThinkTime = 0

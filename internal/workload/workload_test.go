@@ -277,41 +277,6 @@ func TestMultiTurnPromptsGrowTurnByTurn(t *testing.T) {
 	}
 }
 
-// With a preamble, every session's first user message opens with the same
-// text and there is no system message; later turns repeat it.
-func TestMultiTurnSharedPreamble(t *testing.T) {
-	m, err := NewMultiTurn(MultiTurnOptions{PreambleTokens: 300, Turns: Range{2, 2}, UserTokens: Range{5, 10}, Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pre string
-	firsts := map[string]bool{}
-	for s := 0; s < 20; s++ {
-		r, _ := m.Next(0)
-		if len(r.Messages) != 1 || r.Messages[0].Role != "user" {
-			t.Fatalf("first turn messages %+v", r.Messages)
-		}
-		u := r.Messages[0].Content
-		if pre == "" {
-			pre = u[:strings.Index(u, "\n\n")+2]
-			if n := tokens.Count(pre); n != 300 {
-				t.Fatalf("preamble of %d tokens, want 300", n)
-			}
-		}
-		if !strings.HasPrefix(u, pre) || len(u) == len(pre) {
-			t.Fatalf("session %d's first message does not open with the preamble", s)
-		}
-		firsts[u] = true
-		next, ok := m.FollowUp(r, "an answer")
-		if !ok || next.Messages[0].Content != u || len(next.Messages) != 3 {
-			t.Fatalf("second turn %+v", next.Messages)
-		}
-	}
-	if len(firsts) != 20 {
-		t.Fatalf("%d distinct first messages of 20 sessions", len(firsts))
-	}
-}
-
 func TestMultiTurnRegionSurgeAndPriorityMix(t *testing.T) {
 	m, err := NewMultiTurn(MultiTurnOptions{
 		Priorities: []Share{{"high", 1}, {"low", 3}},
@@ -351,7 +316,6 @@ func TestMultiTurnRejectsBadOptions(t *testing.T) {
 		{Priorities: []Share{{"a", 0}}},
 		{Regions: []RegionPhase{{At: time.Second, Shares: []Share{{"a", 1}}}}},
 		{Format: Completion},
-		{PreambleTokens: -1},
 	}
 	for _, o := range bad {
 		if _, err := NewMultiTurn(o); err == nil {
