@@ -27,6 +27,7 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 // benchCmd groups the project's measurement commands; other components may
@@ -180,7 +181,7 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if err := os.WriteFile(pf, pj, 0o644); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return nil, err
 	}
@@ -275,15 +276,6 @@ func (r *cpuReader) seconds(pid int) float64 {
 		r.err = err
 	}
 	return v
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func waitTCP(ctx context.Context, addr string, died <-chan struct{}) error {

@@ -437,7 +437,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	// Envoy.
 	_, xp, _ := net.SplitHostPort(xdsAddr)
 	xdsPort, _ := strconv.Atoi(xp)
-	listen, err := freePort()
+	listen, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return nil, err
 	}
@@ -676,13 +676,4 @@ func tvDistance(a, b map[string]float64) float64 {
 		}
 	}
 	return d / 2
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
