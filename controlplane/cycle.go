@@ -689,10 +689,13 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens)),
 				Affinity: translate.Affinity{Keys: cl.Affinity.Keys, Off: cl.Affinity.Mode == fleet.AffinityOff,
 					Rules: res.Affinity[cl.Name].rules}}
+			if m, ok := c.spec.ModelByName(cl.Model); ok {
+				tc.TokenizerSHA256, tc.ChatTemplateTokens = m.TokenizerSHA256, uint32(m.ChatTemplateTokens)
+			}
 			cd.Utilization = util
 			for id := range cd.Weights {
 				e, _ := c.spec.EngineByID(id)
-				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id]}
+				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath}
 				planned[id] += cd.Weights[id] * cd.Demand * c.workRatio(id, flow, cl)
 			}
 			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)

@@ -135,7 +135,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	}
 	for _, e := range cfg.Fleet.Engines {
 		ids = append(ids, e.ID)
-		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address})
+		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
 	}
 	if r.intake, err = signals.NewIntake(signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now}); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)

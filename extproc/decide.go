@@ -11,6 +11,7 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // Decider is ext_proc's per-request decision logic without the gRPC
@@ -30,6 +31,18 @@ type Decider struct {
 	states   map[string]*classState
 
 	anon atomic.Uint64 // keys for requests with nothing to hash
+
+	// tokenizers are the models' tokenizers by SHA-256 (SetTokenizers),
+	// matched to classes when a policy is installed; guarded by statesMu.
+	tokenizers map[string]*hf.Tokenizer
+}
+
+// SetTokenizers gives the tokenizers (by SHA-256) that policies' classes
+// name; it applies from the next SetPolicy.
+func (d *Decider) SetTokenizers(m map[string]*hf.Tokenizer) {
+	d.statesMu.Lock()
+	defer d.statesMu.Unlock()
+	d.tokenizers = m
 }
 
 // NewDecider returns a Decider without a policy; its Observer's first
@@ -63,6 +76,11 @@ func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy,
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	for _, c := range p.classes {
+		if c.TokenizerSHA256 != "" {
+			c.tokenizer = d.tokenizers[c.TokenizerSHA256]
+		}
 	}
 	return p, d.policy.Swap(p), nil
 }
@@ -117,6 +135,9 @@ type Decision struct {
 	// Retries is how many retries the request may use (Envoy's
 	// x-envoy-max-retries); reserved from the class's budget.
 	Retries int
+	// Bound says how the request's context need was bounded to pick the
+	// class ("short", "bytes" or "tokenizer"; see routeByContext).
+	Bound string
 
 	held bool // counted in flight: Release must undo it
 }
@@ -186,8 +207,8 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		}
 		level, prio = l, in.Priority
 	}
-	need := br.PromptTokens + max(br.MaxTokens, 0)
-	c, rerr := p.Route(br.Model, in.Residency, need)
+	c, bound, rerr := p.routeByContext(br.Model, in.Residency, in.Body, in.Kind, br)
+	dc.Bound = bound
 	switch rerr {
 	case errUnknownModel:
 		return &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",

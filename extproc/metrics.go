@@ -15,6 +15,7 @@ type metrics struct {
 	policyUpdates  *prometheus.CounterVec // result
 	policyInfo     *prometheus.GaugeVec   // version
 	streams        prometheus.Gauge
+	contextBounds  *prometheus.CounterVec // method
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -70,8 +71,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "inferlb_extproc_streams",
 			Help: "Open ext_proc streams.",
 		}),
+		contextBounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_context_bounds_total",
+			Help: "Requests routed by their context need, by how the prompt was bounded: short (11× bytes fit the smallest class), bytes (tokens.Bound), tokenizer (the model's tokenizer.json counted the texts).",
+		}, []string{"method"}),
 	}
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
-		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams)
+		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams, m.contextBounds)
 	return m
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // Policy is an immutable, compiled RoutingPolicy: the hot path reads it
@@ -51,6 +52,13 @@ type Class struct {
 	// MeanOutputTokens stands in for max_tokens in demand reports when a
 	// request states none.
 	MeanOutputTokens int
+	// TokenizerSHA256 names the model's tokenizer.json ("" none) and
+	// TemplateTokens bounds what its chat template adds (routeByContext).
+	TokenizerSHA256 string
+	TemplateTokens  int
+	// tokenizer is the loaded tokenizer of that digest (nil: the bytes
+	// bound only), set by the Server when it installs the policy.
+	tokenizer *hf.Tokenizer
 
 	// aff derives the class's affinity keys (affinity.go).
 	aff affinity
@@ -165,6 +173,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 			RetryFraction: cp.GetRetryBudgetFraction(), MaxRetries: int(cp.GetMaxRetries()),
 			InflightLimit: int(cp.GetLocalInflightLimit()), Utilization: cp.GetUtilization(),
 			MeanOutputTokens: int(cp.GetMeanOutputTokens()),
+			TokenizerSHA256:  cp.GetTokenizerSha256(), TemplateTokens: int(cp.GetChatTemplateTokens()),
 		}
 		c.clusterHdr, c.classHdr = setHeader(headers.Cluster, c.Cluster), setHeader(headers.Class, c.Name)
 		where := fmt.Sprintf("policy: classes[%d] (%q)", i, c.Name)
@@ -334,6 +343,25 @@ func (p *Policy) Route(model, residency string, need int) (*Class, routeErr) {
 		return nil, errResidency
 	}
 	return best, 0
+}
+
+// smallerGuarantee is the largest context guarantee below c's among the
+// classes Route could have chosen instead of c for this model and
+// residency (0: none).
+func (p *Policy) smallerGuarantee(model, residency string, c *Class) int {
+	best := 0
+	for _, o := range p.byModel[model] {
+		switch {
+		case residency != "" && o.Residency != residency:
+			continue
+		case residency == "" && c.Residency == "" && o.Residency != "":
+			continue
+		}
+		if g := o.guarantee(); g > 0 && g < c.guarantee() && g > best {
+			best = g
+		}
+	}
+	return best
 }
 
 type routeErr uint8

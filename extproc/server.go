@@ -32,6 +32,7 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // DefaultBodyLimit is the largest request body accepted (and the value the
@@ -49,6 +50,10 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Tokenizers are the models' tokenizers by SHA-256 (the policy names a
+	// class's by digest); a class whose tokenizer is not here is bounded by
+	// bytes alone.
+	Tokenizers map[string]*hf.Tokenizer
 }
 
 // Server is the ext_proc gRPC service.
@@ -78,7 +83,9 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now())}
+	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now())}
+	s.dec.SetTokenizers(opt.Tokenizers)
+	return s
 }
 
 // Register adds the ext_proc service and the access-log service (Envoy's
@@ -115,6 +122,12 @@ func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
 	}
 	s.m.policyInfo.WithLabelValues(p.Version).Set(1)
 	s.log.Info("routing policy applied", "version", p.Version, "classes", len(p.classes), "node", p.NodeID)
+	for _, c := range p.classes {
+		if c.TokenizerSHA256 != "" && c.tokenizer == nil {
+			s.log.Warn("class's tokenizer not loaded: its context limit is judged by the bytes bound (load the model's tokenizer.json with --tokenizer)",
+				"class", c.Name, "model", c.Model, "sha256", c.TokenizerSHA256)
+		}
+	}
 	return nil
 }
 
@@ -267,8 +280,14 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	case "/v1/completions":
 		st.kind = body.Completion
 	default:
+		if path == modelsPath || strings.HasPrefix(path, modelsPath+"/") {
+			return s.onModels(st, method, path)
+		}
+		if what, ok := unrouted[path]; ok {
+			return s.reject(st, unroutedError(method, path, what))
+		}
 		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "unknown_url",
-			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions.", method, path), reason: "unknown_path"})
+			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions, and answers GET /v1/models.", method, path), reason: "unknown_path"})
 	}
 	if method != "POST" {
 		return s.reject(st, &apiError{status: 405, typ: "invalid_request_error", code: "method_not_allowed",
@@ -299,7 +318,11 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
 	dc := &st.dc
-	if rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc); rej != nil {
+	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc)
+	if dc.Bound != "" {
+		s.m.contextBounds.WithLabelValues(dc.Bound).Inc()
+	}
+	if rej != nil {
 		if rej.Shed() {
 			s.m.decisions.WithLabelValues(dc.Class.Name, dc.Priority, dc.Outcome.String()).Inc()
 			s.m.keys.WithLabelValues(dc.Class.Name, dc.Key.label()).Inc()

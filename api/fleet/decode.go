@@ -41,8 +41,11 @@ type linkDoc struct {
 }
 
 type modelDoc struct {
-	Name             string `yaml:"name"`
-	MaxContextTokens *int   `yaml:"max_context_tokens"`
+	Name               string `yaml:"name"`
+	MaxContextTokens   *int   `yaml:"max_context_tokens"`
+	Tokenizer          string `yaml:"tokenizer"`
+	TokenizerSHA256    string `yaml:"-"` // derived; kept by New
+	ChatTemplateTokens *int   `yaml:"chat_template_tokens"`
 }
 
 type profileDoc struct {
@@ -93,13 +96,15 @@ type priorityDoc struct {
 }
 
 type engineDoc struct {
-	ID       string            `yaml:"id"`
-	Address  string            `yaml:"address"`
-	Region   string            `yaml:"region"`
-	GPU      string            `yaml:"gpu"`
-	Model    string            `yaml:"model"`
-	Replicas *int              `yaml:"replicas"`
-	Labels   map[string]string `yaml:"labels"`
+	ID         string            `yaml:"id"`
+	Address    string            `yaml:"address"`
+	Region     string            `yaml:"region"`
+	GPU        string            `yaml:"gpu"`
+	Model      string            `yaml:"model"`
+	Replicas   *int              `yaml:"replicas"`
+	Labels     map[string]string `yaml:"labels"`
+	Server     string            `yaml:"server"`
+	HealthPath string            `yaml:"health_path"`
 }
 
 // maxNodes bounds the YAML nodes the schema walk visits, aliases expanded,

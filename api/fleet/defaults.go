@@ -21,6 +21,11 @@ const (
 	DefaultSpreadKVFraction = 0.1  // hot prefixes this share of a KV cache are spread
 	DefaultPriorityName     = "default"
 	DefaultShedCost         = 1000.0 // the default priority's shed cost (relative)
+	// DefaultChatTemplateTokens covers the chat templates of common models
+	// (Llama 3.1's injected system header is about 30 tokens, ChatML's
+	// generation prompt 3, Qwen3's empty think block 6) with room to spare.
+	DefaultChatTemplateTokens = 64
+	DefaultServer             = ServerVLLM
 )
 
 // setDefaults fills the optional fields the user omitted (nil pointers, empty
@@ -49,9 +54,21 @@ func setDefaults(d *specDoc) {
 			d.Frontends[i].NodeID = d.Frontends[i].Name
 		}
 	}
+	for i := range d.Models {
+		if d.Models[i].ChatTemplateTokens == nil {
+			d.Models[i].ChatTemplateTokens = ptr(DefaultChatTemplateTokens)
+		}
+	}
 	for i := range d.Engines {
-		if d.Engines[i].Replicas == nil {
-			d.Engines[i].Replicas = ptr(DefaultReplicas)
+		e := &d.Engines[i]
+		if e.Replicas == nil {
+			e.Replicas = ptr(DefaultReplicas)
+		}
+		if e.Server == "" {
+			e.Server = DefaultServer
+		}
+		if e.HealthPath == "" {
+			e.HealthPath = DefaultHealthPath(e.Server)
 		}
 	}
 }

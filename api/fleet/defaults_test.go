@@ -67,6 +67,18 @@ func TestDefaults(t *testing.T) {
 			specDoc{Classes: &[]classDoc{{MinContextTokens: ptr(100)}}}, func(d *specDoc) any {
 				return *(*d.Classes)[0].MeanPromptTokens
 			}, 200.0},
+		{"engine server and health path omitted",
+			specDoc{Engines: []engineDoc{{}, {Server: "sglang"}, {Server: "generic", HealthPath: "/ready"}}}, func(d *specDoc) any {
+				var out []string
+				for _, e := range d.Engines {
+					out = append(out, e.Server+" "+e.HealthPath)
+				}
+				return strings.Join(out, ", ")
+			}, "vllm /health, sglang /health_generate, generic /ready"},
+		{"model chat template tokens omitted; given kept",
+			specDoc{Models: []modelDoc{{Name: "a"}, {Name: "b", ChatTemplateTokens: ptr(-3)}}}, func(d *specDoc) any {
+				return [2]int{*d.Models[0].ChatTemplateTokens, *d.Models[1].ChatTemplateTokens}
+			}, [2]int{64, -3}},
 		{"class fields given are kept",
 			specDoc{Classes: &[]classDoc{{MinContextTokens: ptr(-1), MeanPromptTokens: ptr(0.0), MeanOutputTokens: ptr(-3.0)}}}, func(d *specDoc) any {
 				c := (*d.Classes)[0]

@@ -39,7 +39,8 @@ func normalize(d *specDoc) *Spec {
 	}
 	modelCtx := map[string]int{}
 	for _, m := range d.Models {
-		s.Models = append(s.Models, Model{Name: m.Name, MaxContextTokens: *m.MaxContextTokens})
+		s.Models = append(s.Models, Model{Name: m.Name, MaxContextTokens: *m.MaxContextTokens,
+			Tokenizer: m.Tokenizer, TokenizerSHA256: m.TokenizerSHA256, ChatTemplateTokens: *m.ChatTemplateTokens})
 		modelCtx[m.Name] = *m.MaxContextTokens
 	}
 	for _, p := range d.Profiles {
@@ -87,13 +88,15 @@ func normalize(d *specDoc) *Spec {
 	s.Frontends = slices.Clone(d.Frontends)
 	for _, e := range d.Engines {
 		s.Engines = append(s.Engines, Engine{
-			ID:       e.ID,
-			Address:  e.Address,
-			Region:   e.Region,
-			GPU:      e.GPU,
-			Model:    e.Model,
-			Replicas: *e.Replicas,
-			Labels:   maps.Clone(e.Labels),
+			ID:         e.ID,
+			Address:    e.Address,
+			Region:     e.Region,
+			GPU:        e.GPU,
+			Model:      e.Model,
+			Replicas:   *e.Replicas,
+			Labels:     maps.Clone(e.Labels),
+			Server:     e.Server,
+			HealthPath: e.HealthPath,
 		})
 	}
 	s.ix = buildIndex(s)

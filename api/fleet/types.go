@@ -79,6 +79,18 @@ type Model struct {
 	Name string `yaml:"name"`
 	// MaxContextTokens is the model's own context limit.
 	MaxContextTokens int `yaml:"max_context_tokens"`
+	// Tokenizer is the path of the model's Hugging Face tokenizer.json
+	// (relative paths are relative to the spec file when read by Load);
+	// empty: context limits use the bytes bound (internal/tokens).
+	Tokenizer string `yaml:"tokenizer,omitempty"`
+	// TokenizerSHA256 is derived, not written: the SHA-256 (hex) of the
+	// tokenizer's JSON, set by Load (empty from Parse and New, which read no
+	// files).
+	TokenizerSHA256 string `yaml:"-"`
+	// ChatTemplateTokens bounds the tokens the model's chat template adds
+	// that are not in the request's JSON (a default system prompt, the
+	// generation prompt, BOS). Always set in a parsed Spec.
+	ChatTemplateTokens int `yaml:"chat_template_tokens"`
 }
 
 // Profile is the latency profile of one model on one GPU type. The engine
@@ -220,4 +232,34 @@ type Engine struct {
 	Model    string            `yaml:"model"`
 	Replicas int               `yaml:"replicas"`
 	Labels   map[string]string `yaml:"labels,omitempty"`
+	// Server is the kind of model server (ServerVLLM, ServerSGLang,
+	// ServerGeneric): it selects the metric names the control plane reads
+	// and the default HealthPath. Always set in a parsed Spec.
+	Server string `yaml:"server"`
+	// HealthPath is the HTTP path Envoy's active health check and the
+	// control plane probe; 2xx means ready for traffic. Always set in a
+	// parsed Spec.
+	HealthPath string `yaml:"health_path"`
+}
+
+// Model server kinds (engines[].server).
+const (
+	// ServerVLLM: vLLM's /metrics names (current and older), /health.
+	ServerVLLM = "vllm"
+	// ServerSGLang: SGLang's sglang: metrics, /health_generate.
+	ServerSGLang = "sglang"
+	// ServerGeneric: an OpenAI-compatible server whose metrics are not
+	// known; vLLM names are read when present, none is required, /health.
+	ServerGeneric = "generic"
+)
+
+// ServerKinds lists the accepted engines[].server values.
+var ServerKinds = []string{ServerVLLM, ServerSGLang, ServerGeneric}
+
+// DefaultHealthPath is the health path of a server kind.
+func DefaultHealthPath(server string) string {
+	if server == ServerSGLang {
+		return "/health_generate"
+	}
+	return "/health"
 }

@@ -269,6 +269,11 @@ func (v *validator) checkModels() {
 			ctx = *m.MaxContextTokens
 		}
 		v.models[m.Name] = ctx
+		// ≥ 1 (a BOS at least): 0 would read as "omitted" in Go (New).
+		v.integer(p+".chat_template_tokens", m.ChatTemplateTokens, 1, maxTokens)
+		if strings.ContainsRune(m.Tokenizer, 0) {
+			v.errorf(p+".tokenizer", "%q is not a file path", m.Tokenizer)
+		}
 	}
 }
 
@@ -519,6 +524,10 @@ func (v *validator) checkEngines() {
 			}
 		}
 		v.integer(p+".replicas", e.Replicas, 1, maxReplicas)
+		if !slices.Contains(ServerKinds, e.Server) {
+			v.errorf(p+".server", "unknown server kind %q (known: %s)", e.Server, strings.Join(ServerKinds, ", "))
+		}
+		v.healthPath(p+".health_path", e.HealthPath)
 		keys := make([]string, 0, len(e.Labels))
 		for k := range e.Labels {
 			keys = append(keys, k)
@@ -531,6 +540,17 @@ func (v *validator) checkEngines() {
 				v.errorf(p+".labels."+k, "value longer than %d bytes", maxLabelLen)
 			}
 		}
+	}
+}
+
+// healthPath checks an HTTP path Envoy can put in a health check: absolute,
+// printable ASCII without spaces, no query or fragment.
+func (v *validator) healthPath(path, hp string) {
+	switch {
+	case hp == "" || hp[0] != '/':
+		v.errorf(path, "%q must start with /", hp)
+	case len(hp) > 1024 || strings.IndexFunc(hp, func(r rune) bool { return r <= ' ' || r >= unicode.MaxASCII || r == '?' || r == '#' }) >= 0:
+		v.errorf(path, "%q is not a plain URL path (printable ASCII without spaces, '?' or '#', at most 1024 bytes)", hp)
 	}
 }
 

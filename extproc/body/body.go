@@ -108,8 +108,9 @@ func Parse(b []byte, kind Kind, r *Request) error {
 }
 
 type parser struct {
-	b []byte
-	i int
+	b   []byte
+	i   int
+	err error
 	// chain receives the messages (or the prompt) as they are read;
 	// partsChain, on the sub-parser that re-reads an array of content
 	// parts for it, their text.

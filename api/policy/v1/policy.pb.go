@@ -407,9 +407,18 @@ type ClassPolicy struct {
 	MeanOutputTokens uint32 `protobuf:"varint,12,opt,name=mean_output_tokens,json=meanOutputTokens,proto3" json:"mean_output_tokens,omitempty"`
 	// Cache affinity: how ext_proc derives the key the route hashes, and the
 	// split table (fields 20-29 are affinity's).
-	Affinity      *Affinity `protobuf:"bytes,20,opt,name=affinity,proto3" json:"affinity,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Affinity *Affinity `protobuf:"bytes,20,opt,name=affinity,proto3" json:"affinity,omitempty"`
+	// Context bound (numbers 140.. are issue 14's, to keep merges apart).
+	// The SHA-256 (hex) of the class's model's tokenizer.json, when the fleet
+	// spec names one: ext_proc counts prompt texts with the tokenizer of that
+	// digest (loaded with its --tokenizer flag) when the bytes bound comes
+	// near the class's context limit. Empty: the bytes bound only.
+	TokenizerSha256 string `protobuf:"bytes,140,opt,name=tokenizer_sha256,json=tokenizerSha256,proto3" json:"tokenizer_sha256,omitempty"`
+	// Tokens the model's chat template adds beyond the request's own bytes
+	// (the fleet spec's chat_template_tokens), added to every bound.
+	ChatTemplateTokens uint32 `protobuf:"varint,141,opt,name=chat_template_tokens,json=chatTemplateTokens,proto3" json:"chat_template_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClassPolicy) Reset() {
@@ -531,6 +540,20 @@ func (x *ClassPolicy) GetAffinity() *Affinity {
 		return x.Affinity
 	}
 	return nil
+}
+
+func (x *ClassPolicy) GetTokenizerSha256() string {
+	if x != nil {
+		return x.TokenizerSha256
+	}
+	return ""
+}
+
+func (x *ClassPolicy) GetChatTemplateTokens() uint32 {
+	if x != nil {
+		return x.ChatTemplateTokens
+	}
+	return 0
 }
 
 // Affinity is a class's cache-affinity configuration and its split table.
@@ -1250,7 +1273,7 @@ const file_policy_proto_rawDesc = "" +
 	"\tEngineRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\x91\x05\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xf0\x05\n" +
 	"\vClassPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x14\n" +
@@ -1266,7 +1289,9 @@ const file_policy_proto_rawDesc = "" +
 	" \x01(\rR\x12localInflightLimit\x12 \n" +
 	"\vutilization\x18\v \x01(\x01R\vutilization\x12,\n" +
 	"\x12mean_output_tokens\x18\f \x01(\rR\x10meanOutputTokens\x127\n" +
-	"\baffinity\x18\x14 \x01(\v2\x1b.inferlb.policy.v1.AffinityR\baffinity\x1aF\n" +
+	"\baffinity\x18\x14 \x01(\v2\x1b.inferlb.policy.v1.AffinityR\baffinity\x12*\n" +
+	"\x10tokenizer_sha256\x18\x8c\x01 \x01(\tR\x0ftokenizerSha256\x121\n" +
+	"\x14chat_template_tokens\x18\x8d\x01 \x01(\rR\x12chatTemplateTokens\x1aF\n" +
 	"\x18ShedFractionByLevelEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x84\x01\n" +
