@@ -441,8 +441,12 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	if err != nil {
 		return nil, err
 	}
+	// A generous ext_proc message timeout: on a busy machine (or under the
+	// race detector) a decision can take longer than the production
+	// second, and a 504 there measures the machine, not affinity.
 	boot, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "fe", Region: "local",
-		ListenPort: listen, ExtProcPort: lis.Addr().(*net.TCPAddr).Port, XDSPort: xdsPort, BodyLimit: extproc.DefaultBodyLimit})
+		ListenPort: listen, ExtProcPort: lis.Addr().(*net.TCPAddr).Port, XDSPort: xdsPort, BodyLimit: extproc.DefaultBodyLimit,
+		MessageTimeout: "10s"})
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/lni/goutils/leaktest"
+
+	"github.com/inferlb/inferlb/internal/workload"
 )
 
 // Issue 12's done-when (a), small: through a real Envoy with the engine
@@ -27,6 +29,10 @@ func TestSharedPreambleThroughEnvoy(t *testing.T) {
 	}
 	o := DefaultOptions()
 	o.Requests = 200
+	// Shorter answers, longer questions: the same history per turn with
+	// half the streamed tokens (the CPU of the request path), so a machine
+	// busy with other tests does not starve the rig.
+	o.UserTokens, o.OutputTokens = workload.Range{Min: 250, Max: 450}, workload.Range{Min: 30, Max: 60}
 	o.Dir = t.TempDir()
 	rep, err := Run(context.Background(), o)
 	if err != nil {
