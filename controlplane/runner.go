@@ -424,6 +424,7 @@ func (r *Runner) cycle(ctx context.Context) {
 	in := r.inputs()
 	engines := in.Engines
 	t0 := time.Now()
+	in.Prefixes = r.intake.Prefixes(in.Now)
 	res, err := r.ctrl.Step(ctx, in)
 	r.m.cycleSeconds.Observe(time.Since(t0).Seconds())
 	if err != nil {
@@ -633,6 +634,14 @@ func (r *Runner) adminHandler() http.Handler {
 		writeJSON(w, map[string]any{"at": res.At, "allocator": res.Allocator, "fallback_reason": res.Fallback,
 			"objective": res.Objective, "nodes": out})
 	})
+	mux.HandleFunc("GET /affinity", func(w http.ResponseWriter, _ *http.Request) {
+		res := r.Last()
+		if res == nil {
+			http.Error(w, "no cycle yet", http.StatusServiceUnavailable)
+			return
+		}
+		writeJSON(w, map[string]any{"at": res.At, "classes": res.Affinity})
+	})
 	mux.HandleFunc("GET /xds", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]any{"nodes": r.srv.Status()})
 	})
@@ -641,6 +650,7 @@ func (r *Runner) adminHandler() http.Handler {
   /weights[?node=N]          published weights per node and class (shares, Envoy integers, priorities)
   /explain[?node=N&class=C]  the optimizer's terms behind every weight
   /signals                   engine signals, the cycle's engine view (penalties), demand, evidence
+  /affinity                  per class: the split table of hot and shared prefixes, and why
   /xds                       per node: published, ACKed and NACKed versions, streams
   /metrics                   Prometheus metrics
   /healthz /readyz

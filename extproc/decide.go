@@ -66,6 +66,10 @@ func NewDecider(now time.Time) *Decider {
 	return &Decider{obs: NewObserver(now), states: map[string]*classState{}}
 }
 
+// fresh is a new key for a request with nothing to key on (or with
+// affinity off): distinct per request, spread over the whole range.
+func (d *Decider) fresh() uint64 { return mix(d.anon.Add(1)) }
+
 // Observer returns the demand and evidence accumulator.
 func (d *Decider) Observer() *Observer { return d.obs }
 
@@ -137,9 +141,12 @@ type Decision struct {
 	Level    uint32
 	// KeyHash is the cache-affinity key the route hashes on (as the header
 	// value hex16(KeyHash)); KeySource says where it came from ("session",
-	// "prompt_cache_key", "user", "prefix", or "" for a per-request key).
+	// "prompt_cache_key", "user", "prefix", or "" for a per-request key);
+	// Key is the whole derivation (affinity.go): the prefix walk's kind,
+	// the conversation's key shedding used, affinity off.
 	KeyHash   uint64
 	KeySource string
+	Key       KeyDecision
 	// Outcome is admitted or a shed verdict (then the request is answered
 	// 429 and nothing else applies).
 	Outcome Outcome
@@ -236,11 +243,18 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		return &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
 			message: fmt.Sprintf("The model %q is not served in data-residency zone %q (header %s).", br.Model, in.Residency, headers.Residency), reason: "residency"}
 	}
-	keyHash, src := affinityKey(in.Session, br)
+	kd := c.aff.key(in.Session, br, d.fresh)
+	keyHash := kd.Key
 	if keyHash == 0 {
-		keyHash = mix(d.anon.Add(1))
+		keyHash = d.fresh()
 	}
-	outcome := p.admit(c, level, keyHash)
+	// Shedding keeps a conversation whole: it uses the conversation's key
+	// (with affinity off too), not a spread slot or a fresh key.
+	shedKey := kd.Conversation
+	if shedKey == 0 {
+		shedKey = keyHash
+	}
+	outcome := p.admit(c, level, shedKey)
 	// The output the request will cost: what it asks for, else the class's
 	// typical length.
 	output := br.MaxTokens
@@ -248,8 +262,13 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		output = c.MeanOutputTokens
 	}
 	d.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
+	d.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0), d.fresh())
 	dc.Policy, dc.Class, dc.Priority, dc.Level = p, c, prio, level
-	dc.KeyHash, dc.KeySource, dc.Outcome = keyHash, src, Outcome(outcome)
+	src := kd.Source
+	if kd.Off {
+		src = "" // a fresh key per request
+	}
+	dc.KeyHash, dc.KeySource, dc.Key, dc.Outcome = keyHash, src, kd, Outcome(outcome)
 	if outcome != admitted {
 		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
 		if outcome == shedLocal {

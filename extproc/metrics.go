@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	decisions      *prometheus.CounterVec // class, priority, outcome
+	keys           *prometheus.CounterVec // class, key
 	rejected       *prometheus.CounterVec // status
 	decisionTime   prometheus.Histogram
 	bodyBytes      prometheus.Histogram
@@ -29,6 +30,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "inferlb_extproc_decisions_total",
 			Help: "Routing decisions by class, priority and outcome (admitted, shed_policy, shed_local).",
 		}, []string{"class", "priority", "outcome"}),
+		keys: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_affinity_keys_total",
+			Help: "Affinity keys by class and kind: session, prompt_cache_key, user; conversation, group, spread (from the prefix chain and the split table); none (nothing to key on: a fresh key); off (affinity off for the class).",
+		}, []string{"class", "key"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferlb_extproc_rejected_total",
 			Help: "Requests answered with an error before routing, by HTTP status and reason.",
@@ -84,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.completion = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_upstream_completion_seconds",
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion)
-	reg.MustRegister(m.decisions, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
+	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams, m.contextBounds)
 	return m
 }

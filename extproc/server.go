@@ -15,7 +15,6 @@ package extproc
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"strconv"
@@ -371,11 +370,13 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	if rej != nil {
 		if rej.Shed() {
 			s.m.decisions.WithLabelValues(dc.Class.Name, dc.Priority, dc.Outcome.String()).Inc()
+			s.m.keys.WithLabelValues(dc.Class.Name, dc.Key.label()).Inc()
 		}
 		return s.reject(st, rej.e)
 	}
 	c, level := dc.Class, dc.Level
 	s.m.decisions.WithLabelValues(c.Name, dc.Priority, dc.Outcome.String()).Inc()
+	s.m.keys.WithLabelValues(c.Name, dc.Key.label()).Inc()
 	s.m.inflight.WithLabelValues(c.Name).Inc()
 	if dc.Retries > 0 {
 		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(dc.Retries))
@@ -427,43 +428,6 @@ func (p *Policy) priorityNames() []string {
 		}
 	}
 	return out
-}
-
-// affinityKey applies the documented rule: explicit session header, then
-// prompt_cache_key, then user, then the stable-prefix hash. It returns 0
-// when there is nothing to key on.
-func affinityKey(session string, br *body.Request) (uint64, string) {
-	switch {
-	case session != "":
-		return keyHash('s', session), "session"
-	case br.PromptCacheKey != "":
-		return keyHash('p', br.PromptCacheKey), "prompt_cache_key"
-	case br.User != "":
-		return keyHash('u', br.User), "user"
-	case br.HasPrefix:
-		return mix(br.PrefixHash ^ 0x68), "prefix"
-	}
-	return 0, ""
-}
-
-func keyHash(tag byte, v string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte{tag, 0})
-	h.Write([]byte(v))
-	return mix(h.Sum64())
-}
-
-// mix is a 64-bit finalizer (splitmix64), so keys spread over the whole range.
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	if h == 0 {
-		h = 1
-	}
-	return h
 }
 
 func hex16(v uint64) string {

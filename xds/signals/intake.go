@@ -48,6 +48,8 @@ type IntakeOptions struct {
 	// 10 s. MaxInterval is the longest interval a report may cover (ext_proc
 	// merges unsent reports for up to 30 s); 0 means 60 s.
 	MaxClockSkew, MaxInterval time.Duration
+	// Prefix configures the prefix view (prefixes.go).
+	Prefix PrefixOptions
 }
 
 // Rejection is why a report was refused: Reason is a short label (for the
@@ -116,6 +118,7 @@ type Intake struct {
 	// Set by NewIntake, then read-only.
 	opt                        IntakeOptions
 	nodes, classes, priorities map[string]bool
+	prefixes                   *Prefixes // safe for concurrent use itself
 
 	// mu guards the fields below.
 	mu                 sync.Mutex
@@ -161,6 +164,10 @@ func NewIntake(opt IntakeOptions) (*Intake, error) {
 	}
 	in := &Intake{opt: opt, nodes: set(opt.Nodes), classes: set(opt.Classes), priorities: set(opt.Priorities),
 		byInstance: map[[2]string][]report{}, credit: map[[2]string]float64{}, lastReport: map[string]time.Time{}}
+	var err error
+	if in.prefixes, err = NewPrefixes(opt.Prefix); err != nil {
+		return nil, fmt.Errorf("intake: %w", err)
+	}
 	return in, nil
 }
 
@@ -215,8 +222,12 @@ func (in *Intake) Report(_ context.Context, r *policyv1.ReportRequest) error {
 	}
 	in.byInstance[k] = reps
 	in.lastReport[r.NodeId] = now
+	in.prefixes.Add(now, r)
 	return nil
 }
+
+// Prefixes returns the prefix view of every class as of now.
+func (in *Intake) Prefixes(now time.Time) map[string]ClassPrefixes { return in.prefixes.Snapshot(now) }
 
 // credit0 is an instance's evidence credit when its first report arrives.
 func (in *Intake) credit0(node string) float64 {
@@ -330,6 +341,7 @@ func (in *Intake) validate(r *policyv1.ReportRequest, now time.Time) error {
 				i, e.Address, e.CompletionPromptTokens, e.CompletionOutputTokens, e.Completed, maxTok))
 		}
 	}
+	errs = append(errs, validatePrefixes(r, in.classes)...)
 	if len(errs) > 0 {
 		return &Rejection{Reason: "malformed", Err: fmt.Errorf("report from %s/%s: %w", r.NodeId, r.Instance, errors.Join(errs...))}
 	}
