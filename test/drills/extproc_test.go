@@ -23,10 +23,18 @@ func TestDrillExtProcDeath(t *testing.T) {
 			// several are mid-stream when ext_proc dies, at 60% of the
 			// fleet's capacity (no shedding).
 			tr := s.startTraffic(trafficOptions{rate: 2.5, maxTokens: 120})
-			tr.waitSent(t, 10, 30*time.Second)
 			// Requests started 300 ms or more before the kill have their
-			// routing decision (a decision takes milliseconds).
-			inflight := tr.inFlight(300 * time.Millisecond)
+			// routing decision (a decision takes milliseconds); kill when
+			// at least 6 of them are in flight.
+			var inflight map[int]bool
+			if err := envoytest.Poll(context.Background(), 30*time.Second, 20*time.Millisecond, func() error {
+				if inflight = tr.inFlight(300 * time.Millisecond); len(inflight) < 6 {
+					return fmt.Errorf("%d decided requests in flight", len(inflight))
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
 			s.ext.kill()
 			downFrom := time.Now()
 			t.Logf("ext_proc killed with %d decided requests in flight", len(inflight))
@@ -72,7 +80,7 @@ func TestDrillExtProcDeath(t *testing.T) {
 			if variant == envoyconfigs.FailOpen && during.all.ok != during.sent {
 				t.Errorf("fail-open: requests sent while ext_proc was down did not all take the fallback route: %s", during)
 			}
-			if len(inflight) < 5 {
+			if len(inflight) < 6 {
 				t.Fatalf("only %d requests in flight at the kill: the drill proves nothing", len(inflight))
 			}
 			if before.all.cut != 0 || before.all.failed != 0 {
