@@ -60,6 +60,9 @@ type Class struct {
 	// bound only), set by the Server when it installs the policy.
 	tokenizer *hf.Tokenizer
 
+	// aff derives the class's affinity keys (affinity.go).
+	aff affinity
+
 	state *classState
 	// The decision's cluster and class headers, built once by Compile and
 	// shared read-only by every response.
@@ -84,7 +87,12 @@ func (p *Policy) Level(name string) (uint32, bool) {
 }
 
 // EngineID names the engine at an upstream address ("" if unknown).
-func (p *Policy) EngineID(addr string) string { return p.engines[addr] }
+func (p *Policy) EngineID(addr string) string {
+	if p == nil {
+		return ""
+	}
+	return p.engines[addr]
+}
 
 // PriorityName returns the name of a level ("" if none).
 func (p *Policy) PriorityName(level uint32) string {
@@ -95,7 +103,8 @@ func (p *Policy) PriorityName(level uint32) string {
 }
 
 // Compile validates a RoutingPolicy and builds the hot-path form. states
-// supplies the runtime state per class name (created when missing).
+// supplies the runtime state per class name (created when missing); nil
+// gives every class fresh state.
 //
 // Shed fractions are made consistent with "lowest priority first": a level
 // sheds only when every less important level (higher number) sheds
@@ -104,6 +113,9 @@ func (p *Policy) PriorityName(level uint32) string {
 func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (*Policy, error) {
 	if rp == nil {
 		return nil, fmt.Errorf("policy: nil")
+	}
+	if states == nil { // a policy to inspect (explain-key), not to serve
+		states = func(string) *classState { return newClassState() }
 	}
 	p := &Policy{
 		Version:    rp.GetVersion(),
@@ -195,6 +207,11 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		if err := labelValue(c.Name); err != nil {
 			return nil, fmt.Errorf("%s: name: %w", where, err)
 		}
+		aff, err := compileAffinity(cp.GetAffinity())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		c.aff = aff
 		seen[c.Name] = true
 		raw := make([]float64, p.maxLevel+1)
 		for l, f := range cp.GetShedFractionByLevel() {

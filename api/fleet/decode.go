@@ -72,12 +72,21 @@ type curveDoc struct {
 }
 
 type classDoc struct {
-	Name             string   `yaml:"name"`
-	Model            string   `yaml:"model"`
-	Residency        string   `yaml:"residency"`
-	MinContextTokens *int     `yaml:"min_context_tokens"`
-	MeanPromptTokens *float64 `yaml:"mean_prompt_tokens"`
-	MeanOutputTokens *float64 `yaml:"mean_output_tokens"`
+	Name             string       `yaml:"name"`
+	Model            string       `yaml:"model"`
+	Residency        string       `yaml:"residency"`
+	MinContextTokens *int         `yaml:"min_context_tokens"`
+	MeanPromptTokens *float64     `yaml:"mean_prompt_tokens"`
+	MeanOutputTokens *float64     `yaml:"mean_output_tokens"`
+	Affinity         *affinityDoc `yaml:"affinity"`
+}
+
+type affinityDoc struct {
+	Mode                  string    `yaml:"mode"`
+	Keys                  *[]string `yaml:"keys"`
+	HotShare              *float64  `yaml:"hot_share"`
+	SpreadMinPrefixTokens *int      `yaml:"spread_min_prefix_tokens"`
+	GroupMinPrefixTokens  *int      `yaml:"group_min_prefix_tokens"`
 }
 
 type priorityDoc struct {

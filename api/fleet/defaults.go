@@ -1,6 +1,9 @@
 package fleet
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // Defaults for omitted optional fields. docs/fleet-spec.md lists them with
 // their reasons; engine-calibration.md §5 is the source of the vLLM ones.
@@ -13,6 +16,9 @@ const (
 	DefaultBlockSize        = 16    // vLLM KV block size in tokens
 	DefaultMeanPromptTokens = 200.0 // ShareGPT-like request shape
 	DefaultMeanOutputTokens = 200.0
+	DefaultHotShare         = 0.5  // of one engine's share of its class
+	DefaultGroupMinTokens   = 1024 // tokens of a shared prefix worth grouping on
+	DefaultSpreadKVFraction = 0.1  // hot prefixes this share of a KV cache are spread
 	DefaultPriorityName     = "default"
 	DefaultShedCost         = 1000.0 // the default priority's shed cost (relative)
 	// DefaultChatTemplateTokens covers the chat templates of common models
@@ -117,6 +123,23 @@ func defaultClass(c *classDoc) {
 	if c.MeanOutputTokens == nil {
 		c.MeanOutputTokens = ptr(DefaultMeanOutputTokens)
 	}
+	if c.Affinity == nil {
+		c.Affinity = &affinityDoc{}
+	}
+	a := c.Affinity
+	if a.Mode == "" {
+		a.Mode = AffinityOn
+	}
+	if a.Keys == nil {
+		a.Keys = ptr(slices.Clone(DefaultAffinityKeys))
+	}
+	if a.HotShare == nil {
+		a.HotShare = ptr(DefaultHotShare)
+	}
+	if a.GroupMinPrefixTokens == nil {
+		a.GroupMinPrefixTokens = ptr(DefaultGroupMinTokens)
+	}
+	// SpreadMinPrefixTokens depends on the class's engines: normalize.
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -232,6 +232,7 @@ func toDoc(s *Spec) *specDoc {
 				MinContextTokens: nz(c.MinContextTokens),
 				MeanPromptTokens: nz(c.MeanPromptTokens),
 				MeanOutputTokens: nz(c.MeanOutputTokens),
+				Affinity:         affinityDocOf(c.Affinity),
 			})
 		}
 		d.Classes = &cs
@@ -255,6 +256,17 @@ func toDoc(s *Spec) *specDoc {
 			Server:     e.Server,
 			HealthPath: e.HealthPath,
 		})
+	}
+	return d
+}
+
+// affinityDocOf treats zero fields as omitted (a Class built in Go without
+// an Affinity gets the defaults).
+func affinityDocOf(a Affinity) *affinityDoc {
+	d := &affinityDoc{Mode: a.Mode, HotShare: nz(a.HotShare), SpreadMinPrefixTokens: nz(a.SpreadMinPrefixTokens),
+		GroupMinPrefixTokens: nz(a.GroupMinPrefixTokens)}
+	if a.Keys != nil {
+		d.Keys = ptr(slices.Clone(a.Keys))
 	}
 	return d
 }

@@ -154,11 +154,53 @@ type Class struct {
 	// request, used when demand reports carry no token counts.
 	MeanPromptTokens float64 `yaml:"mean_prompt_tokens"`
 	MeanOutputTokens float64 `yaml:"mean_output_tokens"`
+	// Affinity configures the class's cache-affinity key. Always set in
+	// a parsed Spec (every field effective).
+	Affinity Affinity `yaml:"affinity"`
 	// ContextLimit is derived, not written: the smallest context limit among
 	// the class's eligible engines, i.e. the longest request (prompt plus
 	// output tokens) every engine of the class accepts. Classify uses it.
 	ContextLimit int `yaml:"-"`
 }
+
+// Affinity configures how ext_proc keys a class's requests for Envoy's
+// consistent hash, and how the control plane splits hot prefixes
+// (docs/extproc.md, docs/control-plane.md).
+type Affinity struct {
+	// Mode is AffinityOn (default) or AffinityOff: every request a fresh
+	// random key, so Envoy spreads requests evenly (baselines, operators).
+	Mode string `yaml:"mode"`
+	// Keys are the key sources in the order tried; the first one a request
+	// has keys it: KeySession (the x-session-id header),
+	// KeyPromptCacheKey, KeyUser (body fields), KeyPrefix (the prompt's
+	// prefix chain). Default: all four in that order.
+	Keys []string `yaml:"keys"`
+	// HotShare: a prefix is hot when its load exceeds this fraction of one
+	// engine's share of the class's load (default 0.5).
+	HotShare float64 `yaml:"hot_share"`
+	// SpreadMinPrefixTokens: a hot prefix at least this long is spread over
+	// a few engines (its conversations modulo R), shorter ones are keyed
+	// deeper, on their conversations (every engine then caches them).
+	// Default: a tenth of the smallest KV cache among the class's engines.
+	SpreadMinPrefixTokens int `yaml:"spread_min_prefix_tokens"`
+	// GroupMinPrefixTokens: a shared prefix whose load one engine can serve
+	// keys the conversations sharing it together when it is at least this
+	// long (default 1024).
+	GroupMinPrefixTokens int `yaml:"group_min_prefix_tokens"`
+}
+
+// Affinity modes and key sources (Affinity.Mode, Affinity.Keys).
+const (
+	AffinityOn        = "on"
+	AffinityOff       = "off"
+	KeySession        = "session"
+	KeyPromptCacheKey = "prompt_cache_key"
+	KeyUser           = "user"
+	KeyPrefix         = "prefix"
+)
+
+// DefaultAffinityKeys is the key order of a class that names none.
+var DefaultAffinityKeys = []string{KeySession, KeyPromptCacheKey, KeyUser, KeyPrefix}
 
 // Priority is a traffic priority. Level 0 is the most important; shedding
 // takes the highest Level first. ShedCost weighs shedding it in the optimizer.
@@ -178,6 +220,12 @@ type Frontend struct {
 	Name   string `yaml:"name"`
 	Region string `yaml:"region"`
 	NodeID string `yaml:"node_id"`
+	// MaxRequestsPerS is the most requests per second the frontend can
+	// physically carry (its Envoys and ext_proc instances together). The
+	// control plane refuses demand reports above it and caps the node's
+	// demand at it, so a faulty or forged reporter cannot claim more. 0
+	// (omitted): twice the fleet's capacity at the reference request.
+	MaxRequestsPerS float64 `yaml:"max_requests_per_s,omitempty"`
 }
 
 // Engine is one inference engine (a vLLM server, or a group of identical

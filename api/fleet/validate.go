@@ -381,7 +381,41 @@ func (v *validator) checkClasses() {
 			v.errorf(p+".mean_prompt_tokens", "%s plus mean_output_tokens %s exceeds model %q's max_context_tokens %d",
 				fmtFloat(*c.MeanPromptTokens), fmtFloat(*c.MeanOutputTokens), c.Model, limit)
 		}
+		v.checkAffinity(p+".affinity", c.Affinity)
 	}
+}
+
+// maxHotShare bounds affinity.hot_share: above a few engines' share no
+// prefix would ever be split.
+const maxHotShare = 4.0
+
+func (v *validator) checkAffinity(p string, a *affinityDoc) {
+	switch a.Mode {
+	case AffinityOn, AffinityOff:
+	default:
+		v.errorf(p+".mode", "must be %q or %q, got %q", AffinityOn, AffinityOff, a.Mode)
+	}
+	if len(*a.Keys) == 0 {
+		v.errorf(p+".keys", "must not be empty (mode: off turns affinity off)")
+	}
+	seen := map[string]int{}
+	for i, k := range *a.Keys {
+		kp := fmt.Sprintf("%s.keys[%d]", p, i)
+		if !slices.Contains(DefaultAffinityKeys, k) {
+			v.errorf(kp, "unknown key source %q (known: %s)", k, strings.Join(DefaultAffinityKeys, ", "))
+			continue
+		}
+		if j, dup := seen[k]; dup {
+			v.errorf(kp, "%q listed twice (also keys[%d])", k, j)
+			continue
+		}
+		seen[k] = i
+	}
+	v.number(p+".hot_share", a.HotShare, 0, maxHotShare, true)
+	if a.SpreadMinPrefixTokens != nil {
+		v.integer(p+".spread_min_prefix_tokens", a.SpreadMinPrefixTokens, 1, maxTokens)
+	}
+	v.integer(p+".group_min_prefix_tokens", a.GroupMinPrefixTokens, 1, maxTokens)
 }
 
 func (v *validator) checkPriorities() {
@@ -445,6 +479,7 @@ func (v *validator) checkFrontends() {
 			}
 		}
 		v.region(p+".region", f.Region)
+		v.number(p+".max_requests_per_s", &f.MaxRequestsPerS, 0, maxRate, false)
 		switch {
 		case f.NodeID == "":
 			// name was empty too; reported there

@@ -27,6 +27,7 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 // benchCmd groups the project's measurement commands; other components may
@@ -46,6 +47,17 @@ type extprocBench struct {
 	childProf   string
 	// envoyWorkers is Envoy's --concurrency in the Envoy comparison.
 	envoyWorkers int
+	// key is what keys the requests: "session" (an x-session-id header per
+	// request) or "prefix" (none: the prompt's prefix chain).
+	key string
+}
+
+// session is request i of worker w's x-session-id ("" when keyed by prefix).
+func (b *extprocBench) session(w, i int) string {
+	if b.key == "prefix" {
+		return ""
+	}
+	return fmt.Sprintf("w%d-%d", w, i)
 }
 
 func init() {
@@ -61,8 +73,9 @@ func init() {
 		Long: `bench extproc measures the ext_proc service in two ways, in one run:
 
 1. Protocol: the service runs as a child process; this command plays Envoy's
-   role over the ext_proc gRPC protocol (request headers, buffered body,
-   response headers per request) at each concurrency and body size, and
+   role over the ext_proc gRPC protocol (request headers and buffered body
+   per request; the service ends the stream with its decision) at each
+   concurrency and body size, and
    reports decisions/s, latency per decision (whole ext_proc stream) and the
    service's CPU per decision (from /proc of the child).
 
@@ -88,6 +101,9 @@ balancer's own cost. docs/extproc.md has the figures of
 			if b.duration <= 0 {
 				return fmt.Errorf("--duration must be positive")
 			}
+			if b.key != "session" && b.key != "prefix" {
+				return fmt.Errorf("--key: want session or prefix, got %q", b.key)
+			}
 			if b.envoyWorkers < 1 {
 				return fmt.Errorf("--envoy-workers must be at least 1, got %d", b.envoyWorkers)
 			}
@@ -102,6 +118,7 @@ balancer's own cost. docs/extproc.md has the figures of
 	f.DurationVar(&b.duration, "duration", 3*time.Second, "measuring time per cell")
 	f.StringVar(&conc, "concurrency", "1,16,150", "concurrent requests, comma-separated")
 	f.StringVar(&sizes, "sizes", "8192,225280", "chat body sizes in bytes, comma-separated")
+	f.StringVar(&b.key, "key", "session", "what keys the protocol benchmark's requests: session (an x-session-id header) or prefix (none: the prompt's prefix chain and the heavy-hitter sketch)")
 	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
 	f.IntVar(&b.envoyWorkers, "envoy-workers", runtime.NumCPU(), "Envoy worker threads (--concurrency) in the Envoy comparison; Envoy's own default is one per CPU")
 	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")
@@ -165,15 +182,18 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if err := os.WriteFile(pf, pj, 0o644); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	// The protocol benchmark plays Envoy without its access log, so no
+	// admitted request's end is ever reported: a short age keeps the
+	// service's request table small.
 	args := []string{"extproc", "--listen", addr, "--http-listen", "", "--policy-file", pf, "--log-level", "warn",
-		"--body-limit", strconv.Itoa(bodyLimit)}
+		"--body-limit", strconv.Itoa(bodyLimit), "--max-request-age", "10s"}
 	if controlPlane != "" {
-		args = append(args, "--control-plane", controlPlane, "--node-id", benchNode)
+		args = append(args, "--control-plane", controlPlane, "--node-id", benchNode, "--insecure")
 	}
 	if cpuProfile != "" {
 		args = append(args, "--cpu-profile", cpuProfile)
@@ -260,15 +280,6 @@ func (r *cpuReader) seconds(pid int) float64 {
 		r.err = err
 	}
 	return v
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func waitTCP(ctx context.Context, addr string, died <-chan struct{}) error {
@@ -373,8 +384,11 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 	}
 	hdrs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
 		hv(":method", "POST"), hv(":path", "/v1/chat/completions"),
-		hv("content-length", strconv.Itoa(len(body))), hv("x-session-id", session),
+		hv("content-length", strconv.Itoa(len(body))),
 	}}
+	if session != "" {
+		hdrs.Headers = append(hdrs.Headers, hv("x-session-id", session))
+	}
 	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}}); err != nil {
 		return err
@@ -394,19 +408,10 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 	if r.GetRequestBody().GetResponse().GetHeaderMutation() == nil {
 		return fmt.Errorf("no routing decision: %v", r)
 	}
-	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			hv(":status", "200"), hv("x-inferlb-upstream-host", "127.0.0.1:1"), hv("x-envoy-attempt-count", "1")}}}}}); err != nil {
-		return err
-	}
-	if _, err := st.Recv(); err != nil {
-		return err
-	}
-	if err := st.CloseSend(); err != nil {
-		return err
-	}
+	// The service ends the stream with its decision (Envoy then goes on
+	// without it); the request's end reaches it through Envoy's access log.
 	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("stream end: %v", err)
+		return fmt.Errorf("stream end after the decision: %v", err)
 	}
 	return nil
 }
@@ -435,14 +440,14 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 		bodies := chatBodies(size, 64)
 		// Warm up (connections, allocator, JIT-free but caches).
 		_, _, _, _ = closedLoop(ctx, 4, 300*time.Millisecond, func(w, i int) error {
-			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
+			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], b.session(w, i))
 		})
 		for _, c := range b.concurrency {
 			var cr cpuReader
 			cpu0 := cr.seconds(ch.cmd.Process.Pid)
 			t0 := time.Now()
 			ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
-				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
+				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], b.session(w, i))
 			})
 			el := time.Since(t0).Seconds()
 			cpu1 := cr.seconds(ch.cmd.Process.Pid)

@@ -100,7 +100,8 @@ func envoyAlone(port, upstreamPort, bodyLimit int) string {
 
 // nullProcessor is the cheapest ext_proc service Envoy can have under the
 // same bootstrap: it names the cluster from the request headers and answers
-// every message with "continue", reading nothing. Envoy + nullProcessor is
+// every message with "continue", reading nothing, and ends the stream after
+// the body as inferlb's service does. Envoy + nullProcessor is
 // Envoy's own cost of the ext_proc protocol (buffering the body, sending it
 // over gRPC, the extra round trips); inferlb's service adds its decisions
 // on top of that.
@@ -132,6 +133,9 @@ func (n nullProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer)
 		}
 		if err := stream.Send(resp); err != nil {
 			return err
+		}
+		if _, ok := req.Request.(*extprocv3.ProcessingRequest_RequestBody); ok {
+			return nil // like inferlb's: the stream ends with the decision
 		}
 	}
 }
@@ -214,7 +218,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 		return err
 	}
 	defer ch.stop()
-	nullPort, err := freePort()
+	nullPort, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return err
 	}
@@ -231,7 +235,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 	frontend := func(name string, extProcAddr string) (*envoyProc, string, error) {
 		_, ep, _ := net.SplitHostPort(extProcAddr)
 		extPort, _ := strconv.Atoi(ep)
-		port, err := freePort()
+		port, err := envoytest.FreeTCPPort()
 		if err != nil {
 			return nil, "", err
 		}
@@ -244,7 +248,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 		return e, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), err
 	}
 
-	alonePort, err := freePort()
+	alonePort, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return err
 	}

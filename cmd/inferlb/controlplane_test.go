@@ -45,7 +45,7 @@ func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
 				}
 				f.Changed = false
 			})
-			rootCmd.SetArgs(append([]string{"control-plane", "--fleet", "../../examples/fleet-3region.yaml", "--log-level", "error",
+			rootCmd.SetArgs(append([]string{"control-plane", "--fleet", "../../examples/fleet-3region.yaml", "--log-level", "error", "--insecure",
 				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...))
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel() // a config that passes must not serve

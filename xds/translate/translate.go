@@ -274,6 +274,10 @@ type Class struct {
 	// chat_template_tokens).
 	TokenizerSHA256    string
 	ChatTemplateTokens uint32
+	// Affinity is the class's cache-affinity configuration and split
+	// table (affinity.go); the zero value publishes none (ext_proc's
+	// defaults).
+	Affinity Affinity
 }
 
 // Priority is a traffic priority.
@@ -336,6 +340,9 @@ func Translate(n Node, o Options) (*Resources, error) {
 		seen[c.Name] = true
 		if err := checkClassPolicy(c); err != nil {
 			return nil, fmt.Errorf("translate node %s class %s: %w", n.NodeID, c.Name, err)
+		}
+		if err := c.Affinity.check(); err != nil {
+			return nil, fmt.Errorf("translate node %s class %s: affinity: %w", n.NodeID, c.Name, err)
 		}
 		name := o.ClusterName(c.Name)
 		hc := clusterHealthPath(c, n.Engines, o)
@@ -614,6 +621,7 @@ func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
 			ShedFractionByLevel: shed, RetryBudgetFraction: c.RetryBudgetFraction, MaxRetries: c.MaxRetries,
 			LocalInflightLimit: c.LocalInflightLimit, Utilization: c.Utilization, MeanOutputTokens: c.MeanOutputTokens,
 			TokenizerSha256: c.TokenizerSHA256, ChatTemplateTokens: c.ChatTemplateTokens,
+			Affinity: c.Affinity.policy(),
 		})
 	}
 	prios := slices.Clone(n.Priorities)
