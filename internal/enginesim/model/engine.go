@@ -549,3 +549,15 @@ func mix(x uint64) uint64 {
 // ChainHashes returns the chained block hashes the prefix cache uses for a
 // prompt: element i covers tokens [0, (i+1)·blockSize).
 func ChainHashes(toks []uint64, blockSize int) []uint64 { return chainHashes(toks, blockSize) }
+
+// CachedBlocks returns how many of the leading chained block hashes
+// (ChainHashes of a prompt, in order) the prefix cache holds now: what a
+// router that follows the engine's KV-cache events knows (Dynamo's KV
+// router, for one). It changes nothing, not even the LRU order.
+func (e *Engine) CachedBlocks(hashes []uint64) int {
+	k := 0
+	for k < len(hashes) && e.cache[hashes[k]] != nil {
+		k++
+	}
+	return k
+}
