@@ -5,15 +5,21 @@ import (
 	"unicode/utf8"
 )
 
-// chatBody appends the request's /v1/chat/completions body (OpenAI JSON:
-// model, messages, max_tokens, stream) to b: what the frontend Envoy
-// buffers and ext_proc parses.
-func chatBody(b []byte, p *request) []byte {
-	b = append(b, `{"model":`...)
-	b = appendJSONString(b, p.s().sc.Workload.Model)
-	b = append(b, `,"messages":[`...)
-	for i, m := range p.w.Messages {
-		if i > 0 {
+// chatBody returns the request's /v1/chat/completions body (OpenAI JSON:
+// model, messages, max_tokens, stream): what the frontend Envoy buffers
+// and ext_proc parses. A follow-up turn's messages start with the previous
+// turn's, so their JSON is kept (p.bodyPre) and only the new messages are
+// encoded.
+func chatBody(p *request) []byte {
+	b, from := p.bodyBase, p.bodyMsgs
+	if b == nil {
+		b = append(make([]byte, 0, 8*p.w.PromptTokens+64), `{"model":`...)
+		b = appendJSONString(b, p.s().sc.Workload.Model)
+		b = append(b, `,"messages":[`...)
+		from = 0
+	}
+	for i, m := range p.w.Messages[from:] {
+		if from+i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, `{"role":`...)
@@ -22,10 +28,19 @@ func chatBody(b []byte, p *request) []byte {
 		b = appendJSONString(b, m.Content)
 		b = append(b, '}')
 	}
+	p.bodyPre = b
 	b = append(b, `],"max_tokens":`...)
 	b = strconv.AppendInt(b, int64(max(p.w.MaxTokens, 1)), 10)
 	return append(b, `,"stream":true}`...)
 }
+
+// jsonSafe marks the bytes a JSON string holds as they are.
+var jsonSafe = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // appendJSONString appends s as a JSON string.
 func appendJSONString(b []byte, s string) []byte {
@@ -34,7 +49,7 @@ func appendJSONString(b []byte, s string) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+		if jsonSafe[c] {
 			i++
 			continue
 		}

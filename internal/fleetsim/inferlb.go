@@ -129,9 +129,8 @@ type decided struct {
 
 // decide runs ext_proc's decision on the request's real body. It returns
 // the outcome; an admitted request's decision is kept in p.state.
-func decide(d *extproc.Decider, p *request, buf *[]byte) outcome {
-	*buf = chatBody((*buf)[:0], p)
-	in := extproc.Input{Kind: body.Chat, Priority: p.w.Priority, Body: *buf}
+func decide(d *extproc.Decider, p *request) outcome {
+	in := extproc.Input{Kind: body.Chat, Priority: p.w.Priority, Body: chatBody(p)}
 	if p.w.SessionID != "" {
 		in.Session = p.w.SessionID
 	}
@@ -165,7 +164,6 @@ type inferlb struct {
 	clusters []map[string]*lbCluster
 	addr     map[string]int
 	warm     bool
-	buf      []byte
 	last     map[string]map[string]map[string]float64
 }
 
@@ -325,7 +323,7 @@ func edsHosts(cla *endpointv3.ClusterLoadAssignment, addr map[string]int) (js []
 	return js, w, pr, ok, nil
 }
 
-func (x *inferlb) Admit(p *request) outcome { return decide(x.dec[p.front.ix], p, &x.buf) }
+func (x *inferlb) Admit(p *request) outcome { return decide(x.dec[p.front.ix], p) }
 
 func (x *inferlb) Pick(p *request) int {
 	st := p.state.(*decided)
@@ -391,7 +389,6 @@ type oldController struct {
 	weights  [][]float64 // class → engine-in-class shares
 	floor    [][]float64
 	clusters [][]*lbCluster // frontend → class
-	buf      []byte
 	last     map[string]map[string]map[string]float64
 }
 
@@ -532,7 +529,7 @@ func (o *oldController) publish() {
 	o.last = pub
 }
 
-func (o *oldController) Admit(p *request) outcome { return decide(o.dec[p.front.ix], p, &o.buf) }
+func (o *oldController) Admit(p *request) outcome { return decide(o.dec[p.front.ix], p) }
 
 // cluster is the request's class's cluster (the class ext_proc chose).
 func (o *oldController) cluster(p *request) *lbCluster {

@@ -23,6 +23,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/enginesim/model"
@@ -97,8 +98,9 @@ type Sim struct {
 	nextRow  *workload.Request
 	convLast []int32 // conversation → engine of its last served turn (−1 none)
 
-	rec *recorder
-	ctx context.Context
+	rec       *recorder
+	ctx       context.Context
+	sysTokens map[sysKey][]uint64
 }
 
 // engine is one simulated engine (its replicas).
@@ -152,8 +154,16 @@ type request struct {
 	attempt int
 	prompt  []uint64
 	hashes  []uint64 // chained block hashes of prompt (lazy)
-	answer  string
 	outTok  []uint64 // the answer's tokens as the next turn repeats them
+	// base is the previous turn's prompt and answer, the tokens of this
+	// turn's first baseMsgs messages: only the new messages are tokenized.
+	base     []uint64
+	baseMsgs int
+	// bodyBase is the JSON of the previous turn's messages (bodyMsgs of
+	// them), without the closing bracket; bodyPre is this turn's, for the
+	// next (see chatBody).
+	bodyBase, bodyPre []byte
+	bodyMsgs          int
 	mr      model.Request
 	sim     *Sim
 	headers bool // the engine accepted it (response headers sent)
@@ -176,6 +186,11 @@ func (l *listener) Token(r *model.Request, t time.Duration) {
 		l.e.ttftCount++
 	}
 }
+
+// Tokens takes decode tokens in batches (model.TokenBatcher), so the
+// engine collapses runs of identical decode steps into one event: the
+// simulator needs only first tokens, last tokens and finishes.
+func (l *listener) Tokens(*model.Request, int, time.Duration, time.Duration) {}
 
 func (l *listener) Finished(r *model.Request, t time.Duration) {
 	p := r.Tag.(*request)
@@ -246,7 +261,7 @@ func newSim(ctx context.Context, opt Options) (*Sim, error) {
 	}
 	s := &Sim{sc: sc, spec: sc.Fleet, opt: opt, seed: seed, ctx: ctx,
 		arr: rand.New(rand.NewPCG(seed, 0x617272)), rng: rand.New(rand.NewPCG(seed, 0x73696d)), classIx: map[string]int{}, frontOf: map[string]*frontend{},
-		rate: 1, surge: 1, phase: 1}
+		rate: 1, surge: 1, phase: 1, sysTokens: map[sysKey][]uint64{}}
 	spec := s.spec
 	for i, fe := range spec.Frontends {
 		f := &frontend{ix: i, spec: fe, active: make([]int, len(spec.Engines))}
@@ -600,13 +615,9 @@ func (s *Sim) arrive(p *request) {
 	s.arrivals++
 	s.open++
 	p.arrival = s.now
-	p.prompt = tokens.AppendChat(make([]uint64, 0, p.w.PromptTokens), p.w.Messages)
-	if p.w.Prompt != "" {
-		p.prompt = tokens.Append(p.prompt[:0], p.w.Prompt)
-	}
+	p.prompt = s.promptTokens(p)
 	if s.mt != nil {
-		p.answer = answerText(p)
-		p.outTok = answerTokens(p.answer)
+		p.outTok = answerTokens(p)
 	}
 	s.rec.arrived(p)
 	cl, err := s.spec.Classify(s.sc.Workload.Model, "", p.w.PromptTokens+p.w.MaxTokens)
@@ -660,16 +671,53 @@ func (s *Sim) deliver(p *request) {
 	s.schedule(e)
 }
 
+// promptTokens tokenizes p's prompt: the previous turn's tokens plus the
+// new messages; a first turn's system prompt comes from a cache (sessions
+// share a few).
+func (s *Sim) promptTokens(p *request) []uint64 {
+	if p.w.Prompt != "" {
+		return tokens.Append(make([]uint64, 0, p.w.PromptTokens), p.w.Prompt)
+	}
+	msgs := p.w.Messages
+	if p.base != nil && p.baseMsgs <= len(msgs) {
+		return tokens.AppendChat(p.base, msgs[p.baseMsgs:])
+	}
+	out := make([]uint64, 0, p.w.PromptTokens)
+	if len(msgs) > 0 && msgs[0].Role == "system" {
+		k := sysKey{unsafe.StringData(msgs[0].Content), len(msgs[0].Content)}
+		ts, ok := s.sysTokens[k]
+		if !ok {
+			ts = tokens.AppendChat(nil, msgs[:1])
+			s.sysTokens[k] = ts
+		}
+		out = append(out, ts...)
+		msgs = msgs[1:]
+	}
+	return tokens.AppendChat(out, msgs)
+}
+
+// sysKey identifies a shared system prompt string by its bytes' address.
+type sysKey struct {
+	p *byte
+	n int
+}
+
 // answerText is the deterministic text of a chat answer of MaxTokens words.
 func answerText(p *request) string {
-	return workload.Words(uint64(p.conv)<<20^uint64(p.w.Turn)^0x616e73, max(p.w.MaxTokens, 1))
+	return workload.Words(answerSeed(p), max(p.w.MaxTokens, 1))
 }
 
 // answerTokens are the token ids a follow-up prompt repeats the answer as:
 // the assistant's role marker, then its words.
-func answerTokens(answer string) []uint64 {
-	return tokens.AppendChat(nil, []tokens.Message{{Role: "assistant", Content: answer}})
+// (workload.AppendWordIDs: the ids of answerText's words, without
+// tokenizing it).
+func answerTokens(p *request) []uint64 {
+	out := make([]uint64, 1, max(p.w.MaxTokens, 1)+1)
+	out[0] = tokens.RoleMarkerID("assistant")
+	return workload.AppendWordIDs(out, answerSeed(p), max(p.w.MaxTokens, 1))
 }
+
+func answerSeed(p *request) uint64 { return uint64(p.conv)<<20 ^ uint64(p.w.Turn) ^ 0x616e73 }
 
 // returned: the response (or the failure) of p's current attempt reaches
 // the frontend.
@@ -713,12 +761,22 @@ func (s *Sim) finish(p *request, out outcome) {
 		s.sessionOver(p)
 		return
 	}
-	next, ok := fu.FollowUp(p.w, p.answer)
+	if p.w.Turn >= p.w.Turns || s.stopped {
+		s.sessionOver(p)
+		return
+	}
+	// The answer's text, only for turns that have a next one (its tokens
+	// went into the engine's cache already, as outTok).
+	next, ok := fu.FollowUp(p.w, answerText(p))
 	if !ok || s.stopped {
 		s.sessionOver(p)
 		return
 	}
-	np := &request{w: next, conv: p.conv, front: p.front, engine: -1, host: -1, slot: -1, sim: s}
+	np := &request{w: next, conv: p.conv, front: p.front, engine: -1, host: -1, slot: -1, sim: s,
+		// p is over (the engine keeps hashes, not tokens): its prompt's
+		// array can grow into the next turn's.
+		base: append(p.prompt, p.outTok...), baseMsgs: len(p.w.Messages) + 1,
+		bodyBase: p.bodyPre, bodyMsgs: len(p.w.Messages)}
 	s.q.push(event{t: s.now + p.w.ThinkTime, kind: evArrive, p: np})
 }
 

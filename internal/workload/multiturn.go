@@ -187,9 +187,10 @@ type MultiTurnOptions struct {
 // user message, so turn k+1's prompt extends turn k's prompt by the answer to
 // turn k and the new message.
 type MultiTurn struct {
-	opt       MultiTurnOptions
-	systems   []string
-	preambles []string
+	opt          MultiTurnOptions
+	systems      []string
+	systemTokens []int // each system message's tokens (role marker included)
+	preambles    []string
 
 	mu   sync.Mutex
 	rng  *rand.Rand
@@ -269,6 +270,7 @@ func NewMultiTurn(opt MultiTurnOptions) (*MultiTurn, error) {
 	m := &MultiTurn{opt: opt, rng: rand.New(rand.NewPCG(opt.Seed, 0x6d756c7469))}
 	for i := 0; i < opt.SystemPrompts; i++ {
 		m.systems = append(m.systems, Words(mix64(opt.Seed^mix64(uint64(i)+0x737973)), opt.SystemPromptTokens))
+		m.systemTokens = append(m.systemTokens, tokens.CountChat([]tokens.Message{{Role: "system", Content: m.systems[i]}}))
 	}
 	prng := rand.New(rand.NewPCG(opt.Seed, 0x7072656d))
 	for i := 0; i < opt.Preambles; i++ {
@@ -321,6 +323,7 @@ func (m *MultiTurn) Next(at time.Duration) (Request, bool) {
 		seed:     seed,
 		Messages: []tokens.Message{{Role: "system", Content: m.systems[sys]}},
 	}
+	r.PromptTokens = m.systemTokens[sys]
 	if m.opt.SessionIDs {
 		r.SessionID = fmt.Sprintf("s%016x", seed)
 	}
@@ -339,17 +342,22 @@ func (m *MultiTurn) Next(at time.Duration) (Request, bool) {
 func (m *MultiTurn) addTurn(r *Request) {
 	r.Turn++
 	rng := rand.New(rand.NewPCG(r.seed, uint64(r.Turn)))
+	msg, n := tokens.Message{Role: "user"}, 0
 	if r.Turn > 1 && m.opt.ToolTokens != (Range{}) {
-		r.Messages = append(r.Messages, tokens.Message{Role: "tool", Content: Words(rng.Uint64(), m.opt.ToolTokens.draw(rng))})
+		msg.Role, n = "tool", m.opt.ToolTokens.draw(rng)
 	} else {
-		r.Messages = append(r.Messages, tokens.Message{Role: "user", Content: Words(rng.Uint64(), m.opt.UserTokens.draw(rng))})
+		n = m.opt.UserTokens.draw(rng)
 	}
+	msg.Content = Words(rng.Uint64(), n)
+	r.Messages = append(r.Messages, msg)
 	r.MaxTokens = m.opt.OutputTokens.draw(rng)
 	r.ThinkTime = 0
 	if m.opt.ThinkTime > 0 {
 		r.ThinkTime = time.Duration(rng.ExpFloat64() * float64(m.opt.ThinkTime))
 	}
-	r.PromptTokens = tokens.CountChat(r.Messages)
+	// The prompt grows by the new message: its role marker and n words,
+	// one token each (a session's history is not counted again).
+	r.PromptTokens += 1 + n
 }
 
 // FollowUp returns the turn after prev, whose answer was answer: prev's
@@ -363,6 +371,7 @@ func (m *MultiTurn) FollowUp(prev Request, answer string) (Request, bool) {
 	next.Messages = make([]tokens.Message, len(prev.Messages), len(prev.Messages)+2)
 	copy(next.Messages, prev.Messages)
 	next.Messages = append(next.Messages, tokens.Message{Role: "assistant", Content: answer})
+	next.PromptTokens += tokens.CountChat(next.Messages[len(next.Messages)-1:])
 	m.addTurn(&next)
 	return next, true
 }

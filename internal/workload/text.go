@@ -3,6 +3,8 @@ package workload
 import (
 	"math/rand/v2"
 	"strings"
+
+	"github.com/inferlb/inferlb/internal/tokens"
 )
 
 // vocab is a fixed vocabulary of 4096 distinct words of 2–7 lowercase
@@ -94,4 +96,33 @@ func mix64(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// vocabIDs are the token ids of the vocabulary's words (one token each).
+var vocabIDs = func() []uint64 {
+	out := make([]uint64, len(vocab))
+	for i, w := range vocab {
+		out[i] = tokens.Append(nil, w)[0]
+	}
+	return out
+}()
+
+// AppendWordIDs appends the token ids of Words(seed, n) to dst without
+// building the text: what the token rule makes of it, word by word.
+func AppendWordIDs(dst []uint64, seed uint64, n int) []uint64 {
+	if n <= 0 {
+		return dst
+	}
+	rng := rand.NewPCG(seed, 0x776f726473)
+	var bits uint64
+	var left int
+	for i := 0; i < n; i++ {
+		if left == 0 {
+			bits, left = rng.Uint64(), 64/vocabBits
+		}
+		dst = append(dst, vocabIDs[bits&(1<<vocabBits-1)])
+		bits >>= vocabBits
+		left--
+	}
+	return dst
 }

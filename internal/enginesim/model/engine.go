@@ -92,12 +92,29 @@ type Request struct {
 
 // Listener receives a request's events, in virtual-time order, from inside
 // Submit, Advance, Abort and SetHang. It must not call back into the Engine.
+// A Listener that also implements TokenBatcher lets the engine collapse
+// runs of identical decode-only steps.
 type Listener interface {
 	// Token reports that r produced a token at t; r.Generated counts it, so
 	// r.Generated == 1 is the first token.
 	Token(r *Request, t time.Duration)
 	// Finished reports that r ended at t, with r.Reason.
 	Finished(r *Request, t time.Duration)
+}
+
+// TokenBatcher is implemented by listeners that take decode tokens in
+// batches. With one, a step that only decodes (no prefill, no admission)
+// is followed without wake-ups by the identical steps until the first
+// request would finish, a pending request would become schedulable, or the
+// owner intervenes (Submit, Abort, SetHang, SetSlowdown): the same steps,
+// times and outcomes as step by step, but one event instead of many.
+// Tokens reports that r produced n tokens in such silent steps, one every
+// step, the last at last (r.Generated and r.LastToken count them). Tokens of different
+// requests are then reported request by request, not in time order; the
+// first token and the step that finishes a request always come through
+// Token and Finished.
+type TokenBatcher interface {
+	Tokens(r *Request, n int, last, step time.Duration)
 }
 
 // Stats is a snapshot of an engine's state and counters.
@@ -140,6 +157,12 @@ type Engine struct {
 
 	inStep  bool
 	stepEnd time.Duration
+	// silent steps of length runStep precede the current step, the first
+	// starting at runStart (TokenBatcher); batcher is the listener as one.
+	silent   int
+	runStart time.Duration
+	runStep  time.Duration
+	batcher  TokenBatcher
 
 	cache       map[uint64]*block
 	lru         blockList
@@ -157,9 +180,11 @@ func New(cfg Config, l Listener) (*Engine, error) {
 	if l == nil {
 		return nil, errors.New("model: nil Listener")
 	}
+	b, _ := l.(TokenBatcher)
 	return &Engine{
 		cfg:         cfg,
 		listener:    l,
+		batcher:     b,
 		slowdown:    1,
 		cache:       make(map[uint64]*block),
 		totalBlocks: cfg.KVCapacityTokens / cfg.BlockSize,
@@ -190,6 +215,7 @@ func (e *Engine) Submit(r *Request, now time.Duration) error {
 			need, len(r.Prompt), r.MaxTokens, e.totalBlocks)
 	}
 	e.Advance(now)
+	e.cut()
 	r.Arrival = now
 	r.Queued = now + e.cfg.Overhead()
 	if r.Queued <= now {
@@ -226,6 +252,7 @@ func (e *Engine) NextEvent() (t time.Duration, ok bool) {
 
 // Advance processes every event up to and including virtual time now.
 func (e *Engine) Advance(now time.Duration) {
+	e.applySilent(now)
 	for {
 		t, ok := e.NextEvent()
 		if !ok || t > now {
@@ -252,6 +279,7 @@ func (e *Engine) Advance(now time.Duration) {
 // blocks. Aborting a finished request does nothing.
 func (e *Engine) Abort(r *Request, now time.Duration) {
 	e.Advance(now)
+	e.cut()
 	switch r.state {
 	case statePending:
 		e.nPend--
@@ -283,6 +311,7 @@ func (e *Engine) SetSlowdown(f float64) error {
 	if !(f > 0) || math.IsInf(f, 0) {
 		return fmt.Errorf("model: slowdown must be a positive number, got %v", f)
 	}
+	e.cut()
 	e.slowdown = f
 	return nil
 }
@@ -291,6 +320,7 @@ func (e *Engine) SetSlowdown(f float64) error {
 // time now. A step already running completes.
 func (e *Engine) SetHang(hang bool, now time.Duration) {
 	e.Advance(now)
+	e.cut()
 	e.hung = hang
 	if !hang {
 		e.tryStartStep(now)
@@ -354,6 +384,56 @@ func (e *Engine) tryStartStep(t time.Duration) {
 	e.inStep = true
 	e.stepEnd = t + d
 	e.stats.Steps++
+	if e.batcher != nil && prefill == 0 && decodes == len(e.running) {
+		e.planRun(t, d)
+	}
+}
+
+// planRun extends a decode-only step starting at t into a run of identical
+// steps: until the first running request finishes, and ending no later
+// than the first step boundary at which the next pending request could be
+// admitted. Every step but the last is silent (see TokenBatcher).
+func (e *Engine) planRun(t, d time.Duration) {
+	k := math.MaxInt
+	for _, r := range e.running {
+		k = min(k, r.MaxTokens-r.Generated)
+	}
+	if r := e.pending.peek(); r != nil {
+		k = min(k, int((r.Queued-t+d-1)/d))
+	}
+	if k <= 1 {
+		return
+	}
+	e.silent, e.runStart, e.runStep = k-1, t, d
+	e.stepEnd = t + time.Duration(k)*d
+}
+
+// applySilent applies the silent steps that ended by now.
+func (e *Engine) applySilent(now time.Duration) {
+	if e.silent == 0 || now < e.runStart+e.runStep {
+		return
+	}
+	j := min(int((now-e.runStart)/e.runStep), e.silent)
+	last := e.runStart + time.Duration(j)*e.runStep
+	for _, r := range e.running {
+		r.Generated += j
+		r.LastToken = last
+		e.batcher.Tokens(r, j, last, e.runStep)
+	}
+	e.stats.GenerationTokens += uint64(j * len(e.running))
+	e.stats.Steps += uint64(j)
+	e.runStart = last
+	e.silent -= j
+}
+
+// cut ends a run at the step in progress (the owner changes something the
+// next steps depend on); Advance has applied the silent steps before it.
+func (e *Engine) cut() {
+	if e.silent == 0 {
+		return
+	}
+	e.stepEnd = e.runStart + e.runStep
+	e.silent = 0
 }
 
 func (e *Engine) completeStep(t time.Duration) {
@@ -403,30 +483,40 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	if r.hashes == nil {
 		r.hashes = chainHashes(r.Prompt, bs)
 	}
-	k := 0
-	for k < len(r.hashes) && e.cache[r.hashes[k]] != nil {
-		k++
+	// The cached prefix's blocks, looked up once (r.blocks is reused if
+	// the request has to wait).
+	if r.blocks == nil {
+		r.blocks = make([]*block, 0, len(r.hashes))
 	}
+	found := r.blocks[:0]
+	for _, h := range r.hashes {
+		b := e.cache[h]
+		if b == nil {
+			break
+		}
+		found = append(found, b)
+	}
+	k := len(found)
 	if k*bs >= len(r.Prompt) { // compute at least one token
 		k = (len(r.Prompt) - 1) / bs
+		found = found[:k]
 	}
 	need := e.blocksFor(r) - k
 	evictable := e.lru.n
-	for i := 0; i < k; i++ {
-		if e.cache[r.hashes[i]].ref == 0 {
+	for _, b := range found {
+		if b.ref == 0 {
 			evictable--
 		}
 	}
 	free := e.totalBlocks - e.usedBlocks - e.lru.n
 	if need > free+evictable {
+		r.blocks = found[:0]
 		return false
 	}
-	r.blocks = make([]*block, 0, len(r.hashes))
-	for i := 0; i < k; i++ {
-		b := e.cache[r.hashes[i]]
+	for _, b := range found {
 		e.pin(b)
-		r.blocks = append(r.blocks, b)
 	}
+	r.blocks = found
 	for e.totalBlocks-e.usedBlocks-e.lru.n < need {
 		b := e.lru.popFront()
 		delete(e.cache, b.hash)
@@ -478,10 +568,14 @@ func (e *Engine) cacheOutput(r *Request) {
 	if len(r.Output) == 0 || r.anon == 0 {
 		return
 	}
-	toks := make([]uint64, 0, len(r.Prompt)+len(r.Output))
-	toks = append(append(toks, r.Prompt...), r.Output...)
-	// The prompt's full blocks are hashed already: continue their chain.
-	hashes := extendChain(append([]uint64(nil), r.hashes...), toks, e.cfg.BlockSize)
+	// The prompt's full blocks are hashed already: continue their chain
+	// over the rest of the prompt and the output (only that tail is
+	// copied: a long conversation's prompt is not).
+	bs := e.cfg.BlockSize
+	k := len(r.hashes)
+	tail := make([]uint64, 0, len(r.Prompt)-k*bs+len(r.Output))
+	tail = append(append(tail, r.Prompt[k*bs:]...), r.Output...)
+	hashes := chainFrom(append([]uint64(nil), r.hashes...), tail, bs)
 	var add []*block
 	for i := len(r.blocks); i < len(hashes) && len(add) < r.anon; i++ {
 		if e.cache[hashes[i]] != nil {
@@ -522,15 +616,23 @@ func chainHashes(toks []uint64, bs int) []uint64 {
 // extendChain appends to hs, the chained hashes of the first len(hs) full
 // blocks of toks, the hashes of toks' remaining full blocks.
 func extendChain(hs []uint64, toks []uint64, bs int) []uint64 {
+	return chainFrom(hs, toks[min(len(hs)*bs, len(toks)):], bs)
+}
+
+// chainFrom appends to hs, the chained hashes of a sequence's first len(hs)
+// full blocks, the hashes of the full blocks of tail, the tokens that follow
+// them.
+func chainFrom(hs []uint64, tail []uint64, bs int) []uint64 {
 	var h uint64 = 0x9e3779b97f4a7c15
 	if len(hs) > 0 {
 		h = hs[len(hs)-1]
 	}
-	for i := len(hs); i < len(toks)/bs; i++ {
-		for _, t := range toks[i*bs : (i+1)*bs] {
+	i0 := len(hs)
+	for b := 0; b < len(tail)/bs; b++ {
+		for _, t := range tail[b*bs : (b+1)*bs] {
 			h = mix(h ^ t)
 		}
-		h = mix(h + uint64(i+1))
+		h = mix(h + uint64(i0+b+1))
 		hs = append(hs, h)
 	}
 	return hs
