@@ -84,7 +84,7 @@ type Request struct {
 
 	prefilled  int      // prompt tokens computed or cached
 	hashes     []uint64 // chained hashes of the prompt's full blocks
-	blocks     []*block // pinned cached blocks, a prefix of hashes
+	blocks     []int32  // pinned cached blocks (arena indexes), a prefix of hashes
 	anon       int      // pinned blocks not (yet) in the cache
 	stepChunk  int      // prompt tokens prefilled in the current step
 	stepDecode bool     // decodes in the current step
@@ -164,8 +164,8 @@ type Engine struct {
 	runStep  time.Duration
 	batcher  TokenBatcher
 
-	cache       map[uint64]*block
-	lru         blockList
+	cache       map[uint64]int32 // hash → arena index
+	lru         blockArena
 	totalBlocks int
 	usedBlocks  int // pinned: anonymous + cached with ref > 0
 
@@ -186,7 +186,8 @@ func New(cfg Config, l Listener) (*Engine, error) {
 		listener:    l,
 		batcher:     b,
 		slowdown:    1,
-		cache:       make(map[uint64]*block),
+		cache:       make(map[uint64]int32),
+		lru:         newBlockArena(),
 		totalBlocks: cfg.KVCapacityTokens / cfg.BlockSize,
 	}, nil
 }
@@ -486,12 +487,12 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	// The cached prefix's blocks, looked up once (r.blocks is reused if
 	// the request has to wait).
 	if r.blocks == nil {
-		r.blocks = make([]*block, 0, len(r.hashes))
+		r.blocks = make([]int32, 0, len(r.hashes))
 	}
 	found := r.blocks[:0]
 	for _, h := range r.hashes {
-		b := e.cache[h]
-		if b == nil {
+		b, ok := e.cache[h]
+		if !ok {
 			break
 		}
 		found = append(found, b)
@@ -504,7 +505,7 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	need := e.blocksFor(r) - k
 	evictable := e.lru.n
 	for _, b := range found {
-		if b.ref == 0 {
+		if e.lru.b[b].ref == 0 {
 			evictable--
 		}
 	}
@@ -519,7 +520,8 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	r.blocks = found
 	for e.totalBlocks-e.usedBlocks-e.lru.n < need {
 		b := e.lru.popFront()
-		delete(e.cache, b.hash)
+		delete(e.cache, e.lru.b[b].hash)
+		e.lru.drop(b)
 	}
 	e.usedBlocks += need
 	r.anon = need
@@ -531,12 +533,12 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	return true
 }
 
-func (e *Engine) pin(b *block) {
-	if b.ref == 0 {
+func (e *Engine) pin(b int32) {
+	if e.lru.b[b].ref == 0 {
 		e.lru.remove(b)
 		e.usedBlocks++
 	}
-	b.ref++
+	e.lru.b[b].ref++
 }
 
 // registerBlocks adds r's newly computed full prompt blocks to the cache.
@@ -544,7 +546,7 @@ func (e *Engine) registerBlocks(r *Request) {
 	full := min(r.prefilled/e.cfg.BlockSize, len(r.hashes))
 	for i := len(r.blocks); i < full; i++ {
 		h := r.hashes[i]
-		if b := e.cache[h]; b != nil {
+		if b, ok := e.cache[h]; ok {
 			// Computed concurrently by another request: share it and give
 			// back the block this request had reserved for it.
 			e.pin(b)
@@ -553,7 +555,7 @@ func (e *Engine) registerBlocks(r *Request) {
 			r.blocks = append(r.blocks, b)
 			continue
 		}
-		b := &block{hash: h, ref: 1}
+		b := e.lru.alloc(h, 1)
 		e.cache[h] = b
 		r.anon--
 		r.blocks = append(r.blocks, b)
@@ -576,16 +578,16 @@ func (e *Engine) cacheOutput(r *Request) {
 	tail := make([]uint64, 0, len(r.Prompt)-k*bs+len(r.Output))
 	tail = append(append(tail, r.Prompt[k*bs:]...), r.Output...)
 	hashes := chainFrom(append([]uint64(nil), r.hashes...), tail, bs)
-	var add []*block
+	var add []uint64
 	for i := len(r.blocks); i < len(hashes) && len(add) < r.anon; i++ {
-		if e.cache[hashes[i]] != nil {
+		if _, ok := e.cache[hashes[i]]; ok {
 			continue // cached already (another request computed it)
 		}
-		add = append(add, &block{hash: hashes[i]})
+		add = append(add, hashes[i])
 	}
 	for i := len(add) - 1; i >= 0; i-- {
-		b := add[i]
-		e.cache[b.hash] = b
+		b := e.lru.alloc(add[i], 0)
+		e.cache[add[i]] = b
 		e.lru.pushBack(b)
 	}
 	r.anon -= len(add)
@@ -597,8 +599,8 @@ func (e *Engine) cacheOutput(r *Request) {
 func (e *Engine) release(r *Request) {
 	for i := len(r.blocks) - 1; i >= 0; i-- {
 		b := r.blocks[i]
-		b.ref--
-		if b.ref == 0 {
+		e.lru.b[b].ref--
+		if e.lru.b[b].ref == 0 {
 			e.usedBlocks--
 			e.lru.pushBack(b)
 		}
@@ -658,7 +660,10 @@ func ChainHashes(toks []uint64, blockSize int) []uint64 { return chainHashes(tok
 // router, for one). It changes nothing, not even the LRU order.
 func (e *Engine) CachedBlocks(hashes []uint64) int {
 	k := 0
-	for k < len(hashes) && e.cache[hashes[k]] != nil {
+	for k < len(hashes) {
+		if _, ok := e.cache[hashes[k]]; !ok {
+			break
+		}
 		k++
 	}
 	return k
