@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"slices"
 	"strconv"
 	"unicode/utf8"
 )
@@ -12,11 +13,15 @@ import (
 // encoded.
 func chatBody(p *request) []byte {
 	b, from := p.bodyBase, p.bodyMsgs
+	// Words average under 7 bytes: room for this turn and the next.
+	room := 8*(p.w.PromptTokens+p.w.MaxTokens) + 4096
 	if b == nil {
-		b = append(make([]byte, 0, 8*p.w.PromptTokens+64), `{"model":`...)
+		b = append(make([]byte, 0, room), `{"model":`...)
 		b = appendJSONString(b, p.s().sc.Workload.Model)
 		b = append(b, `,"messages":[`...)
 		from = 0
+	} else {
+		b = slices.Grow(b, room-len(b))
 	}
 	for i, m := range p.w.Messages[from:] {
 		if from+i > 0 {

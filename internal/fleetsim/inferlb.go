@@ -416,10 +416,11 @@ func newOldController(s *Sim) (*oldController, error) {
 					w[i] = prof.CapacityRPS * float64(max(s.spec.Engines[j].Replicas, 1)) // start proportional to capacity
 				}
 			}
-			fl[i] = w[i] * 0.02
 		}
 		normalize(w)
-		normalize(fl)
+		for i := range w {
+			fl[i] = 0.02 * w[i] // an engine keeps a trickle, to be measured
+		}
 		o.weights, o.floor = append(o.weights, w), append(o.floor, fl)
 	}
 	for range s.fronts {

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 	"unsafe"
@@ -679,10 +680,13 @@ func (s *Sim) promptTokens(p *request) []uint64 {
 		return tokens.Append(make([]uint64, 0, p.w.PromptTokens), p.w.Prompt)
 	}
 	msgs := p.w.Messages
+	// Room for the answer and the next message, so the next turn's
+	// prompt grows in place.
+	room := p.w.PromptTokens + p.w.MaxTokens + 512
 	if p.base != nil && p.baseMsgs <= len(msgs) {
-		return tokens.AppendChat(p.base, msgs[p.baseMsgs:])
+		return tokens.AppendChat(slices.Grow(p.base, room-len(p.base)), msgs[p.baseMsgs:])
 	}
-	out := make([]uint64, 0, p.w.PromptTokens)
+	out := make([]uint64, 0, room)
 	if len(msgs) > 0 && msgs[0].Role == "system" {
 		k := sysKey{unsafe.StringData(msgs[0].Content), len(msgs[0].Content)}
 		ts, ok := s.sysTokens[k]

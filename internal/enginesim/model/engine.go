@@ -577,13 +577,24 @@ func (e *Engine) cacheOutput(r *Request) {
 	k := len(r.hashes)
 	tail := make([]uint64, 0, len(r.Prompt)-k*bs+len(r.Output))
 	tail = append(append(tail, r.Prompt[k*bs:]...), r.Output...)
-	hashes := chainFrom(append([]uint64(nil), r.hashes...), tail, bs)
+	// The chain's block i is r.hashes[i] below k, more[i−k] from k on.
+	last := chainSeed
+	if k > 0 {
+		last = r.hashes[k-1]
+	}
+	more := chainFrom(make([]uint64, 0, len(tail)/bs), last, k, tail, bs)
 	var add []uint64
-	for i := len(r.blocks); i < len(hashes) && len(add) < r.anon; i++ {
-		if _, ok := e.cache[hashes[i]]; ok {
+	for i := len(r.blocks); i < k+len(more) && len(add) < r.anon; i++ {
+		var h uint64
+		if i < k {
+			h = r.hashes[i]
+		} else {
+			h = more[i-k]
+		}
+		if _, ok := e.cache[h]; ok {
 			continue // cached already (another request computed it)
 		}
-		add = append(add, hashes[i])
+		add = append(add, h)
 	}
 	for i := len(add) - 1; i >= 0; i-- {
 		b := e.lru.alloc(add[i], 0)
@@ -618,26 +629,29 @@ func chainHashes(toks []uint64, bs int) []uint64 {
 // extendChain appends to hs, the chained hashes of the first len(hs) full
 // blocks of toks, the hashes of toks' remaining full blocks.
 func extendChain(hs []uint64, toks []uint64, bs int) []uint64 {
-	return chainFrom(hs, toks[min(len(hs)*bs, len(toks)):], bs)
+	last := chainSeed
+	if len(hs) > 0 {
+		last = hs[len(hs)-1]
+	}
+	return chainFrom(hs, last, len(hs), toks[min(len(hs)*bs, len(toks)):], bs)
 }
 
-// chainFrom appends to hs, the chained hashes of a sequence's first len(hs)
-// full blocks, the hashes of the full blocks of tail, the tokens that follow
-// them.
-func chainFrom(hs []uint64, tail []uint64, bs int) []uint64 {
-	var h uint64 = 0x9e3779b97f4a7c15
-	if len(hs) > 0 {
-		h = hs[len(hs)-1]
-	}
-	i0 := len(hs)
+// chainSeed starts every chain.
+const chainSeed uint64 = 0x9e3779b97f4a7c15
+
+// chainFrom appends to out the chained hashes of tail's full blocks, the
+// blocks numbered from i0 of a sequence whose block i0−1 hashed to last
+// (chainSeed when i0 is 0).
+func chainFrom(out []uint64, last uint64, i0 int, tail []uint64, bs int) []uint64 {
+	h := last
 	for b := 0; b < len(tail)/bs; b++ {
 		for _, t := range tail[b*bs : (b+1)*bs] {
 			h = mix(h ^ t)
 		}
 		h = mix(h + uint64(i0+b+1))
-		hs = append(hs, h)
+		out = append(out, h)
 	}
-	return hs
+	return out
 }
 
 // mix is splitmix64's finalizer.
