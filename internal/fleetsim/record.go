@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"container/list"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -168,10 +169,12 @@ func (r *recorder) cycle(pub, last map[string]map[string]map[string]float64) {
 		return
 	}
 	sum, n := 0.0, 0
-	for node, classes := range pub {
-		for cl, w := range classes {
+	// Sorted, so that float sums do not depend on map order.
+	for _, node := range slices.Sorted(maps.Keys(pub)) {
+		classes := pub[node]
+		for _, cl := range slices.Sorted(maps.Keys(classes)) {
 			if old, ok := last[node][cl]; ok {
-				sum += tvDistance(old, w)
+				sum += tvDistance(old, classes[cl])
 				n++
 			}
 		}
@@ -185,29 +188,29 @@ func (r *recorder) cycle(pub, last map[string]map[string]map[string]float64) {
 // tvDistance is the total-variation distance of two share vectors, each
 // normalized.
 func tvDistance(a, b map[string]float64) float64 {
-	sa, sb := 0.0, 0.0
-	for _, v := range a {
-		sa += v
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
 	}
-	for _, v := range b {
-		sb += v
+	for k := range b {
+		keys[k] = true
+	}
+	ks := slices.Sorted(maps.Keys(keys))
+	sa, sb := 0.0, 0.0
+	for _, k := range ks {
+		sa += a[k]
+		sb += b[k]
 	}
 	d := 0.0
-	for k, v := range a {
-		x := 0.0
+	for _, k := range ks {
+		x, y := 0.0, 0.0
 		if sa > 0 {
-			x = v / sa
+			x = a[k] / sa
 		}
-		y := 0.0
 		if sb > 0 {
 			y = b[k] / sb
 		}
 		d += math.Abs(x - y)
-	}
-	for k, v := range b {
-		if _, ok := a[k]; !ok && sb > 0 {
-			d += v / sb
-		}
 	}
 	return d / 2
 }

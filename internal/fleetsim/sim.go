@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -234,6 +236,9 @@ func (s *Sim) schedule(e *engine) {
 	if e.pending && t == e.wake {
 		return
 	}
+	if t < s.now {
+		panic(fmt.Sprintf("engine %s next event %v < now %v (clock %v down %v hung %v)", e.spec.ID, t, s.now, e.reps.Stats(), e.down, e.hung))
+	}
 	e.gen++
 	e.wake, e.pending = t, true
 	s.q.push(event{t: t, kind: evWake, a: int32(e.ix), gen: e.gen})
@@ -330,7 +335,7 @@ func (s *Sim) restart(e *engine) error {
 	e.ttftSum, e.ttftCount, e.itlSum, e.itlCount, e.success = 0, 0, 0, 0, 0
 	e.gen++
 	if e.slow != 1 || e.hung {
-		e.reps.SetFaults(e.slow, e.hung, s.now)
+		s.setFaults(e, e.slow, e.hung, s.now)
 	}
 	return nil
 }
@@ -382,8 +387,8 @@ func (s *Sim) workload() error {
 
 func (s *Sim) tracePath() string {
 	dir := s.opt.DataDir
-	if dir == "" {
-		dir = DefaultDataDir
+	if dir == "" || dir == DefaultDataDir {
+		dir = FindDataDir()
 	}
 	if strings.HasPrefix(s.sc.Workload.Trace, "/") {
 		return s.sc.Workload.Trace
@@ -392,8 +397,34 @@ func (s *Sim) tracePath() string {
 }
 
 // DefaultDataDir is where traces are looked for: the shared data directory
-// next to the repository.
+// next to the repository (FindDataDir looks further up when it is not
+// there, as from a worktree).
 const DefaultDataDir = "../shared/data"
+
+// FindDataDir returns DefaultDataDir if it exists, else the first
+// shared/data directory found going up from the working directory, else
+// DefaultDataDir (whose absence the trace loader then reports).
+func FindDataDir() string {
+	if st, err := os.Stat(DefaultDataDir); err == nil && st.IsDir() {
+		return DefaultDataDir
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return DefaultDataDir
+	}
+	for range 6 {
+		cand := filepath.Join(dir, "shared", "data")
+		if st, err := os.Stat(cand); err == nil && st.IsDir() {
+			return cand
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return DefaultDataDir
+}
 
 func (s *Sim) loop() error {
 	sc := s.sc
@@ -830,12 +861,12 @@ func (s *Sim) fault(i int) {
 	case Hang:
 		e := s.engineByID(f.Engine)
 		e.hung = true
-		e.reps.SetFaults(e.slow, true, s.now)
+		s.setFaults(e, e.slow, true, s.now)
 		s.schedule(e)
 	case Slowdown:
 		e := s.engineByID(f.Engine)
 		e.slow = f.Factor
-		e.reps.SetFaults(e.slow, e.hung, s.now)
+		s.setFaults(e, e.slow, e.hung, s.now)
 		s.schedule(e)
 	case RegionLoss:
 		for _, e := range s.engines {
@@ -861,12 +892,12 @@ func (s *Sim) faultEnd(i int) {
 	case Hang:
 		e := s.engineByID(f.Engine)
 		e.hung = false
-		e.reps.SetFaults(e.slow, false, s.now)
+		s.setFaults(e, e.slow, false, s.now)
 		s.schedule(e)
 	case Slowdown:
 		e := s.engineByID(f.Engine)
 		e.slow = 1
-		e.reps.SetFaults(1, e.hung, s.now)
+		s.setFaults(e, 1, e.hung, s.now)
 		s.schedule(e)
 	case RegionLoss:
 		for _, e := range s.engines {
@@ -878,6 +909,14 @@ func (s *Sim) faultEnd(i int) {
 		s.surge /= f.Factor
 		s.updateRate()
 	}
+}
+
+// setFaults applies a slowdown and a hang at now. The engine is advanced
+// first: its slowdown applies to steps that start after its own clock, and
+// between wake-ups a batched engine's clock may lag the simulation's.
+func (s *Sim) setFaults(e *engine, slow float64, hang bool, now time.Duration) {
+	e.reps.Advance(now)
+	e.reps.SetFaults(slow, hang, now)
 }
 
 func (s *Sim) engineByID(id string) *engine {
