@@ -35,8 +35,8 @@ type record struct {
 
 // recorder accumulates a run's figures.
 type recorder struct {
-	s       *Sim
-	recs    []record
+	s        *Sim
+	recs     []record
 	nArrived int
 	// oracle: the fleet's KV capacity pooled as one LRU block cache.
 	oracle             *pooledLRU

@@ -131,7 +131,7 @@ type engine struct {
 	// Counters a /metrics scrape would read (vLLM's histograms' sums and
 	// counts).
 	ttftSum, ttftCount, itlSum, itlCount, success float64
-	loadSum                                      float64 // Σ in-flight over samples
+	loadSum                                       float64 // Σ in-flight over samples
 }
 
 // frontend is one frontend node (one Envoy, one ext_proc).
@@ -167,14 +167,14 @@ type request struct {
 	// next (see chatBody).
 	bodyBase, bodyPre []byte
 	bodyMsgs          int
-	mr      model.Request
-	sim     *Sim
-	headers bool // the engine accepted it (response headers sent)
-	aborted bool
-	slot    int // index in engine.running
-	replica int // which replica serves it
-	state   any // the policy's per-request state
-	retried int
+	mr                model.Request
+	sim               *Sim
+	headers           bool // the engine accepted it (response headers sent)
+	aborted           bool
+	slot              int // index in engine.running
+	replica           int // which replica serves it
+	state             any // the policy's per-request state
+	retried           int
 }
 
 // listener receives one engine's model events.

@@ -68,14 +68,28 @@ func TestBatchedDecodeIsExact(t *testing.T) {
 				i := rng.IntN(len(rp))
 				ep.Abort(rp[i], now)
 				eb.Abort(rb[i], now)
-			case x < 18:
+			case x < 17:
 				f := 0.5 + rng.Float64()*2
 				_ = ep.SetSlowdown(f)
 				_ = eb.SetSlowdown(f)
+			case x < 18:
+				// As Replicas.SetFaults does: slowdown at the last
+				// advance, then hang or resume at now.
+				now += time.Duration(rng.IntN(300)) * time.Millisecond
+				f, h := 0.5+rng.Float64()*2, rng.IntN(2) == 0
+				for _, e := range []*Engine{ep, eb} {
+					_ = e.SetSlowdown(f)
+					e.SetHang(h, now)
+				}
 			default:
 				h := rng.IntN(3) == 0
 				ep.SetHang(h, now)
 				eb.SetHang(h, now)
+			}
+			for _, e := range []*Engine{ep, eb} {
+				if next, ok := e.NextEvent(); ok && next < e.Now() {
+					t.Fatalf("seed %d op %d: next event %v before now %v", seed, op, next, e.Now())
+				}
 			}
 			if sp, sb := ep.Stats(), eb.Stats(); sp != sb {
 				t.Fatalf("seed %d op %d: stats differ\nplain   %+v\nbatched %+v", seed, op, sp, sb)

@@ -253,8 +253,10 @@ func (e *Engine) NextEvent() (t time.Duration, ok bool) {
 
 // Advance processes every event up to and including virtual time now.
 func (e *Engine) Advance(now time.Duration) {
-	e.applySilent(now)
 	for {
+		// A run planned at a step start before now has silent steps
+		// that ended by now, too.
+		e.applySilent(now)
 		t, ok := e.NextEvent()
 		if !ok || t > now {
 			break
