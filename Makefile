@@ -15,8 +15,11 @@ TESTFLAGS ?= -race -p 2 -timeout 25m
 setup:
 	@scripts/setup.sh
 
+# The version printed by `inferlb --version`: the checkout's describe string.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+
 build:
-	$(GO) build -o $(BIN) ./cmd/inferlb
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/inferlb
 
 test: setup
 	$(GO) vet ./...

@@ -449,7 +449,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 	}
 	for path, wants := range map[string][]string{
 		"/weights?node=fe-east":            {`"fe-east"`, `"envoy_weights"`, `"e-west-1": "unhealthy"`},
-		"/explain?node=fe-west&class=chat": {`"CapacityPriceMs"`, `"NetworkMs"`},
+		"/explain?node=fe-west&class=chat": {`"capacity_price_ms"`, `"network_ms"`},
 		"/xds":                             {`"fe-east"`, `"acked"`, `"eds"`},
 		"/signals":                         {`"e-east-1"`, `"fe-east/chat/high"`},
 		"/metrics":                         {"inferlb_xds_nacks_total{type=\"eds\"} 1\n", "inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},

@@ -1,5 +1,10 @@
 package optimizer
 
+import (
+	"encoding/json"
+	"math"
+)
+
 // Method selects a solver.
 type Method int
 
@@ -15,6 +20,23 @@ const (
 	// small instances only (see Options.MaxReferenceArcs).
 	Reference
 )
+
+// MarshalText writes the method's name ("fast"), in JSON too.
+func (m Method) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// MarshalJSON writes the solution with snake_case keys, the method by name
+// and a NaN bound as null (encoding/json refuses NaN).
+func (s Solution) MarshalJSON() ([]byte, error) {
+	type plain Solution
+	var bound *float64
+	if !math.IsNaN(s.Bound) && !math.IsInf(s.Bound, 0) {
+		bound = &s.Bound
+	}
+	return json.Marshal(struct {
+		plain
+		Bound *float64 `json:"bound"`
+	}{plain(s), bound})
+}
 
 func (m Method) String() string {
 	switch m {
@@ -50,23 +72,23 @@ type Options struct {
 
 // Solution is Solve's answer. Slices follow the Problem's order.
 type Solution struct {
-	Method Method
+	Method Method `json:"method"`
 	// Flows has one entry per (frontend, class), frontend-major.
-	Flows []Flow
+	Flows []Flow `json:"flows"`
 	// Engines has one entry per engine.
-	Engines []EngineResult
+	Engines []EngineResult `json:"engines"`
 	// Objective is the total cost in ms·req/s: latency of routed traffic
 	// (network + TTFT + output tokens × TBOT), plus shedding and stability
 	// costs. Evaluated on the exact convex model for either method.
-	Objective float64
+	Objective float64 `json:"objective"`
 	// Bound is a lower bound on the optimal objective when known (the
-	// reference LP's tangent relaxation), else NaN.
-	Bound float64
+	// reference LP's tangent relaxation), else NaN (null in JSON).
+	Bound float64 `json:"bound"`
 	// Sweeps is the number of fast-solver sweeps (0 for Reference).
-	Sweeps int
+	Sweeps int `json:"sweeps"`
 	// ShedCostMs[p] is the cost actually charged per shed request of
 	// priority p (see Solve).
-	ShedCostMs []float64
+	ShedCostMs []float64 `json:"shed_cost_ms"`
 
 	// stalled: the fast solver stopped on its stall rule, not on the
 	// certified gap (for tests of the explanation identity).
@@ -75,16 +97,20 @@ type Solution struct {
 
 // Flow is the result for one (frontend, class).
 type Flow struct {
-	Frontend, Class string
-	DemandPerS      float64
-	RoutedPerS      float64
+	Frontend   string  `json:"frontend"`
+	Class      string  `json:"class"`
+	DemandPerS float64 `json:"demand_per_s"`
+	RoutedPerS float64 `json:"routed_per_s"`
 	// Weights over engines with positive traffic, in engine order; the
 	// weights sum to 1 whenever RoutedPerS > 0.
-	Weights []Weight
+	Weights []Weight `json:"weights"`
 	// Shed has one entry per priority.
-	Shed []Shed
+	Shed []Shed `json:"shed"`
 	// Predicted means over routed traffic, ms.
-	TTFTMs, TBOTMs, NetworkMs, LatencyMs float64
+	TTFTMs    float64 `json:"ttft_ms"`
+	TBOTMs    float64 `json:"tbot_ms"`
+	NetworkMs float64 `json:"network_ms"`
+	LatencyMs float64 `json:"latency_ms"`
 	// PriceMs is the marginal cost of one more request of this flow: the
 	// cheapest eligible engine's marginal cost at the solved point (see
 	// Explanation), which at the optimum is the demand constraint's dual.
@@ -92,23 +118,23 @@ type Flow struct {
 	// solver's tolerance, see Explanation) and unused engines cost at least
 	// as much. A flow that routes nothing is priced at its most expensive
 	// shed priority's cost.
-	PriceMs float64
+	PriceMs float64 `json:"price_ms"`
 }
 
 // Shed is the shed part of one priority of a flow.
 type Shed struct {
-	Priority   string
-	RatePerS   float64
-	Fraction   float64 // of this priority's demand
-	DemandPerS float64
+	Priority   string  `json:"priority"`
+	RatePerS   float64 `json:"rate_per_s"`
+	Fraction   float64 `json:"fraction"` // of this priority's demand
+	DemandPerS float64 `json:"demand_per_s"`
 }
 
 // Weight is one engine's share of a flow, with the terms that made it.
 type Weight struct {
-	Engine     string
-	Weight     float64
-	RatePerS   float64
-	LastWeight float64
+	Engine     string  `json:"engine"`
+	Weight     float64 `json:"weight"`
+	RatePerS   float64 `json:"rate_per_s"`
+	LastWeight float64 `json:"last_weight"`
 	Explanation
 }
 
@@ -131,57 +157,62 @@ type Weight struct {
 // docs/optimizer.md for the stall rule and the reference solver).
 type Explanation struct {
 	// NetworkMs is the round trip from the frontend.
-	NetworkMs float64
+	NetworkMs float64 `json:"network_ms"`
 	// LatencyMs is the request's latency as the objective charges it at the
 	// engine's solved load: zero-load TTFT + output × TBOT, plus QueueingMs.
 	// TTFTMs and TBOTMs are the profile's TTFT and TBOT curves at that load
 	// for this request's shape; LatencyMs = TTFTMs + output tokens × TBOTMs
 	// (exactly, unless the class or the profile's reference has no output
 	// tokens).
-	LatencyMs, TTFTMs, TBOTMs float64
+	LatencyMs float64 `json:"latency_ms"`
+	TTFTMs    float64 `json:"ttft_ms"`
+	TBOTMs    float64 `json:"tbot_ms"`
 	// QueueingMs is the load-dependent part of LatencyMs (latency at the
 	// current load minus latency at zero load).
-	QueueingMs float64
+	QueueingMs float64 `json:"queueing_ms"`
 	// CongestionMs is the marginal congestion: the extra latency one more
 	// request imposes on everyone already at the engine, r·u·K'(u) =
 	// r·(g'(u) − K(u)).
-	CongestionMs float64
+	CongestionMs float64 `json:"congestion_ms"`
 	// CapacityPriceMs is the engine capacity constraint's dual (the fast
 	// solver's augmented-Lagrangian multiplier λ), scaled to this flow's
 	// request size (× r): > 0 only when the engine is at its headroom.
-	CapacityPriceMs float64
+	CapacityPriceMs float64 `json:"capacity_price_ms"`
 	// PenaltyMs is how much of LatencyMs is due to the outlier penalty
 	// (latency at the current load with the penalty minus without it).
-	PenaltyMs float64
+	PenaltyMs float64 `json:"penalty_ms"`
 	// OutlierCostMs is Problem.PenaltyCostMs × the engine's penalty: the
 	// per-request charge for a misbehaving engine (failures, retries),
 	// beside the capacity the penalty removes.
-	OutlierCostMs float64
+	OutlierCostMs float64 `json:"outlier_cost_ms"`
 	// StabilityMs is the stability term's share of the marginal cost, σ =
 	// Problem.StabilityMs × RemapFactor/2 per moved request: +σ where the
 	// engine gets more of the flow than its last weight (one more request
 	// here moves one more), −σ where it gets less (the term holds traffic
 	// here), and at exactly the last allocation the value in [−σ, σ] that
 	// brings the sum to PriceMs. 0 without a last allocation.
-	StabilityMs float64
+	StabilityMs float64 `json:"stability_ms"`
 	// Utilization is the engine's solved utilization of its available
 	// capacity.
-	Utilization float64
+	Utilization float64 `json:"utilization"`
 }
 
 // EngineResult is the solved state of one engine.
 type EngineResult struct {
-	ID string
+	ID string `json:"id"`
 	// LoadRPS is the load in reference requests per second; CapacityRPS is
 	// the available capacity (capacity × ready × health × (1 − penalty)) and
 	// LimitRPS = Headroom × CapacityRPS.
-	LoadRPS, CapacityRPS, LimitRPS float64
-	Utilization                    float64
+	LoadRPS     float64 `json:"load_rps"`
+	CapacityRPS float64 `json:"capacity_rps"`
+	LimitRPS    float64 `json:"limit_rps"`
+	Utilization float64 `json:"utilization"`
 	// CapacityPriceMs is the capacity dual per reference request (the same
 	// λ as in the explanations).
-	CapacityPriceMs float64
+	CapacityPriceMs float64 `json:"capacity_price_ms"`
 	// TTFTMs and TBOTMs are the reference request's predicted latencies.
-	TTFTMs, TBOTMs float64
+	TTFTMs float64 `json:"ttft_ms"`
+	TBOTMs float64 `json:"tbot_ms"`
 }
 
 // Allocation returns the solution's weights, for the next Problem.Last.

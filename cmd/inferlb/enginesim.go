@@ -38,15 +38,12 @@ GPU profile: continuous batching, chunked prefill, a block prefix cache.
 See docs/engine-sim.md.
 
 Fleet mode serves every engine of a fleet spec (or those named by --engines),
-each on its own address:
-
-  inferlb engine-sim --fleet examples/fleet-3region.yaml --time-scale 0.1
-
-Standalone mode serves one engine; its profile comes from the fleet's
-(--gpu, --model) profile when --fleet is given, else from the profile flags:
-
+each on its own address. Standalone mode (--listen) serves one engine; its
+profile comes from the fleet's (--gpu, --model) profile when --fleet is
+given, else from the profile flags.`,
+		Example: `  inferlb engine-sim --fleet examples/fleet-3region.yaml --time-scale 0.1
   inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml
-  inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 ...`,
+  inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()

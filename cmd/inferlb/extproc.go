@@ -41,12 +41,12 @@ from the control plane over ADS (--control-plane, --node-id); --policy-file
 gives one (protobuf JSON RoutingPolicy) to use until the first arrives, or
 alone without a control plane.
 
-  inferlb extproc --control-plane 127.0.0.1:18000 --node-id fe-eu --region eu-west
-  inferlb extproc --policy-file policy.json
-
-Print a frontend Envoy bootstrap that uses this service:
-
-  inferlb extproc --print-bootstrap fail-closed --node-id fe-eu --control-plane 127.0.0.1:18000 --envoy-port 10000`,
+--print-bootstrap prints a frontend Envoy bootstrap that uses this service
+and the control plane, for --node-id in --region, and exits.`,
+		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west
+  inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
+  inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west \
+      --control-plane 127.0.0.1:18000 --envoy-port 10000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel)
@@ -122,6 +122,11 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	}
 	if cfg.ControlPlane == "" {
 		return fmt.Errorf("--print-bootstrap needs --control-plane (Envoy takes CDS/EDS from it)")
+	}
+	// Envoy sends its node id and locality to the control plane: without
+	// them it would get no (or the wrong) configuration, silently.
+	if cfg.NodeID == "" || cfg.Region == "" {
+		return fmt.Errorf("--print-bootstrap needs --node-id and --region (the Envoy node's id and locality), got %q and %q", cfg.NodeID, cfg.Region)
 	}
 	xh, xp, err := splitHostPort(cfg.ControlPlane, "--control-plane")
 	if err != nil {

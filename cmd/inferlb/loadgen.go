@@ -25,7 +25,7 @@ func newLoadgenCmd() *cobra.Command {
 	var (
 		baseURL, modelName, wl, tracePath, format, arrival, jsonOut string
 		requestsOut                                                 string
-		regionURLs, extraHeaders, regionShares                      []string
+		regionURLs, extraHeaders, regionShares, rateAt              []string
 		sessionHeader, priorityHeader, regionHeader, priorityMix    string
 		turns, userTokens, outputTokens                             string
 		rate, speedup, timeScale                                    float64
@@ -33,7 +33,7 @@ func newLoadgenCmd() *cobra.Command {
 		systemPrompts, systemPromptTokens                           int
 		duration, timeout, sloTTFT, sloTPOT, thinkTime              time.Duration
 		seed                                                        uint64
-		progress, ignoreEOS, directEngine, sessionIDs               bool
+		progress, ignoreEOS, directEngine, sessionIDs, forever      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "loadgen",
@@ -57,16 +57,19 @@ Workloads (--workload):
 Arrivals (--arrival): trace (the trace's timestamps ÷ --speedup; the default
 for trace workloads), poisson (--rate new requests per second) or closed
 (--concurrency requests in flight). Runs end after --max-requests requests,
-after --duration, or at the end of the trace, whichever comes first.
+after --duration, or at the end of the trace, whichever comes first; with
+--until-interrupted a run may have no bound and ends at SIGINT/SIGTERM, with
+its report. --rate-at changes the Poisson rate during the run (a load phase).
 
-Examples:
-  inferlb loadgen --url http://127.0.0.1:10000 --model llama-3.1-8b \
-      --workload mooncake --trace ../shared/data/mooncake_synthetic_trace.jsonl --speedup 2
-  inferlb loadgen --url http://127.0.0.1:10000 --model llama-3.1-8b \
-      --workload multiturn --arrival poisson --rate 20 --duration 2m \
-      --priority-mix high=1,low=3 --region-shares us-east=0.5,eu-west=0.5 \
-      --region-shares 60s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms \
-      --json-out report.json`,
+The examples send to the frontends of a running demo (make demo: us-east on
+127.0.0.1:17010, eu-west on :17012).`,
+		Example: `  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 \
+      --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20
+  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 \
+      --workload multiturn --arrival poisson --rate 2 --duration 40s \
+      --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 \
+      --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 \
+      --slo-ttft 500ms --slo-tpot 50ms --json-out report.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if baseURL == "" {
@@ -172,8 +175,21 @@ Examples:
 				return fmt.Errorf("--arrival: %w", err)
 			}
 			arr := loadgen.Arrival{Kind: kind, Rate: rate, Speedup: speedup, Concurrency: concurrency}
-			if kind != loadgen.Poisson && cmd.Flags().Changed("rate") {
-				return fmt.Errorf("--rate applies to --arrival poisson")
+			if kind != loadgen.Poisson && (cmd.Flags().Changed("rate") || len(rateAt) > 0) {
+				return fmt.Errorf("--rate and --rate-at apply to --arrival poisson")
+			}
+			if kind == loadgen.Poisson && !(rate > 0) {
+				return fmt.Errorf("--rate: poisson arrivals need a rate > 0, got %v", rate)
+			}
+			for _, s := range rateAt {
+				rc, err := loadgen.ParseRateChange(s)
+				if err != nil {
+					return fmt.Errorf("--rate-at: %w", err)
+				}
+				if n := len(arr.RateChanges); n > 0 && rc.At <= arr.RateChanges[n-1].At {
+					return fmt.Errorf("--rate-at %q: times must increase (after %v)", s, arr.RateChanges[n-1].At)
+				}
+				arr.RateChanges = append(arr.RateChanges, rc)
 			}
 			if kind != loadgen.Trace && cmd.Flags().Changed("speedup") {
 				return fmt.Errorf("--speedup applies to --arrival trace")
@@ -210,7 +226,10 @@ Examples:
 				}
 				client.ExtraHeaders.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 			}
-			cfg := loadgen.Config{Client: client, Source: src, Arrival: arr, MaxRequests: maxRequests, Duration: duration,
+			if maxRequests == 0 && duration == 0 && !src.Timed() && !forever {
+				return fmt.Errorf("--workload %s is endless: bound it with --max-requests or --duration, or run it with --until-interrupted", wl)
+			}
+			cfg := loadgen.Config{Client: client, Source: src, Arrival: arr, MaxRequests: maxRequests, Duration: duration, UntilCancelled: forever,
 				SLO: loadgen.SLO{TTFT: sloTTFT, TPOT: sloTPOT}, Seed: seed, TimeScale: timeScale}
 			if progress {
 				cfg.Progress = cmd.ErrOrStderr()
@@ -230,6 +249,9 @@ Examples:
 					mu.Lock()
 					defer mu.Unlock()
 					enc.Encode(loadgen.Record(req, res, start, timeScale))
+					// Flushed per record: a live reader (the demo's view)
+					// tails this file.
+					bw.Flush()
 				}
 				closeLog = func() error {
 					if err := bw.Flush(); err != nil {
@@ -262,7 +284,7 @@ Examples:
 					return fmt.Errorf("--json-out: %w", err)
 				}
 			}
-			if rep.Interrupted {
+			if rep.Interrupted && !forever {
 				return fmt.Errorf("interrupted; the report covers the requests that finished")
 			}
 			return nil
@@ -279,6 +301,8 @@ Examples:
 	fl.IntVar(&maxOutput, "max-output-tokens", 0, "mooncake: cap on output tokens (0: the trace's)")
 	fl.StringVar(&arrival, "arrival", "", "trace, poisson or closed (default trace for trace workloads)")
 	fl.Float64Var(&rate, "rate", 0, "poisson: new requests (sessions, for multiturn) per second")
+	fl.StringArrayVar(&rateAt, "rate-at", nil, "poisson: AT:RATE, the rate from AT on (repeatable, times increasing), e.g. 120s:12 then 180s:4")
+	fl.BoolVar(&forever, "until-interrupted", false, "allow a run with no bound: send until SIGINT/SIGTERM, then report (exit 0)")
 	fl.Float64Var(&speedup, "speedup", 1, "trace: replay this many times faster than the trace's timestamps")
 	fl.IntVar(&concurrency, "concurrency", 0, "closed: requests in flight")
 	fl.IntVar(&maxRequests, "max-requests", 0, "stop after this many requests, follow-up turns included (0: no bound)")

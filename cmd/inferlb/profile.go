@@ -65,9 +65,9 @@ the measured request shape: choose --prompt-tokens and --output-tokens near
 the mean shape of the model's first class (the optimizer's reference
 request). The other step-model fields cannot be identified from one request
 shape.`,
-		Example: `  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 4 &
-  inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 4 \
-      --fleet examples/fleet-3region.yaml --gpu H100`,
+		Example: `  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2 &
+  inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 \
+      --points 4 --requests 40 --fleet examples/fleet-3region.yaml --gpu H100`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if target == "" || modelName == "" || !(maxRate > 0) {

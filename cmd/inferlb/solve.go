@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -36,13 +37,23 @@ the flow's marginal price.`,
   inferlb solve --fleet examples/fleet-3region.yaml --demand examples/demand-3region.yaml --json
   inferlb solve --fleet examples/fleet-3region.yaml --demand examples/demand-3region.yaml \
       --explain frontend-us-east us-west-h100-1`,
-		Args: cobra.NoArgs,
+		// One positional argument: the ENGINE of "--explain FRONTEND ENGINE".
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if fleetPath == "" || demandPath == "" {
 				return fmt.Errorf("solve: --fleet and --demand are required")
 			}
+			if len(args) == 1 {
+				if len(explain) != 1 {
+					return fmt.Errorf("solve: unexpected argument %q (only --explain FRONTEND ENGINE takes one)", args[0])
+				}
+				explain = append(explain, args[0])
+			}
 			if cmd.Flags().Changed("explain") && len(explain) != 2 {
-				return fmt.Errorf("solve: --explain takes FRONTEND ENGINE")
+				return fmt.Errorf("solve: --explain takes FRONTEND ENGINE (or FRONTEND,ENGINE), got %q", strings.Join(explain, ","))
+			}
+			if !(tolerance >= 0 && tolerance < 1) {
+				return fmt.Errorf("solve: --tolerance: want a relative gap in [0, 1) (0: the default 1e-4), got %g", tolerance)
 			}
 			spec, err := fleet.Load(fleetPath)
 			if err != nil {
@@ -81,7 +92,7 @@ the flow's marginal price.`,
 	f.StringVar(&fleetPath, "fleet", "", "fleet spec (YAML)")
 	f.StringVar(&demandPath, "demand", "", "demand file (YAML)")
 	f.BoolVar(&asJSON, "json", false, "print the whole solution as JSON")
-	f.StringSliceVar(&explain, "explain", nil, "FRONTEND,ENGINE (or --explain FRONTEND --explain ENGINE): decompose that weight")
+	f.StringSliceVar(&explain, "explain", nil, "FRONTEND ENGINE (or FRONTEND,ENGINE): decompose that weight")
 	f.BoolVar(&reference, "reference", false, "use the exact reference LP solver (small fleets only)")
 	f.Float64Var(&tolerance, "tolerance", 0, "relative optimality gap of the fast solver (0: default 1e-4)")
 	rootCmd.AddCommand(cmd)

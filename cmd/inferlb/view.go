@@ -15,6 +15,13 @@ import (
 
 func init() { rootCmd.AddCommand(newViewCmd()) }
 
+// isTerminal tells whether f is a terminal (a character device): the live
+// views redraw the screen only there, and append screens to a file or pipe.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
 func newViewCmd() *cobra.Command {
 	var (
 		fleetPath string
@@ -30,11 +37,10 @@ func newViewCmd() *cobra.Command {
 admin /clusters, and redraws one screen per interval: for each engine its
 running and waiting requests, KV-cache use, mean TTFT, prefix-cache hit rate
 and generated tokens/s over the interval; for each frontend the share of
-weight its Envoy holds for the engine (priority 0, averaged over classes) and
-the share of its requests the engine received.
-
-  inferlb view --fleet examples/fleet-3region.yaml \
-    --envoy-admin frontend-us-east=http://127.0.0.1:19000`,
+weight its Envoy holds for the engine in each class's cluster (priority 0)
+and the share of that cluster's requests the engine received, and per
+frontend its request rate and Envoy's retries.`,
+		Example: `  inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020   # a running demo's us-east Envoy`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if fleetPath == "" {
 				return fmt.Errorf("--fleet is required")
@@ -61,6 +67,7 @@ the share of its requests the engine received.
 			if interval <= 0 {
 				return fmt.Errorf("--interval must be positive, got %v", interval)
 			}
+			plain = plain || !isTerminal(os.Stdout)
 			c := &liveview.Collector{Fleet: spec, EnvoyAdmin: admin}
 			ctx := cmd.Context()
 			var prev liveview.Sample
@@ -95,6 +102,6 @@ the share of its requests the engine received.
 	cmd.Flags().StringArrayVar(&envoys, "envoy-admin", nil, "frontend name=Envoy admin URL (repeatable)")
 	cmd.Flags().DurationVar(&interval, "interval", 2*time.Second, "redraw interval; rates are over one interval")
 	cmd.Flags().BoolVar(&once, "once", false, "print one screen (two polls, one interval apart) and exit")
-	cmd.Flags().BoolVar(&plain, "plain", false, "append screens instead of redrawing (for logs)")
+	cmd.Flags().BoolVar(&plain, "plain", false, "append screens instead of redrawing (the default when stdout is not a terminal)")
 	return cmd
 }

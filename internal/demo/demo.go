@@ -12,6 +12,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,6 +32,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoybin"
 	"github.com/inferlb/inferlb/internal/liveview"
+	"github.com/inferlb/inferlb/internal/loadgen"
 )
 
 // Options configure a demo run. Zero values are not defaults: the command
@@ -49,6 +52,15 @@ type Options struct {
 	// SurgeRegion is that region (0 or "": no surge).
 	SurgeAfter  time.Duration
 	SurgeRegion string
+	// OverloadAfter starts a phase of OverloadFor in which the rate of new
+	// conversations is OverloadFactor × Rate, beyond what the fleet serves
+	// (0: no overload phase).
+	OverloadAfter, OverloadFor time.Duration
+	OverloadFactor             float64
+	// FailEngine crashes at FailAfter and comes back FailFor later (""
+	// or 0: no failure).
+	FailEngine         string
+	FailAfter, FailFor time.Duration
 	// ControlInterval is the control plane's cycle period.
 	ControlInterval time.Duration
 	// ViewInterval is the live view's redraw period; View is where it draws
@@ -92,9 +104,13 @@ func (p ports) all() []int {
 
 // Result is what a finished demo reports.
 type Result struct {
-	// LoadgenReport is the path of the load generator's JSON report.
+	// LoadgenReport is the path of the load generator's JSON report;
+	// Report is that report (nil if the load generator wrote none).
 	LoadgenReport string
+	Report        *loadgen.Report
 	OutDir        string
+	// ControlPlaneAdmin is the control plane's admin base URL.
+	ControlPlaneAdmin string
 }
 
 // Run starts everything, waits for readiness, sends traffic, draws the live
@@ -125,6 +141,20 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if regions != nil {
 			return nil, fmt.Errorf("demo: surge region %q has no frontend (frontends are in %s)", o.SurgeRegion, strings.Join(regions, ", "))
 		}
+	}
+	var failAddr string
+	if o.FailEngine != "" && o.FailAfter > 0 {
+		for _, e := range spec.Engines {
+			if e.ID == o.FailEngine {
+				failAddr = e.Address
+			}
+		}
+		if failAddr == "" {
+			return nil, fmt.Errorf("demo: the engine to fail, %q, is not in the fleet", o.FailEngine)
+		}
+	}
+	if o.OverloadAfter > 0 && !(o.OverloadFactor > 0 && o.OverloadFor > 0) {
+		return nil, fmt.Errorf("demo: an overload phase needs a factor > 0 and a length > 0, got %v and %v", o.OverloadFactor, o.OverloadFor)
 	}
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return nil, err
@@ -223,15 +253,22 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// a surge in one region.
 	model := spec.Models[0].Name
 	report := filepath.Join(o.OutDir, "loadgen-report.json")
+	requests := filepath.Join(o.OutDir, "requests.jsonl")
 	args := []string{"loadgen", "--workload", "multiturn", "--model", model,
 		"--url", fmt.Sprintf("http://127.0.0.1:%d", pt.envoy[0]),
 		"--arrival", "poisson", "--rate", fmt.Sprint(o.Rate),
 		"--turns", "2-6", "--think-time", "2s", "--output-tokens", "50-150",
 		"--user-tokens", "50-150", "--system-prompt-tokens", "400",
 		"--priority-mix", priorityMix(spec),
-		"--slo-ttft", "1s", "--slo-tpot", "100ms", "--json-out", report}
+		"--slo-ttft", "2s", "--slo-tpot", "100ms", "--json-out", report, "--requests-out", requests,
+		// The load generator runs in the engines' (simulated) time, so its
+		// rates, think times and latencies are on the engines' time base.
+		"--time-scale", fmt.Sprint(o.TimeScale)}
 	if o.Duration > 0 {
 		args = append(args, "--duration", o.Duration.String())
+	} else {
+		// No bound: traffic until Ctrl-C, then the report.
+		args = append(args, "--until-interrupted")
 	}
 	for _, u := range regionURLs {
 		args = append(args, "--region-url", u)
@@ -252,20 +289,32 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		args = append(args, "--region-shares", o.SurgeAfter.String()+":"+strings.Join(surge, ","))
 	}
+	if o.OverloadAfter > 0 {
+		args = append(args, "--rate-at", fmt.Sprintf("%v:%g", o.OverloadAfter, o.Rate*o.OverloadFactor),
+			"--rate-at", fmt.Sprintf("%v:%g", o.OverloadAfter+o.OverloadFor, o.Rate))
+	}
 	lg, err := sup.startProc("loadgen", o.Self, args...)
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 
 	// 6. The live view until the traffic ends or ctx is cancelled.
 	viewCtx, stopView := context.WithCancel(ctx)
 	defer stopView()
 	var wg sync.WaitGroup
+	if failAddr != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			failEngine(viewCtx, log, o, failAddr, start)
+		}()
+	}
 	if o.View != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			runView(viewCtx, o, spec, admins, filepath.Join(o.OutDir, "loadgen.log"))
+			runView(viewCtx, o, spec, admins, filepath.Join(o.OutDir, "loadgen.log"), requests, start, cpAdmin)
 		}()
 	}
 	var lgErr error
@@ -283,7 +332,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if lgErr != nil && ctx.Err() == nil {
 		return nil, fmt.Errorf("demo: load generator: %w (see %s)", lgErr, filepath.Join(o.OutDir, "loadgen.log"))
 	}
-	return &Result{LoadgenReport: report, OutDir: o.OutDir}, nil
+	res := &Result{LoadgenReport: report, OutDir: o.OutDir, ControlPlaneAdmin: cpAdmin}
+	if b, err := os.ReadFile(report); err == nil {
+		var rep loadgen.Report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return nil, fmt.Errorf("demo: load generator report %s: %w", report, err)
+		}
+		res.Report = &rep
+	}
+	return res, nil
 }
 
 func engineAddrs(spec *fleet.Spec) []string {
@@ -304,8 +361,85 @@ func priorityMix(spec *fleet.Spec) string {
 	return strings.Join(parts, ",")
 }
 
-func runView(ctx context.Context, o Options, spec *fleet.Spec, admins map[string]string, loadgenLog string) {
+// wall converts a duration in the engines' time to real time.
+func (o Options) wall(d time.Duration) time.Duration { return time.Duration(float64(d) * o.TimeScale) }
+
+// failEngine crashes the engine at o.FailAfter (engines' time) through the
+// simulator's admin API, to come back o.FailFor later.
+func failEngine(ctx context.Context, log *slog.Logger, o Options, addr string, start time.Time) {
+	t := time.NewTimer(time.Until(start.Add(o.wall(o.FailAfter))))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	body := fmt.Sprintf(`{"crash": true, "restart_after_s": %g}`, o.FailFor.Seconds())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/admin/faults", strings.NewReader(body))
+	if err != nil {
+		log.Error("demo: engine failure", "err", err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Error("demo: engine failure", "engine", o.FailEngine, "err", err)
+		return
+	}
+	resp.Body.Close()
+	log.Info("demo: engine crashed on purpose", "engine", o.FailEngine, "status", resp.Status, "back_after", o.FailFor)
+}
+
+// timeline is the run's marks, in the engines' time.
+func (o Options) timeline() []liveview.Mark {
+	var m []liveview.Mark
+	if o.SurgeRegion != "" && o.SurgeAfter > 0 {
+		m = append(m, liveview.Mark{At: o.SurgeAfter, Text: "surge: " + o.SurgeRegion + "'s share ×4"})
+	}
+	if o.OverloadAfter > 0 {
+		m = append(m, liveview.Mark{At: o.OverloadAfter, Text: fmt.Sprintf("overload: rate ×%g", o.OverloadFactor)},
+			liveview.Mark{At: o.OverloadAfter + o.OverloadFor, Text: "rate back"})
+	}
+	if o.FailEngine != "" && o.FailAfter > 0 {
+		m = append(m, liveview.Mark{At: o.FailAfter, Text: o.FailEngine + " crashes"},
+			liveview.Mark{At: o.FailAfter + o.FailFor, Text: "it restarts"})
+	}
+	sort.SliceStable(m, func(i, j int) bool { return m[i].At < m[j].At })
+	return m
+}
+
+// phase says what is going on at elapsed (engines' time).
+func (o Options) phase(elapsed time.Duration) string {
+	var now []string
+	in := func(from, length time.Duration) bool {
+		return from > 0 && elapsed >= from && (length == 0 || elapsed < from+length)
+	}
+	if o.SurgeRegion != "" && in(o.SurgeAfter, 0) {
+		now = append(now, fmt.Sprintf("surge in %s (4× its share of new conversations): watch its overflow go to the nearest region", o.SurgeRegion))
+	}
+	if in(o.OverloadAfter, o.OverloadFor) {
+		now = append(now, fmt.Sprintf("overload: %g× the rate, more than the fleet serves: ext_proc sheds the lowest priorities (429)", o.OverloadFactor))
+	}
+	if o.FailEngine != "" && in(o.FailAfter, o.FailFor) {
+		now = append(now, o.FailEngine+" is down: Envoy retries elsewhere, the control plane moves its weight")
+	}
+	if len(now) == 0 {
+		return "steady traffic: multi-turn conversations from every region, each kept on the engine that caches it"
+	}
+	return strings.Join(now, "; ")
+}
+
+func runView(ctx context.Context, o Options, spec *fleet.Spec, admins map[string]string, loadgenLog, requests string, start time.Time, cpAdmin string) {
 	c := &liveview.Collector{Fleet: spec, EnvoyAdmin: admins}
+	clients := &liveview.ClientLog{Path: requests}
+	regionFrontend := map[string]string{}
+	for _, f := range spec.Frontends {
+		regionFrontend[f.Region] = f.Name
+	}
+	var prios []string
+	for _, p := range spec.Priorities {
+		prios = append(prios, p.Name)
+	}
 	var prev liveview.Sample
 	t := time.NewTicker(o.ViewInterval)
 	defer t.Stop()
@@ -318,11 +452,17 @@ func runView(ctx context.Context, o Options, spec *fleet.Spec, admins map[string
 		if !o.Plain {
 			buf.WriteString("\033[H\033[2J")
 		}
-		liveview.Render(&buf, c.Build(prev, cur))
-		if line := lastLine(loadgenLog); line != "" {
-			fmt.Fprintf(&buf, "\nloadgen: %s\n", line)
+		v := c.Build(prev, cur)
+		v.Elapsed = time.Duration(float64(time.Since(start)) / o.TimeScale)
+		v.TimeScale, v.Marks, v.Phase, v.Priorities = o.TimeScale, o.timeline(), o.phase(v.Elapsed), prios
+		if recs, err := clients.Read(); err == nil {
+			v.Clients = liveview.SummarizeClients(recs, regionFrontend)
 		}
-		fmt.Fprintf(&buf, "logs and reports: %s   (Ctrl-C stops the demo)\n", o.OutDir)
+		liveview.Render(&buf, v)
+		if line := lastLine(loadgenLog); line != "" {
+			fmt.Fprintf(&buf, "loadgen (whole run): %s\n", line)
+		}
+		fmt.Fprintf(&buf, "control plane: %s/weights  %s/explain · logs: %s   (Ctrl-C stops the demo)\n", cpAdmin, cpAdmin, o.OutDir)
 		o.View.Write(buf.Bytes())
 		prev = cur
 		select {

@@ -4,8 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,9 @@ import (
 	"time"
 
 	"github.com/lni/goutils/leaktest"
+
+	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/fixedports"
 )
 
 // syncBuffer is a bytes.Buffer safe for the view goroutine and the test.
@@ -36,38 +40,6 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// freeBase finds n consecutive free loopback ports below the kernel's
-// ephemeral range: tests of other packages running at the same time take
-// their ports (listeners on :0, outgoing connections) from that range, and
-// one could land on a demo port between this check and the demo's bind.
-func freeBase(t *testing.T, n int) int {
-	t.Helper()
-	lo, hi := 10000, 60000
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		var eph0, eph1 int
-		if _, err := fmt.Sscan(string(b), &eph0, &eph1); err == nil && eph0-n > lo+1000 {
-			hi = eph0 - n
-		}
-	}
-	span := (hi - lo) / 10
-	for base := lo + os.Getpid()%span*10/2; base < hi; base += 97 {
-		ok := true
-		for p := base; p < base+n && ok; p++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-			if err != nil {
-				ok = false
-				continue
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
-}
-
 // A surge in a region no frontend serves is refused before anything
 // starts, not run as a demo without a surge.
 func TestDemoRejectsUnknownSurgeRegion(t *testing.T) {
@@ -83,52 +55,150 @@ func TestDemoRejectsUnknownSurgeRegion(t *testing.T) {
 	}
 }
 
-// The README's first command, end to end: every component as its own
-// process, real Envoys, traffic through every frontend, nothing failing, and
-// a live view that shows every frontend up with traffic.
-func TestDemoRunsEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and runs the whole demo")
-	}
-	defer leaktest.AfterTest(t)()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "inferlb")
-	build := exec.Command("go", "build", "-o", bin, "github.com/inferlb/inferlb/cmd/inferlb")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	// The example fleet with its engines moved to free ports, so the test
-	// does not collide with a demo the developer is running.
-	src, err := os.ReadFile("../../examples/fleet-3region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := freeBase(t, 100)
-	re := regexp.MustCompile(`127\.0\.0\.1:180(\d\d)`)
-	fleetYAML := re.ReplaceAllStringFunc(string(src), func(m string) string {
-		var k int
-		fmt.Sscanf(m[len("127.0.0.1:180"):], "%d", &k)
-		return fmt.Sprintf("127.0.0.1:%d", base+60+k)
-	})
-	fleetPath := filepath.Join(dir, "fleet.yaml")
-	if err := os.WriteFile(fleetPath, []byte(fleetYAML), 0o644); err != nil {
-		t.Fatal(err)
-	}
+// binary is the inferlb binary the tests run, built once by TestMain.
+var binary string
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var view syncBuffer
-	res, err := Run(ctx, Options{
-		FleetPath: fleetPath, OutDir: filepath.Join(dir, "out"), Self: bin,
-		Duration: 12 * time.Second, TimeScale: 0.5, Rate: 3,
-		SurgeAfter: 6 * time.Second, SurgeRegion: "us-east",
-		ControlInterval: time.Second, ViewInterval: 2 * time.Second, View: &view, Plain: true,
-		BasePort: base,
-	})
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		flag.Parse()
+		if !testing.Short() {
+			dir, err := os.MkdirTemp("", "inferlb-demo-test-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
+			binary = filepath.Join(dir, "inferlb")
+			if out, err := exec.Command("go", "build", "-o", binary, "github.com/inferlb/inferlb/cmd/inferlb").CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+				return 1
+			}
+		}
+		return m.Run()
+	}())
+}
+
+// demoProc is `inferlb demo` running as a user runs it: in a directory that
+// has the repository's examples/, so its default --fleet and --out work.
+type demoProc struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan error
+	dir  string
+}
+
+func startDemo(t *testing.T, args ...string) *demoProc {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the whole demo")
+	}
+	fixedports.Lock(t)
+	dir := t.TempDir()
+	examples, err := filepath.Abs("../../examples")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(res.LoadgenReport)
+	if err := os.Symlink(examples, filepath.Join(dir, "examples")); err != nil {
+		t.Fatal(err)
+	}
+	d := &demoProc{out: &syncBuffer{}, done: make(chan error, 1), dir: dir}
+	d.cmd = exec.Command(binary, append([]string{"demo"}, args...)...)
+	d.cmd.Dir = dir
+	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			d.cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("demo output:\n%s", d.out.String())
+			for _, name := range []string{"control-plane", "loadgen", "engines"} {
+				if b, err := os.ReadFile(filepath.Join(dir, "demo-out", name+".log")); err == nil {
+					t.Logf("%s.log (last 3 KB):\n%s", name, lastBytes(b, 3000))
+				}
+			}
+		}
+	})
+	return d
+}
+
+func lastBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// wait waits for the demo to exit by itself within timeout.
+func (d *demoProc) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-d.done:
+		d.done <- err // for the cleanup
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("the demo did not exit within %v", timeout)
+		return nil
+	}
+}
+
+// liveNumbers matches a live view line of a frontend that is up and
+// carrying traffic (a request rate that is not 0.0).
+var liveNumbers = regexp.MustCompile(`(?m)^frontend-(us-east|us-west|eu-west)\s+up\s+([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9])\s`)
+
+// The README's first command as a new user runs it: `make demo` with no
+// flags shows live numbers and runs until Ctrl-C, which stops it cleanly
+// and prints the summary per priority and region and the admin URLs.
+func TestDemoDefaultFlagsRunsUntilInterrupted(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	d := startDemo(t)
+	if err := envoytest.Poll(context.Background(), 3*time.Minute, 500*time.Millisecond, func() error {
+		select {
+		case err := <-d.done:
+			d.done <- err
+			return fmt.Errorf("the demo exited by itself (%v) before Ctrl-C", err)
+		default:
+		}
+		if !liveNumbers.MatchString(d.out.String()) {
+			return errors.New("no live numbers yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.wait(t, time.Minute); err != nil {
+		t.Fatalf("after Ctrl-C the demo exited with %v, want 0", err)
+	}
+	out := d.out.String()
+	for _, want := range []string{"inferlb demo: stopped.", "requests: ", "priority=critical", "priority=batch",
+		"region=us-east", "region=eu-west", "http://127.0.0.1:17001: /weights, /explain"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the output after Ctrl-C lacks %q", want)
+		}
+	}
+}
+
+// --duration bounds the traffic: the demo ends by itself with the summary,
+// every component up throughout, traffic through every frontend, no errors,
+// and multi-turn conversations served from the prefix cache.
+func TestDemoDurationEndsWithASummary(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	d := startDemo(t, "--duration", "20s", "--time-scale", "0.5", "--rate", "3", "--surge-after", "10s",
+		"--control-interval", "1s", "--plain")
+	if err := d.wait(t, 3*time.Minute); err != nil {
+		t.Fatalf("demo: %v", err)
+	}
+	out := d.out.String()
+	b, err := os.ReadFile(filepath.Join(d.dir, "demo-out", "loadgen-report.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,22 +208,27 @@ func TestDemoRunsEndToEnd(t *testing.T) {
 			Rejected                   int `json:"rejected_429"`
 		} `json:"requests"`
 		CachedShare float64 `json:"cached_prompt_share"`
+		Interrupted bool    `json:"interrupted"`
 	}
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("demo traffic: %+v, cached share %.2f", rep.Requests, rep.CachedShare)
-	if rep.Requests.OK < 10 || rep.Requests.Errors != 0 || rep.Requests.Timeouts != 0 {
-		t.Fatalf("want at least 10 good requests and no errors: %+v\n%s", rep.Requests, view.String())
+	if rep.Requests.OK < 10 || rep.Requests.Errors != 0 || rep.Requests.Timeouts != 0 || rep.Interrupted {
+		t.Errorf("want at least 10 good requests, no errors, a run that ended by its bound: %+v", rep)
 	}
 	// Multi-turn conversations keep landing where their prefix is cached.
 	if rep.CachedShare < 0.3 {
 		t.Errorf("cached prompt share %.2f: want ≥ 0.3 with session affinity", rep.CachedShare)
 	}
-	out := view.String()
-	for _, fe := range []string{"frontend-us-east: up", "frontend-us-west: up", "frontend-eu-west: up"} {
-		if !strings.Contains(out, fe) {
-			t.Errorf("live view never showed %q:\n%s", fe, out)
+	for _, fe := range []string{"frontend-us-east", "frontend-us-west", "frontend-eu-west"} {
+		if !regexp.MustCompile(`(?m)^` + fe + `\s+up\s`).MatchString(out) {
+			t.Errorf("the live view never showed %s up", fe)
+		}
+	}
+	for _, want := range []string{"class general:", "timeline: ", "inferlb demo: stopped.", fmt.Sprintf("requests: %d sent", rep.Requests.Sent), "region=us-west"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the demo's output lacks %q", want)
 		}
 	}
 }

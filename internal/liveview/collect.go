@@ -17,6 +17,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,10 +50,12 @@ type HostSample struct {
 	RqError  float64
 }
 
-// FrontendSample is one poll of a frontend Envoy's /clusters.
+// FrontendSample is one poll of a frontend Envoy's /clusters and /stats.
 type FrontendSample struct {
 	Up    bool
 	Hosts map[string][]HostSample // by "ip:port"
+	// Retries counts Envoy's retries (upstream_rq_retry) per cluster.
+	Retries map[string]float64
 }
 
 // Sample is everything read in one poll.
@@ -103,6 +106,11 @@ func (c *Collector) Collect(ctx context.Context) (Sample, error) {
 			defer wg.Done()
 			fs, err := scrapeEnvoy(ctx, client, admin+"/clusters?format=json")
 			fs.Up = err == nil
+			if err == nil {
+				if b, err := get(ctx, client, admin+"/stats?filter="+retryStatFilter); err == nil {
+					fs.Retries = ParseEnvoyRetries(b)
+				}
+			}
 			mu.Lock()
 			s.Frontends[name] = fs
 			mu.Unlock()
@@ -227,6 +235,28 @@ func ParseEnvoyClusters(b []byte) (FrontendSample, error) {
 		}
 	}
 	return fs, nil
+}
+
+// retryStatFilter selects the per-cluster retry counters of Envoy's
+// /stats (a regular expression, URL-encoded).
+const retryStatFilter = `%5Ecluster%5C..*%5C.upstream_rq_retry%24`
+
+// ParseEnvoyRetries reads "cluster.NAME.upstream_rq_retry: N" lines of
+// Envoy's plain /stats into N per cluster NAME.
+func ParseEnvoyRetries(b []byte) map[string]float64 {
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, val, ok := strings.Cut(line, ": ")
+		if !ok || !strings.HasPrefix(name, "cluster.") || !strings.HasSuffix(name, ".upstream_rq_retry") {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			continue
+		}
+		out[strings.TrimSuffix(strings.TrimPrefix(name, "cluster."), ".upstream_rq_retry")] = v
+	}
+	return out
 }
 
 // rate is (b−a)/dt, or NaN when there is no earlier sample or a counter

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -124,13 +126,15 @@ static_resources:
 	for _, r := range v.Engines {
 		rows[r.ID] = r
 	}
-	if w := rows["engine-1"].WeightShare["frontend-local"]; math.Abs(w-0.75) > 1e-9 {
+	// The static cluster is a class of its own name; its weights are the
+	// cluster's, not averaged with any other cluster's.
+	if w := rows["engine-1"].Weight["engines"]["frontend-local"]; math.Abs(w-0.75) > 1e-9 {
 		t.Errorf("engine-1 weight share %v, want 0.75", w)
 	}
-	if w := rows["engine-2"].WeightShare["frontend-local"]; math.Abs(w-0.25) > 1e-9 {
+	if w := rows["engine-2"].Weight["engines"]["frontend-local"]; math.Abs(w-0.25) > 1e-9 {
 		t.Errorf("engine-2 weight share %v, want 0.25", w)
 	}
-	t1, t2 := rows["engine-1"].TrafficShare["frontend-local"], rows["engine-2"].TrafficShare["frontend-local"]
+	t1, t2 := rows["engine-1"].Traffic["engines"]["frontend-local"], rows["engine-2"].Traffic["engines"]["frontend-local"]
 	if math.Abs(t1+t2-1) > 1e-9 || t1 <= t2 {
 		t.Errorf("traffic shares %v + %v: want a sum of 1, engine-1 above engine-2 (weights 3:1, round robin)", t1, t2)
 	}
@@ -141,7 +145,7 @@ static_resources:
 	}
 	var buf bytes.Buffer
 	Render(&buf, v)
-	for _, want := range []string{"engine-1", "engine-2", "frontend-local", "75%", "25%"} {
+	for _, want := range []string{"engine-1", "engine-2", "frontend-local", "class engines:", "   75 → ", "   25 → "} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("rendered view lacks %q:\n%s", want, buf.String())
 		}
@@ -183,5 +187,102 @@ vllm:generation_tokens_total{model_name="n"} 2
 func TestParseEnvoyClustersRejectsGarbage(t *testing.T) {
 	if _, err := ParseEnvoyClusters([]byte("{not json")); err == nil {
 		t.Fatal("want a parse error")
+	}
+}
+
+// Weights are shown per class: an engine that holds most of one class's
+// weight and none of another's shows both, not their average, beside the
+// share of each class's requests it got.
+func TestBuildShowsWeightsPerClass(t *testing.T) {
+	spec, err := fleet.Load("../../examples/fleet-3region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Collector{Fleet: spec, EnvoyAdmin: map[string]string{"frontend-eu-west": "x"}}
+	host := func(cluster string, w uint32, rq float64) HostSample {
+		return HostSample{Cluster: cluster, Weight: w, Healthy: true, RqTotal: rq}
+	}
+	sample := func(at time.Time, rqGeneral, rqEU float64) Sample {
+		return Sample{At: at, Engines: map[string]EngineSample{}, Frontends: map[string]FrontendSample{"frontend-eu-west": {Up: true,
+			Hosts: map[string][]HostSample{
+				"127.0.0.1:18009": {host("inferlb_general", 70, rqGeneral), host("inferlb_eu", 10, rqEU)},
+				"127.0.0.1:18001": {host("inferlb_general", 30, 0)},
+				"127.0.0.1:18010": {host("inferlb_eu", 90, 3*rqEU)},
+			},
+			Retries: map[string]float64{"inferlb_general": rqGeneral / 10, "inferlb_extproc": 100}}}}
+	}
+	t0 := time.Now()
+	v := c.Build(sample(t0, 0, 0), sample(t0.Add(2*time.Second), 20, 5))
+	var eu1 EngineRow
+	for _, r := range v.Engines {
+		if r.ID == "eu-west-h100-1" {
+			eu1 = r
+		}
+	}
+	fe := "frontend-eu-west"
+	for _, x := range []struct {
+		what      string
+		got, want float64
+	}{
+		{"general weight", eu1.Weight["general"][fe], 0.7},
+		{"eu weight", eu1.Weight["eu"][fe], 0.1},
+		{"general traffic", eu1.Traffic["general"][fe], 1},
+		{"eu traffic", eu1.Traffic["eu"][fe], 0.25},
+		{"req/s", v.FrontRPS[fe], (20 + 5 + 15) / 2.0},
+		{"retries (engine clusters only)", v.FrontRetries[fe], 2},
+	} {
+		if math.Abs(x.got-x.want) > 1e-9 {
+			t.Errorf("%s: %v, want %v", x.what, x.got, x.want)
+		}
+	}
+	var buf bytes.Buffer
+	Render(&buf, v)
+	for _, want := range []string{"class general:", "class eu:", "no traffic in the interval: class long-context", "   70 → 100", "   10 →  25"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("rendered view lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
+// The client log is read as it grows, a torn last line waiting for its end;
+// its records are summarized per frontend, 429s per priority.
+func TestClientLogAndSummary(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "requests.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cl := &ClientLog{Path: filepath.Join(t.TempDir(), "absent")}
+	if recs, err := cl.Read(); err != nil || len(recs) != 0 {
+		t.Fatalf("absent log: %v %v", recs, err)
+	}
+	cl = &ClientLog{Path: path}
+	f.WriteString(`{"region":"eu-west","priority":"batch","outcome":"rejected","status":429}` + "\n" +
+		`{"region":"eu-west","priority":"critical","outcome":"ok","ttft_ms":40}` + "\n" + `{"region":"us-ea`)
+	recs, err := cl.Read()
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("first read: %d records, %v", len(recs), err)
+	}
+	f.WriteString(`st","priority":"batch","outcome":"ok","ttft_ms":20}` + "\n" +
+		`{"region":"eu-west","priority":"critical","outcome":"ok","ttft_ms":60}` + "\n")
+	more, err := cl.Read()
+	if err != nil || len(more) != 2 || more[0].Region != "us-east" {
+		t.Fatalf("second read: %+v, %v", more, err)
+	}
+	st := SummarizeClients(append(recs, more...), map[string]string{"eu-west": "frontend-eu-west", "us-east": "frontend-us-east"})
+	eu := st["frontend-eu-west"]
+	if eu.Finished != 3 || eu.OK != 2 || eu.Rejected["batch"] != 1 || eu.TTFTP50 != 40 || eu.TTFTP90 != 60 {
+		t.Errorf("eu-west: %+v", eu)
+	}
+	if us := st["frontend-us-east"]; us.OK != 1 || us.TTFTP50 != 20 {
+		t.Errorf("us-east: %+v", us)
+	}
+}
+
+func TestParseEnvoyRetries(t *testing.T) {
+	got := ParseEnvoyRetries([]byte("cluster.inferlb_general.upstream_rq_retry: 7\ncluster.inferlb_eu.upstream_rq_retry: 0\nother: 3\ncluster.x.upstream_rq_retry_success: 2\n"))
+	if len(got) != 2 || got["inferlb_general"] != 7 || got["inferlb_eu"] != 0 {
+		t.Errorf("retries %v", got)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,10 +47,65 @@ func (a ArrivalKind) String() string { return [...]string{"poisson", "trace", "c
 
 // Arrival is an arrival process.
 type Arrival struct {
-	Kind        ArrivalKind
-	Rate        float64 // Poisson: new requests per second
+	Kind ArrivalKind
+	Rate float64 // Poisson: new requests per second
+	// RateChanges (Poisson) change the rate from a time on: the process is
+	// a non-homogeneous Poisson process with a piecewise-constant rate
+	// (Rate until the first change). Times are in the target's time, in
+	// increasing order; a rate of 0 pauses new requests.
+	RateChanges []RateChange
 	Speedup     float64 // Trace: time compression (2 = twice as fast); default 1
 	Concurrency int     // Closed: requests in flight
+}
+
+// RateChange is a Poisson rate that applies from At on.
+type RateChange struct {
+	At   time.Duration
+	Rate float64
+}
+
+// ParseRateChange parses "AT:RATE", e.g. "120s:12".
+func ParseRateChange(s string) (RateChange, error) {
+	at, rate, ok := strings.Cut(s, ":")
+	if !ok {
+		return RateChange{}, fmt.Errorf("rate change %q: want AT:RATE, e.g. 120s:12", s)
+	}
+	d, err := time.ParseDuration(at)
+	if err != nil || d < 0 {
+		return RateChange{}, fmt.Errorf("rate change %q: time %q is not a duration ≥ 0", s, at)
+	}
+	r, err := strconv.ParseFloat(rate, 64)
+	if err != nil || !(r >= 0) || math.IsInf(r, 0) {
+		return RateChange{}, fmt.Errorf("rate change %q: rate %q is not a number ≥ 0", s, rate)
+	}
+	return RateChange{At: d, Rate: r}, nil
+}
+
+// nextArrival returns the arrival after prev of a Poisson process whose
+// rate is base, changed by changes, given e, a draw of Exp(1): the time at
+// which the integrated rate since prev reaches e. ok is false when the rate
+// stays 0 from some point on and no arrival ever comes.
+func nextArrival(prev time.Duration, e, base float64, changes []RateChange) (time.Duration, bool) {
+	t, rate := prev, base
+	i := 0
+	for ; i < len(changes) && changes[i].At <= t; i++ {
+		rate = changes[i].Rate
+	}
+	for {
+		if i == len(changes) {
+			if rate <= 0 {
+				return 0, false
+			}
+			return t + time.Duration(e/rate*float64(time.Second)), true
+		}
+		span := (changes[i].At - t).Seconds()
+		if rate > 0 && e <= rate*span {
+			return t + time.Duration(e/rate*float64(time.Second)), true
+		}
+		e -= rate * span
+		t, rate = changes[i].At, changes[i].Rate
+		i++
+	}
 }
 
 // SLO bounds a request must meet to count toward goodput. A zero bound is
@@ -65,10 +122,15 @@ type Config struct {
 	Arrival Arrival
 	// MaxRequests bounds the requests sent (follow-up turns included); 0 is
 	// no bound. Duration bounds the time in which requests are sent; 0 is no
-	// bound. A run needs at least one of them, or a finite workload.
+	// bound. A run needs at least one of them, a finite workload, or
+	// UntilCancelled.
 	MaxRequests int
 	Duration    time.Duration
-	SLO         SLO
+	// UntilCancelled allows a run with no bound: it sends until ctx is
+	// cancelled (the demo's default, ended by Ctrl-C), and the report covers
+	// everything that finished.
+	UntilCancelled bool
+	SLO            SLO
 	// Progress receives a progress line every ProgressEvery (default 1 s);
 	// nil prints none.
 	Progress      io.Writer
@@ -103,6 +165,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if !(a.Rate > 0) {
 			return nil, fmt.Errorf("loadgen: poisson arrivals need a rate > 0, got %v", a.Rate)
 		}
+		for k, c := range a.RateChanges {
+			if !(c.Rate >= 0) || math.IsInf(c.Rate, 0) || c.At < 0 {
+				return nil, fmt.Errorf("loadgen: rate change %d: want a time ≥ 0 and a rate ≥ 0, got %v at %v", k+1, c.Rate, c.At)
+			}
+			if k > 0 && c.At <= a.RateChanges[k-1].At {
+				return nil, fmt.Errorf("loadgen: rate changes must be in increasing time order (%v after %v)", c.At, a.RateChanges[k-1].At)
+			}
+		}
+	case Trace, Closed:
+		if len(a.RateChanges) > 0 {
+			return nil, errors.New("loadgen: rate changes apply to poisson arrivals")
+		}
+	}
+	switch a.Kind {
+	case Poisson:
 	case Trace:
 		if !cfg.Source.Timed() {
 			return nil, errors.New("loadgen: trace arrivals need a workload with timestamps (this one has none; use poisson or closed)")
@@ -123,8 +200,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.MaxRequests < 0 || cfg.Duration < 0 {
 		return nil, errors.New("loadgen: max requests and duration must be ≥ 0")
 	}
-	if cfg.MaxRequests == 0 && cfg.Duration == 0 && !cfg.Source.Timed() {
-		return nil, errors.New("loadgen: an endless workload needs a request count or a duration bound")
+	if cfg.MaxRequests == 0 && cfg.Duration == 0 && !cfg.Source.Timed() && !cfg.UntilCancelled {
+		return nil, errors.New("loadgen: an endless workload needs a request count, a duration bound, or UntilCancelled")
 	}
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = time.Second
@@ -240,8 +317,8 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 
 	switch r.arr.Kind {
 	case Poisson:
-		r.openLoop(func(prev time.Duration, rng *rand.Rand) time.Duration {
-			return prev + time.Duration(rng.ExpFloat64()/r.arr.Rate*float64(time.Second))
+		r.openLoop(func(prev time.Duration, rng *rand.Rand) (time.Duration, bool) {
+			return nextArrival(prev, rng.ExpFloat64(), r.arr.Rate, r.arr.RateChanges)
 		}, startProgress)
 	case Trace:
 		r.openLoop(nil, startProgress)
@@ -280,7 +357,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 // builds requests ahead of their time (prompt text can be large), so building
 // them is off the sending path; the run's clock starts when the first request
 // is ready.
-func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration, started func()) {
+func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) (time.Duration, bool), started func()) {
 	type item struct {
 		req workload.Request
 		at  time.Duration
@@ -295,9 +372,12 @@ func (r *runner) openLoop(gap func(time.Duration, *rand.Rand) time.Duration, sta
 		defer close(ahead)
 		rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x706f6973736f6e))
 		var at time.Duration
+		var ok bool
 		for n := 0; r.cfg.MaxRequests == 0 || n < r.cfg.MaxRequests; n++ {
 			if gap != nil {
-				at = gap(at, rng)
+				if at, ok = gap(at, rng); !ok {
+					return
+				}
 				if r.cfg.Duration > 0 && at >= r.cfg.Duration {
 					return
 				}

@@ -1,0 +1,403 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/fixedports"
+)
+
+// docCmd is one documented command and what running it must give. Adding a
+// command to the docs or to a --help Example means adding one line here;
+// TestDocumentedCommands fails naming any shown command without one.
+type docCmd struct {
+	cmd string
+	// exit is the expected exit status (after SIGINT, for a server).
+	exit int
+	// want is a fragment the output (stdout and stderr) must contain.
+	want string
+	// serve marks a command that runs until stopped: it is ready when this
+	// URL answers 200 (http://...) or this text is printed; then it gets
+	// SIGINT, as from Ctrl-C, and must exit with exit.
+	serve string
+	// with names a fixture (below) that runs meanwhile.
+	with string
+	// skip is why the command is not run (kept rare: say what covers it).
+	skip string
+}
+
+// fixture is a server a documented command needs (a running demo, an
+// engine at the address the docs use).
+type fixture struct{ cmd, ready string }
+
+var fixtures = map[string]fixture{
+	"demo":          {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
+	"engine-18100":  {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
+	"h100-18100":    {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
+	"control-plane": {"inferlb control-plane --fleet examples/fleet-3region.yaml", "http://127.0.0.1:18080/healthz"},
+}
+
+const (
+	solve3 = "inferlb solve --fleet examples/fleet-3region.yaml --demand examples/demand-3region.yaml"
+	fleet3 = "examples/fleet-3region.yaml"
+)
+
+// docCommands are every command README.md, docs/*.md and the --help texts
+// show, in the order they run (consecutive commands with one fixture share
+// it).
+var docCommands = []docCmd{
+	// Make targets.
+	// Ctrl-C stops the demo cleanly (its summary); make, interrupted too,
+	// then dies of the SIGINT itself, as make does (status 130).
+	{cmd: "make demo", serve: "(Ctrl-C stops the demo)", exit: 130, want: "inferlb demo: stopped."},
+	{cmd: `make demo DEMOFLAGS="--duration 20s --time-scale 0.5"`, want: "inferlb demo: stopped."},
+	{cmd: "make test", skip: "it is this suite (CI runs it)"},
+	{cmd: "make lint", skip: "CI runs it before make test (.ci/run)"},
+	{cmd: "make bench", skip: "every benchmark, minutes; go vet in make test compiles them"},
+	// The binary's own help.
+	{cmd: "bin/inferlb --help", want: "Available Commands:"},
+	{cmd: "bin/inferlb demo --help", want: "--duration"},
+	// Fleet specs and the optimizer.
+	{cmd: "inferlb validate " + fleet3, want: `ok: fleet "demo-3region"`},
+	{cmd: "inferlb validate examples/*.yaml", want: "demand-3region.yaml: ok: demand file"},
+	{cmd: "inferlb validate --fleet " + fleet3 + " examples/demand-3region.yaml", want: `consistent with fleet "demo-3region"`},
+	{cmd: "inferlb validate examples/invalid/fleet-mistakes.yaml", exit: 1, want: `fleet-mistakes.yaml:23: engines[0].region: unknown region "locl"`},
+	{cmd: solve3, want: "frontend-us-east / general"},
+	{cmd: solve3 + " --json", want: `"method": "fast"`},
+	{cmd: solve3 + " --explain frontend-us-east us-west-h100-1", want: "= marginal price of the flow"},
+	{cmd: "inferlb solve --explain FRONTEND ENGINE", skip: "synopsis; the concrete command is the entry above"},
+	// Components as servers.
+	{cmd: "inferlb control-plane --fleet " + fleet3, serve: "http://127.0.0.1:18080/healthz"},
+	{cmd: "inferlb control-plane --fleet " + fleet3 + " --xds-listen 127.0.0.1:18000 --admin-listen 127.0.0.1:18080 --interval 5s --state-file cp-state.json", serve: "http://127.0.0.1:18080/healthz"},
+	{cmd: "inferlb engine-sim --fleet " + fleet3, serve: "http://127.0.0.1:18012/health"},
+	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --time-scale 0.1", serve: "http://127.0.0.1:18012/health"},
+	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --engines us-east-h100-1,eu-west-a100-1 --time-scale 0.1", serve: "http://127.0.0.1:18011/health"},
+	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3, serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3 + " --time-scale 2", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
+	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west", serve: "routing policy applied"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000", want: "node:"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 > envoy.yaml"},
+	// Load against one engine.
+	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace internal/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
+	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
+	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
+	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 80 --prompt-tokens 200 --output-tokens 50 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
+	// Against a running demo.
+	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
+	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", want: "region=eu-west"},
+	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", want: "goodput:"},
+	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", serve: "loadgen    12s", want: "(interrupted)"},
+	{cmd: "inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
+	{cmd: "curl -s http://127.0.0.1:17001/weights", with: "demo", want: `"envoy_weights"`},
+	{cmd: `curl -s "http://127.0.0.1:17001/explain?node=frontend-us-east&class=general"`, with: "demo", want: `"explanations"`},
+	// The demo itself.
+	{cmd: "inferlb demo --duration 40s --time-scale 0.5", want: "inferlb demo: stopped."},
+	{cmd: "inferlb demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},
+	// Benchmarks.
+	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
+	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's tables (minutes); the entry above runs the same command on one cell"},
+	{cmd: "inferlb bench extproc --envoy-only --concurrency 150 --sizes 225280,8192", skip: "the measurement behind docs/extproc.md's Envoy table (minutes); the bench extproc entry above covers the command"},
+}
+
+// Every command the docs and the --help texts show is in docCommands, and
+// every entry there is still shown somewhere; then each one runs, as a user
+// would run it from the repository's root, and gives its exit status and
+// output.
+func TestDocumentedCommands(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := shownCommands(t, root)
+	table := map[string]bool{}
+	for _, e := range docCommands {
+		if table[e.cmd] {
+			t.Errorf("docCommands lists %q twice", e.cmd)
+		}
+		table[e.cmd] = true
+	}
+	seen := map[string]bool{}
+	for _, c := range shown {
+		seen[c.cmd] = true
+		if !table[c.cmd] {
+			t.Errorf("%s shows a command docCommands does not list (add a line with what it must give):\n\t%s", c.where, c.cmd)
+		}
+	}
+	for _, e := range docCommands {
+		if !seen[e.cmd] {
+			t.Errorf("docCommands lists %q, which no doc or --help shows any more: remove it", e.cmd)
+		}
+	}
+	if t.Failed() || testing.Short() {
+		return
+	}
+	fixedports.Lock(t)
+	r := newDocRunner(t, root)
+	defer r.stopFixture()
+	for _, e := range docCommands {
+		if e.skip != "" {
+			t.Logf("not run: %s (%s)", e.cmd, e.skip)
+			continue
+		}
+		r.useFixture(e.with)
+		t.Run(e.cmd, func(t *testing.T) { r.run(t, e) })
+	}
+}
+
+// docRunner runs commands in a copy of the repository's root made of
+// symbolic links (so relative paths work and what a command writes stays out
+// of the checkout), with the freshly built binary first on PATH as
+// "inferlb" and as bin/inferlb.
+type docRunner struct {
+	t       *testing.T
+	dir     string
+	env     []string
+	fixName string
+	fix     *docProc
+}
+
+func newDocRunner(t *testing.T, root string) *docRunner {
+	dir := t.TempDir()
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		switch e.Name() {
+		case "bin", "demo-out":
+			continue
+		}
+		if err := os.Symlink(filepath.Join(root, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "inferlb"), "./cmd/inferlb")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return &docRunner{t: t, dir: dir, env: env}
+}
+
+// docProc is a command running under bash in its own process group.
+type docProc struct {
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+	err  error // set before done closes
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (r *docRunner) start(t *testing.T, command string) *docProc {
+	p := &docProc{out: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command("bash", "-c", command)
+	p.cmd.Dir, p.cmd.Env = r.dir, r.env
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", command, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	return p
+}
+
+// interrupt sends SIGINT to the command's process group, as Ctrl-C in a
+// terminal does, and waits for it to exit; a command that does not exit in
+// a minute is killed.
+func (p *docProc) interrupt() error {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGINT)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(time.Minute):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+		return errors.New("still running a minute after SIGINT: killed")
+	}
+}
+
+// exitCode is the status a shell reports: 128+N for a process killed by
+// signal N (make, interrupted, re-raises SIGINT: 130).
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// waitReady polls until ready (a URL answering 200, or a text in the
+// output) or the command exits.
+func waitReady(p *docProc, ready string, timeout time.Duration) error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	return envoytest.Poll(context.Background(), timeout, 200*time.Millisecond, func() error {
+		select {
+		case <-p.done:
+			return backoffStop{fmt.Errorf("exited (%v) before it was ready", p.err)}
+		default:
+		}
+		if strings.HasPrefix(ready, "http") {
+			resp, err := client.Get(ready)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", ready, resp.Status)
+			}
+			return nil
+		}
+		if !strings.Contains(p.out.String(), ready) {
+			return fmt.Errorf("no %q in the output yet", ready)
+		}
+		return nil
+	})
+}
+
+// backoffStop is an error that Poll keeps returning; the caller sees it.
+type backoffStop struct{ error }
+
+func (r *docRunner) useFixture(name string) {
+	if name == r.fixName {
+		return
+	}
+	r.stopFixture()
+	if name == "" {
+		return
+	}
+	f, ok := fixtures[name]
+	if !ok {
+		r.t.Fatalf("no fixture %q", name)
+	}
+	p := r.start(r.t, f.cmd)
+	if err := waitReady(p, f.ready, 3*time.Minute); err != nil {
+		p.interrupt()
+		r.t.Fatalf("fixture %s (%s): %v\n%s", name, f.cmd, err, tailString(p.out.String(), 3000))
+	}
+	r.fixName, r.fix = name, p
+}
+
+func (r *docRunner) stopFixture() {
+	if r.fix == nil {
+		return
+	}
+	if err := r.fix.interrupt(); err != nil || exitCode(r.fix.err) != 0 {
+		r.t.Errorf("fixture %s: stopping: %v, exit %v\n%s", r.fixName, err, r.fix.err, tailString(r.fix.out.String(), 3000))
+	}
+	r.fix, r.fixName = nil, ""
+}
+
+func (r *docRunner) run(t *testing.T, e docCmd) {
+	p := r.start(t, e.cmd)
+	if e.serve != "" {
+		if err := waitReady(p, e.serve, 3*time.Minute); err != nil {
+			p.interrupt()
+			t.Fatalf("%v\n%s", err, tailString(p.out.String(), 3000))
+		}
+		if err := p.interrupt(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		select {
+		case <-p.done:
+		case <-time.After(4 * time.Minute):
+			p.interrupt()
+			t.Fatalf("still running after 4 minutes\n%s", tailString(p.out.String(), 3000))
+		}
+	}
+	out := p.out.String()
+	if got := exitCode(p.err); got != e.exit {
+		t.Errorf("exit status %d (%v), want %d\n%s", got, p.err, e.exit, tailString(out, 3000))
+	}
+	if e.want != "" && !strings.Contains(out, e.want) {
+		t.Errorf("output lacks %q:\n%s", e.want, tailString(out, 3000))
+	}
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// The docs link only to files of the repository, and name no path outside
+// it (a reader of a clone has only the clone).
+func TestDocsPointInsideTheRepository(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	files = append(files, filepath.Join(root, "README.md"))
+	link := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`)
+	outside := regexp.MustCompile("(^|[\\s`(\"'])(\\.\\./shared|/work/)[^\\s`)]*")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, f)
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				abs := filepath.Join(filepath.Dir(f), target)
+				if r, err := filepath.Rel(root, abs); err != nil || strings.HasPrefix(r, "..") {
+					t.Errorf("%s:%d: link %q leaves the repository", rel, i+1, target)
+				} else if _, err := os.Stat(abs); err != nil {
+					t.Errorf("%s:%d: link %q: no such file in the repository", rel, i+1, target)
+				}
+			}
+			if m := outside.FindString(line); m != "" {
+				t.Errorf("%s:%d: names a path outside the repository: %s", rel, i+1, strings.TrimSpace(m))
+			}
+		}
+	}
+}
