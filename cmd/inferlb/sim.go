@@ -25,6 +25,7 @@ func newSimCmd() *cobra.Command {
 		asJSON, bench     bool
 		engines, requests int
 		header            string
+		duration          time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "sim SCENARIO.yaml...",
@@ -45,10 +46,11 @@ Scenario files: examples/sim/*.yaml; docs/sim.md documents their keys.
 SVG: TTFT CDF, p99 over time, weights over time, engine utilization), and
 DIR/README.md and DIR/results.json with every scenario. --bench runs the scale
 benchmark instead (--engines, --requests) and reports CPU seconds.`,
-		Example: `  inferlb sim examples/sim/steady-3region.yaml
-  inferlb sim --policy inferlb,session_hash examples/sim/shared-preamble.yaml
-  inferlb sim --out docs/results examples/sim/*.yaml
-  inferlb sim --bench --engines 1000 --requests 1000000`,
+		Example: `  inferlb sim --duration 60s examples/sim/steady-3region.yaml
+  inferlb sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml
+  inferlb sim --duration 60s --json --policy inferlb examples/sim/hot-region.yaml
+  inferlb sim --duration 60s --out sim-out examples/sim/engine-failure.yaml
+  inferlb sim --bench --engines 100 --requests 20000`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			defer fleetsim.WithSimGC()()
 			if bench {
@@ -77,6 +79,11 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
 				sc, err := fleetsim.LoadScenario(a)
 				if err != nil {
 					return err
+				}
+				if cmd.Flags().Changed("duration") {
+					if sc, err = sc.WithDuration(duration); err != nil {
+						return fmt.Errorf("sim: --duration: %w", err)
+					}
 				}
 				scs = append(scs, sc)
 			}
@@ -137,6 +144,7 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
 	f.IntVar(&engines, "engines", 1000, "--bench: engines in the fleet")
 	f.IntVar(&requests, "requests", 1_000_000, "--bench: requests to simulate")
 	f.StringVar(&header, "header", "", "file whose text opens the --out summary (README.md)")
+	f.DurationVar(&duration, "duration", 0, "traffic time instead of the scenario's (a quick look; the warm-up shrinks to at most a quarter)")
 	return cmd
 }
 

@@ -26,6 +26,9 @@ type Scenario struct {
 	// scenario file's directory).
 	Fleet     *fleet.Spec
 	FleetPath string
+	// Dir is the scenario file's directory (where traces are looked for
+	// when the data directory is not found from the working directory).
+	Dir string
 	// Duration of traffic; Warmup, at its start, is left out of the
 	// figures (caches and controllers settle).
 	Duration, Warmup time.Duration
@@ -226,7 +229,26 @@ func ParseScenario(data []byte, path string) (*Scenario, error) {
 	if err := v.err(); err != nil {
 		return nil, err
 	}
+	if path != "" {
+		sc.Dir = filepath.Dir(path)
+		if real, err := filepath.EvalSymlinks(path); err == nil {
+			sc.Dir = filepath.Dir(real)
+		}
+	}
 	return sc, nil
+}
+
+// WithDuration returns a copy of the scenario whose traffic lasts d (a
+// quick look at a long scenario): the warm-up shrinks to at most a quarter
+// of it; faults and phases past the end never happen.
+func (sc *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
+	if d <= 0 {
+		return nil, fmt.Errorf("duration must be positive, got %v", d)
+	}
+	c := *sc
+	c.Duration = d
+	c.Warmup = min(sc.Warmup, d/4)
+	return &c, nil
 }
 
 type validator struct {

@@ -388,7 +388,7 @@ func (s *Sim) workload() error {
 func (s *Sim) tracePath() string {
 	dir := s.opt.DataDir
 	if dir == "" || dir == DefaultDataDir {
-		dir = FindDataDir()
+		dir = FindDataDir(s.sc.Dir)
 	}
 	if strings.HasPrefix(s.sc.Workload.Trace, "/") {
 		return s.sc.Workload.Trace
@@ -402,26 +402,35 @@ func (s *Sim) tracePath() string {
 const DefaultDataDir = "../shared/data"
 
 // FindDataDir returns DefaultDataDir if it exists, else the first
-// shared/data directory found going up from the working directory, else
+// shared/data directory found going up from the working directory or from
+// the given directories (a scenario's own, symbolic links resolved), else
 // DefaultDataDir (whose absence the trace loader then reports).
-func FindDataDir() string {
+func FindDataDir(from ...string) string {
 	if st, err := os.Stat(DefaultDataDir); err == nil && st.IsDir() {
 		return DefaultDataDir
 	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return DefaultDataDir
+	if wd, err := os.Getwd(); err == nil {
+		from = append([]string{wd}, from...)
 	}
-	for range 6 {
-		cand := filepath.Join(dir, "shared", "data")
-		if st, err := os.Stat(cand); err == nil && st.IsDir() {
-			return cand
+	for _, dir := range from {
+		if dir == "" {
+			continue
 		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			break
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			dir = real
 		}
-		dir = parent
+		dir, _ = filepath.Abs(dir)
+		for range 8 {
+			cand := filepath.Join(dir, "shared", "data")
+			if st, err := os.Stat(cand); err == nil && st.IsDir() {
+				return cand
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				break
+			}
+			dir = parent
+		}
 	}
 	return DefaultDataDir
 }
