@@ -32,7 +32,7 @@ func TestQueueOrder(t *testing.T) {
 	var q queue
 	times := []int{5, 3, 9, 3, 1, 7, 3, 8, 2, 6, 0, 4, 9, 1}
 	for i, v := range times {
-		q.push(event{t: time.Duration(1000*v), a: int32(i)})
+		q.push(event{t: time.Duration(1000 * v), a: int32(i)})
 	}
 	last, lastSeq := int64(-1), uint64(0)
 	for q.len() > 0 {

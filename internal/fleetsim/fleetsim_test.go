@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/inferlb/inferlb/api/fleet"
@@ -18,30 +19,30 @@ const small = `
 name: small
 description: test
 fleet: ../../examples/fleet-3region.yaml
-duration: 40s
-warmup: 5s
+duration: 24s
+warmup: 3s
 seed: 3
 slo: {ttft_ms: 1000, tpot_ms: 60}
 workload:
   kind: sessions
-  sessions_per_s: 4
-  turns: {min: 1, max: 4}
-  user_tokens: {min: 20, max: 80}
-  output_tokens: {min: 10, max: 60}
-  system_prompt_tokens: 100
+  sessions_per_s: 3
+  turns: {min: 1, max: 3}
+  user_tokens: {min: 20, max: 60}
+  output_tokens: {min: 10, max: 40}
+  system_prompt_tokens: 60
   think_time: 1s
   priorities: {critical: 0.3, batch: 0.7}
   regions:
     - at: 0s
       shares: {us-east: 0.5, us-west: 0.25, eu-west: 0.25}
-    - at: 20s
+    - at: 12s
       shares: {us-east: 0.2, eu-west: 0.8}
 faults:
-  - {at: 8s, kind: crash, engine: us-east-h100-1, for: 10s}
-  - {at: 12s, kind: slowdown, engine: eu-west-h100-1, factor: 4, for: 10s}
-  - {at: 15s, kind: hang, engine: us-west-h100-1, for: 5s}
-  - {at: 25s, kind: region_loss, region: us-west, for: 8s}
-  - {at: 20s, kind: surge, factor: 3, for: 10s}
+  - {at: 4s, kind: crash, engine: us-east-h100-1, for: 8s}
+  - {at: 6s, kind: slowdown, engine: eu-west-h100-1, factor: 4, for: 6s}
+  - {at: 8s, kind: hang, engine: us-west-h100-1, for: 4s}
+  - {at: 15s, kind: region_loss, region: us-west, for: 5s}
+  - {at: 12s, kind: surge, factor: 3, for: 6s}
 `
 
 func parseSmall(t *testing.T, doc string) *Scenario {
@@ -80,31 +81,64 @@ func TestConservationUnderFaults(t *testing.T) {
 	}
 }
 
+// shared is one run of the small scenario with seed 7 (inferlb, the old
+// controller, round robin), computed once for the tests that need one.
+var shared struct {
+	once sync.Once
+	r    *ScenarioResult
+	err  error
+}
+
+func sharedRun(t *testing.T) *ScenarioResult {
+	t.Helper()
+	shared.once.Do(func() {
+		sc, err := ParseScenario([]byte(small), "small.yaml")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.r, shared.err = RunScenario(context.Background(), sc, RunOptions{Policies: []string{PolicyInferlb, PolicyOld, PolicyRoundRobin}, Seed: 7, Parallel: 2})
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.r
+}
+
+func figures(t *testing.T, r *ScenarioResult) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, pr := range r.Policies {
+		c := *pr
+		c.WallSeconds = 0
+		var b bytes.Buffer
+		if err := WriteJSON(&b, c); err != nil {
+			t.Fatal(err)
+		}
+		out[pr.Policy] = b.String()
+	}
+	return out
+}
+
 // A seed gives the same figures, run after run; another seed other ones.
 func TestDeterministic(t *testing.T) {
 	sc := parseSmall(t, small)
-	run := func(p string, seed uint64) string {
-		r, err := RunScenario(context.Background(), sc, RunOptions{Policies: []string{p}, Seed: seed})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, pr := range r.Policies {
-			pr.WallSeconds = 0
-		}
-		var b bytes.Buffer
-		if err := WriteJSON(&b, r); err != nil {
-			t.Fatal(err)
-		}
-		return b.String()
+	first := figures(t, sharedRun(t))
+	again, err := RunScenario(context.Background(), sc, RunOptions{Policies: []string{PolicyInferlb, PolicyOld}, Seed: 7, Parallel: 2})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, p := range []string{PolicyInferlb, PolicyLLMD, PolicyOld} {
-		a, b := run(p, 7), run(p, 7)
-		if a != b {
-			t.Errorf("%s: two runs with seed 7 differ", p)
+	for p, f := range figures(t, again) {
+		if f != first[p] {
+			t.Errorf("%s: two runs with seed 7 differ:\n%s\n%s", p, first[p], f)
 		}
-		if c := run(p, 8); c == a {
-			t.Errorf("%s: seeds 7 and 8 gave the same figures", p)
-		}
+	}
+	other, err := RunScenario(context.Background(), sc, RunOptions{Policies: []string{PolicyRoundRobin}, Seed: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if figures(t, other)[PolicyRoundRobin] == first[PolicyRoundRobin] {
+		t.Error("seeds 7 and 8 gave the same figures")
 	}
 }
 
@@ -122,8 +156,8 @@ func TestInferlbControlLoopInTheLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := s.pol.(*inferlb)
-	if s.rec.cycles < 8 {
-		t.Fatalf("%d control cycles in 55 s of virtual time", s.rec.cycles)
+	if s.rec.cycles < 6 {
+		t.Fatalf("%d control cycles in 39 s of virtual time", s.rec.cycles)
 	}
 	st := x.pl.intake.Status()
 	if st.Accepted == 0 || st.Rejected != 0 {
@@ -203,11 +237,7 @@ func TestExampleScenarios(t *testing.T) {
 
 // --out writes results.json, every chart as PNG and SVG, and the summary.
 func TestWriteOut(t *testing.T) {
-	sc := parseSmall(t, small)
-	r, err := RunScenario(context.Background(), sc, RunOptions{Policies: []string{PolicyInferlb, PolicyOld, PolicyRoundRobin}, Parallel: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := sharedRun(t)
 	dir := t.TempDir()
 	if err := WriteOut(dir, r); err != nil {
 		t.Fatal(err)

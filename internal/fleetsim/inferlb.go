@@ -379,8 +379,10 @@ func firstWeights(s *Sim, pub map[string]map[string]map[string]float64) map[stri
 // (a static policy: no shedding, no retries), weighted consistent hashing
 // (Envoy Maglev with bounded loads), and a periodic proportional
 // controller: every control interval each engine's weight moves by its
-// score (observed mean TTFT from the scrapes) against the fleet average,
-// w ← w·(1 + gain·(avg − score)/avg), one weight vector for every frontend.
+// score (its load: the smoothed running + waiting requests of its scrapes)
+// against the fleet average, w ← w·(1 + gain·(avg − score)/avg), one weight
+// vector for every frontend. Proportional only, on a delayed signal: it
+// overshoots and swings.
 type oldController struct {
 	s        *Sim
 	pl       *plane
@@ -477,13 +479,13 @@ func (o *oldController) control() {
 		for i, j := range js {
 			v := view[s.spec.Engines[j].ID]
 			score[i] = math.NaN()
-			if v.Status() == signals.Up && !math.IsNaN(v.TTFTMs) && v.TTFTMs > 0 {
-				score[i] = v.TTFTMs
-				sum += v.TTFTMs
+			if v.Status() == signals.Up {
+				score[i] = v.Running + v.Waiting
+				sum += score[i]
 				n++
 			}
 		}
-		if n == 0 {
+		if n == 0 || sum <= 0 {
 			continue
 		}
 		avg := sum / float64(n)
@@ -492,7 +494,7 @@ func (o *oldController) control() {
 			if math.IsNaN(score[i]) {
 				continue
 			}
-			w[i] *= 1 + gain*(avg-score[i])/avg
+			w[i] *= math.Max(1+gain*(avg-score[i])/avg, 0)
 			w[i] = math.Max(w[i], o.floor[c][i])
 		}
 		normalize(w)

@@ -66,6 +66,6 @@ func ScaleScenario(engines int, requests int) (*Scenario, error) {
 			ThinkTime: 2 * time.Second, Regions: []workload.RegionPhase{{At: 0, Shares: shares}}, Seed: 1}},
 		Policies: PolicyNames(),
 		Control: Control{Interval: 5 * time.Second, ScrapeInterval: time.Second, ReportInterval: time.Second,
-			HealthCheckInterval: 2 * time.Second, OldGain: 0.5}}
+			HealthCheckInterval: 2 * time.Second, OldGain: 1}}
 	return sc, nil
 }

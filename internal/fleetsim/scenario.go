@@ -408,7 +408,7 @@ func (v *validator) scenario(d *scenarioDoc, dir string) *Scenario {
 		sc.Policies = PolicyNames()
 	}
 	sc.Control = Control{Interval: 5 * time.Second, ScrapeInterval: time.Second, ReportInterval: time.Second,
-		HealthCheckInterval: 2 * time.Second, OldGain: 0.5}
+		HealthCheckInterval: 2 * time.Second, OldGain: 1}
 	if c := d.Control; c != nil {
 		sc.Control.Interval = v.duration("control.interval", c.Interval, sc.Control.Interval, false)
 		sc.Control.ScrapeInterval = v.duration("control.scrape_interval", c.ScrapeInterval, sc.Control.ScrapeInterval, false)
