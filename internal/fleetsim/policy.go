@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/inferlb/inferlb/internal/enginesim/model"
 	"github.com/inferlb/inferlb/internal/envoylb"
 )
 
@@ -328,9 +329,16 @@ func (sh *sessionHash) HealthChanged(int) {
 
 // blockHashes returns p's chained prompt block hashes at the engines'
 // block size (computed once).
+// A follow-up turn extends its previous turn's chain (the previous prompt
+// is a prefix of this one), so only the new tokens are hashed.
 func (s *Sim) blockHashes(p *request) []uint64 {
 	if p.hashes == nil {
-		p.hashes = chainHashes(p.prompt, s.blockSize())
+		bs := s.blockSize()
+		if p.baseHashes != nil && len(p.baseHashes)*bs <= len(p.prompt) {
+			p.hashes = model.ExtendChain(p.baseHashes, p.prompt, bs)
+		} else {
+			p.hashes = chainHashes(p.prompt, bs)
+		}
 	}
 	return p.hashes
 }

@@ -162,6 +162,9 @@ type request struct {
 	// turn's first baseMsgs messages: only the new messages are tokenized.
 	base     []uint64
 	baseMsgs int
+	// baseHashes are the previous turn's prompt block hashes, a prefix of
+	// this prompt's chain.
+	baseHashes []uint64
 	// bodyBase is the JSON of the previous turn's messages (bodyMsgs of
 	// them), without the closing bracket; bodyPre is this turn's, for the
 	// next (see chatBody).
@@ -697,7 +700,8 @@ func (s *Sim) deliver(p *request) {
 		s.q.push(event{t: s.now + p.front.owd[e.ix], kind: evReturn, p: p})
 		return
 	}
-	p.mr = model.Request{Prompt: p.prompt, MaxTokens: max(p.w.MaxTokens, 1), EndReason: model.FinishLength, Tag: p, Output: p.outTok}
+	p.mr = model.Request{Prompt: p.prompt, MaxTokens: max(p.w.MaxTokens, 1), EndReason: model.FinishLength, Tag: p, Output: p.outTok,
+		Hashes: s.blockHashes(p)}
 	rep, err := e.reps.Submit(&p.mr, s.now)
 	p.replica = rep
 	if err != nil {
@@ -817,6 +821,7 @@ func (s *Sim) finish(p *request, out outcome) {
 		return
 	}
 	np := &request{w: next, conv: p.conv, front: p.front, engine: -1, host: -1, slot: -1, sim: s,
+		baseHashes: s.blockHashes(p),
 		// p is over (the engine keeps hashes, not tokens): its prompt's
 		// array can grow into the next turn's.
 		base: append(p.prompt, p.outTok...), baseMsgs: len(p.w.Messages) + 1,

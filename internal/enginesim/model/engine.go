@@ -56,6 +56,11 @@ type Request struct {
 	EndReason FinishReason
 	// Tag is the owner's; the engine never reads it.
 	Tag any
+	// Hashes, optional, are the chained hashes of Prompt's full blocks
+	// (ChainHashes(Prompt, BlockSize)) if the owner has them, e.g. from
+	// the previous turn of a conversation (ExtendChain); the engine
+	// computes them when they are missing or of the wrong length.
+	Hashes []uint64
 	// Output, optional, is the token ids the generated text will have when
 	// a follow-up prompt repeats it (for chat: the assistant's role marker,
 	// then the text's tokens). When the request finishes, the engine keeps
@@ -484,7 +489,11 @@ func (e *Engine) completeStep(t time.Duration) {
 func (e *Engine) admit(r *Request, t time.Duration) bool {
 	bs := e.cfg.BlockSize
 	if r.hashes == nil {
-		r.hashes = chainHashes(r.Prompt, bs)
+		if len(r.Hashes) == len(r.Prompt)/bs {
+			r.hashes = r.Hashes
+		} else {
+			r.hashes = chainHashes(r.Prompt, bs)
+		}
 	}
 	// The cached prefix's blocks, looked up once (r.blocks is reused if
 	// the request has to wait).
@@ -669,6 +678,12 @@ func mix(x uint64) uint64 {
 // ChainHashes returns the chained block hashes the prefix cache uses for a
 // prompt: element i covers tokens [0, (i+1)·blockSize).
 func ChainHashes(toks []uint64, blockSize int) []uint64 { return chainHashes(toks, blockSize) }
+
+// ExtendChain appends to hs, the chained hashes of the first len(hs) full
+// blocks of toks, the hashes of toks' remaining full blocks: a prompt that
+// extends another (the next turn of a conversation) costs only its new
+// tokens.
+func ExtendChain(hs, toks []uint64, blockSize int) []uint64 { return extendChain(hs, toks, blockSize) }
 
 // CachedBlocks returns how many of the leading chained block hashes
 // (ChainHashes of a prompt, in order) the prefix cache holds now: what a
