@@ -1,7 +1,6 @@
 package fleetsim
 
 import (
-	"slices"
 	"strconv"
 	"unicode/utf8"
 )
@@ -13,15 +12,17 @@ import (
 // encoded.
 func chatBody(p *request) []byte {
 	b, from := p.bodyBase, p.bodyMsgs
-	// Words average under 7 bytes: room for this turn and the next.
+	// Words average under 7 bytes: room for this turn and the next; the
+	// array doubles when a turn outgrows it, so a conversation copies its
+	// history a few times, not at every turn.
 	room := 8*(p.w.PromptTokens+p.w.MaxTokens) + 4096
 	if b == nil {
-		b = append(make([]byte, 0, room), `{"model":`...)
+		b = append(p.s().spareBody(room), `{"model":`...)
 		b = appendJSONString(b, p.s().sc.Workload.Model)
 		b = append(b, `,"messages":[`...)
 		from = 0
 	} else {
-		b = slices.Grow(b, room-len(b))
+		b = growTo(b, room)
 	}
 	for i, m := range p.w.Messages[from:] {
 		if from+i > 0 {
@@ -37,6 +38,17 @@ func chatBody(p *request) []byte {
 	b = append(b, `],"max_tokens":`...)
 	b = strconv.AppendInt(b, int64(max(p.w.MaxTokens, 1)), 10)
 	return append(b, `,"stream":true}`...)
+}
+
+// growTo returns s with a capacity of at least n, doubling it when it
+// must grow.
+func growTo[E any](s []E, n int) []E {
+	if cap(s) >= n {
+		return s
+	}
+	out := make([]E, len(s), max(n, 2*cap(s)))
+	copy(out, s)
+	return out
 }
 
 // jsonSafe marks the bytes a JSON string holds as they are.

@@ -337,7 +337,7 @@ func (s *Sim) blockHashes(p *request) []uint64 {
 		if p.baseHashes != nil && len(p.baseHashes)*bs <= len(p.prompt) {
 			p.hashes = model.ExtendChain(p.baseHashes, p.prompt, bs)
 		} else {
-			p.hashes = chainHashes(p.prompt, bs)
+			p.hashes = model.ExtendChain(s.spareTokens(len(p.prompt)/bs+64), p.prompt, bs)
 		}
 	}
 	return p.hashes

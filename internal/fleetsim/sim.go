@@ -23,7 +23,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 	"unsafe"
@@ -104,6 +103,9 @@ type Sim struct {
 	rec       *recorder
 	ctx       context.Context
 	sysTokens map[sysKey][]uint64
+	// arrays of finished sessions, for new ones (recycle)
+	spareBytes [][]byte
+	spareToks  [][]uint64
 }
 
 // engine is one simulated engine (its replicas).
@@ -728,9 +730,9 @@ func (s *Sim) promptTokens(p *request) []uint64 {
 	// prompt grows in place.
 	room := p.w.PromptTokens + p.w.MaxTokens + 512
 	if p.base != nil && p.baseMsgs <= len(msgs) {
-		return tokens.AppendChat(slices.Grow(p.base, room-len(p.base)), msgs[p.baseMsgs:])
+		return tokens.AppendChat(growTo(p.base, room), msgs[p.baseMsgs:])
 	}
-	out := make([]uint64, 0, room)
+	out := s.spareTokens(room)
 	if len(msgs) > 0 && msgs[0].Role == "system" {
 		k := sysKey{unsafe.StringData(msgs[0].Content), len(msgs[0].Content)}
 		ts, ok := s.sysTokens[k]
@@ -831,9 +833,48 @@ func (s *Sim) finish(p *request, out outcome) {
 
 // sessionOver: a closed-loop user starts the next session.
 func (s *Sim) sessionOver(p *request) {
+	s.recycle(p)
 	if s.sc.Workload.Users > 0 && !s.stopped {
 		s.q.push(event{t: s.now + p.w.ThinkTime, kind: evNewSession, a: -1})
 	}
+}
+
+// maxSpare bounds the arrays kept for reuse.
+const maxSpare = 4096
+
+// recycle keeps the arrays of a session's last request (its body, prompt
+// tokens and block hashes: nothing refers to them once it ended) for the
+// next sessions, so new conversations do not allocate and clear them.
+func (s *Sim) recycle(p *request) {
+	if b := p.bodyPre; cap(b) > 0 && len(s.spareBytes) < maxSpare {
+		s.spareBytes = append(s.spareBytes, b[:0])
+	}
+	for _, t := range [][]uint64{p.prompt, p.hashes} {
+		if cap(t) > 0 && len(s.spareToks) < maxSpare {
+			s.spareToks = append(s.spareToks, t[:0])
+		}
+	}
+	p.bodyPre, p.prompt, p.hashes = nil, nil, nil
+}
+
+// spareTokens is an empty token array of capacity at least n.
+func (s *Sim) spareTokens(n int) []uint64 {
+	if k := len(s.spareToks); k > 0 {
+		t := s.spareToks[k-1]
+		s.spareToks = s.spareToks[:k-1]
+		return growTo(t, n)
+	}
+	return make([]uint64, 0, n)
+}
+
+// spareBody is an empty byte array of capacity at least n.
+func (s *Sim) spareBody(n int) []byte {
+	if k := len(s.spareBytes); k > 0 {
+		b := s.spareBytes[k-1]
+		s.spareBytes = s.spareBytes[:k-1]
+		return growTo(b, n)
+	}
+	return make([]byte, 0, n)
 }
 
 // healthChecks is Envoy's active health checking (interval 2 s, two

@@ -121,3 +121,38 @@ func TestBatchedDecodeIsExact(t *testing.T) {
 		}
 	}
 }
+
+// The block index agrees with a Go map through random puts, gets and
+// deletes, growth included, with keys crowded into a few home slots.
+func TestBlockIndex(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	m := newBlockIndex()
+	ref := map[uint64]int32{}
+	for op := 0; op < 100000; op++ {
+		// Few distinct low bits: long probe clusters.
+		k := uint64(rng.IntN(5000))<<12 | uint64(rng.IntN(64))
+		switch rng.IntN(3) {
+		case 0:
+			v := int32(rng.IntN(1 << 20))
+			m.put(k, v)
+			ref[k] = v
+		case 1:
+			m.del(k)
+			delete(ref, k)
+		default:
+			v, ok := m.get(k)
+			w, wok := ref[k]
+			if ok != wok || v != w {
+				t.Fatalf("op %d key %x: got %d,%v want %d,%v", op, k, v, ok, w, wok)
+			}
+		}
+		if m.len() != len(ref) {
+			t.Fatalf("op %d: len %d want %d", op, m.len(), len(ref))
+		}
+	}
+	for k, w := range ref {
+		if v, ok := m.get(k); !ok || v != w {
+			t.Fatalf("key %x lost", k)
+		}
+	}
+}

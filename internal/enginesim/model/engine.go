@@ -169,7 +169,7 @@ type Engine struct {
 	runStep  time.Duration
 	batcher  TokenBatcher
 
-	cache       map[uint64]int32 // hash → arena index
+	cache       blockIndex // hash → arena index
 	lru         blockArena
 	totalBlocks int
 	usedBlocks  int // pinned: anonymous + cached with ref > 0
@@ -191,7 +191,7 @@ func New(cfg Config, l Listener) (*Engine, error) {
 		listener:    l,
 		batcher:     b,
 		slowdown:    1,
-		cache:       make(map[uint64]int32),
+		cache:       newBlockIndex(),
 		lru:         newBlockArena(),
 		totalBlocks: cfg.KVCapacityTokens / cfg.BlockSize,
 	}, nil
@@ -342,7 +342,7 @@ func (e *Engine) Stats() Stats {
 	s.Waiting = e.nWait
 	s.Pending = e.nPend
 	s.KVBlocks = e.totalBlocks
-	s.CachedBlocks = len(e.cache)
+	s.CachedBlocks = e.cache.len()
 	s.KVUsage = float64(e.usedBlocks) / float64(e.totalBlocks)
 	return s
 }
@@ -502,7 +502,7 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	}
 	found := r.blocks[:0]
 	for _, h := range r.hashes {
-		b, ok := e.cache[h]
+		b, ok := e.cache.get(h)
 		if !ok {
 			break
 		}
@@ -531,7 +531,7 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	r.blocks = found
 	for e.totalBlocks-e.usedBlocks-e.lru.n < need {
 		b := e.lru.popFront()
-		delete(e.cache, e.lru.b[b].hash)
+		e.cache.del(e.lru.b[b].hash)
 		e.lru.drop(b)
 	}
 	e.usedBlocks += need
@@ -557,7 +557,7 @@ func (e *Engine) registerBlocks(r *Request) {
 	full := min(r.prefilled/e.cfg.BlockSize, len(r.hashes))
 	for i := len(r.blocks); i < full; i++ {
 		h := r.hashes[i]
-		if b, ok := e.cache[h]; ok {
+		if b, ok := e.cache.get(h); ok {
 			// Computed concurrently by another request: share it and give
 			// back the block this request had reserved for it.
 			e.pin(b)
@@ -567,7 +567,7 @@ func (e *Engine) registerBlocks(r *Request) {
 			continue
 		}
 		b := e.lru.alloc(h, 1)
-		e.cache[h] = b
+		e.cache.put(h, b)
 		r.anon--
 		r.blocks = append(r.blocks, b)
 	}
@@ -602,14 +602,14 @@ func (e *Engine) cacheOutput(r *Request) {
 		} else {
 			h = more[i-k]
 		}
-		if _, ok := e.cache[h]; ok {
+		if _, ok := e.cache.get(h); ok {
 			continue // cached already (another request computed it)
 		}
 		add = append(add, h)
 	}
 	for i := len(add) - 1; i >= 0; i-- {
 		b := e.lru.alloc(add[i], 0)
-		e.cache[add[i]] = b
+		e.cache.put(add[i], b)
 		e.lru.pushBack(b)
 	}
 	r.anon -= len(add)
@@ -692,7 +692,7 @@ func ExtendChain(hs, toks []uint64, blockSize int) []uint64 { return extendChain
 func (e *Engine) CachedBlocks(hashes []uint64) int {
 	k := 0
 	for k < len(hashes) {
-		if _, ok := e.cache[hashes[k]]; !ok {
+		if _, ok := e.cache.get(hashes[k]); !ok {
 			break
 		}
 		k++

@@ -103,3 +103,93 @@ func (a *blockArena) popFront() int32 {
 	a.remove(i)
 	return i
 }
+
+// blockIndex maps block hashes to arena indexes: open addressing with
+// linear probing and backward-shift deletion. Chained block hashes are
+// already well mixed, so their low bits pick the slot directly; the table
+// holds no pointers and probes stay in one cache line or two.
+type blockIndex struct {
+	keys []uint64
+	vals []int32 // −1: empty slot
+	n    int
+	mask uint64
+}
+
+func newBlockIndex() blockIndex {
+	const size = 1024
+	m := blockIndex{keys: make([]uint64, size), vals: make([]int32, size), mask: size - 1}
+	for i := range m.vals {
+		m.vals[i] = -1
+	}
+	return m
+}
+
+func (m *blockIndex) len() int { return m.n }
+
+func (m *blockIndex) get(h uint64) (int32, bool) {
+	for i := h & m.mask; ; i = (i + 1) & m.mask {
+		v := m.vals[i]
+		if v < 0 {
+			return 0, false
+		}
+		if m.keys[i] == h {
+			return v, true
+		}
+	}
+}
+
+func (m *blockIndex) put(h uint64, v int32) {
+	if 4*(m.n+1) > 3*len(m.vals) {
+		m.grow()
+	}
+	i := h & m.mask
+	for ; m.vals[i] >= 0; i = (i + 1) & m.mask {
+		if m.keys[i] == h {
+			m.vals[i] = v
+			return
+		}
+	}
+	m.keys[i], m.vals[i] = h, v
+	m.n++
+}
+
+func (m *blockIndex) del(h uint64) {
+	i := h & m.mask
+	for {
+		if m.vals[i] < 0 {
+			return // absent
+		}
+		if m.keys[i] == h {
+			break
+		}
+		i = (i + 1) & m.mask
+	}
+	m.vals[i] = -1
+	m.n--
+	// Shift back the entries of the cluster after i that may no longer be
+	// found past the hole.
+	for j := (i + 1) & m.mask; m.vals[j] >= 0; j = (j + 1) & m.mask {
+		k := m.keys[j] & m.mask // the entry's home slot
+		// It stays if its home lies cyclically in (i, j].
+		if (i < j && i < k && k <= j) || (j < i && (k > i || k <= j)) {
+			continue
+		}
+		m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
+		m.vals[j] = -1
+		i = j
+	}
+}
+
+func (m *blockIndex) grow() {
+	old := *m
+	size := 2 * len(old.vals)
+	*m = blockIndex{keys: make([]uint64, size), vals: make([]int32, size), mask: uint64(size - 1)}
+	for i := range m.vals {
+		m.vals[i] = -1
+	}
+	for i, v := range old.vals {
+		if v >= 0 {
+			m.put(old.keys[i], v)
+		}
+	}
+}
