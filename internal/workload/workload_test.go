@@ -352,3 +352,17 @@ func TestAppendWordIDs(t *testing.T) {
 		}
 	}
 }
+
+// Words writes what the word writer writes (the fast path and the general
+// one agree), for every small n and a few seeds.
+func TestWordsFastPath(t *testing.T) {
+	for seed := uint64(0); seed < 5; seed++ {
+		for n := 0; n < 40; n++ {
+			var w wordWriter
+			w.write(seed, n)
+			if got := Words(seed, n); got != w.String() {
+				t.Fatalf("seed %d n %d: %q vs %q", seed, n, got, w.String())
+			}
+		}
+	}
+}
