@@ -158,6 +158,9 @@ type Inputs struct {
 	Engines  []signals.Engine
 	Demand   map[signals.DemandKey]signals.DemandRate
 	Evidence map[string]signals.Evidence // by engine address
+	// Prefixes is the prefix view by class (signals.Intake.Prefixes), from
+	// which the split tables are learned (affinity.go).
+	Prefixes map[string]signals.ClassPrefixes
 }
 
 // EngineView is what the cycle concluded about an engine (admin view).
@@ -216,6 +219,8 @@ type Result struct {
 	Objective float64                  `json:"objective"`
 	Engines   []EngineView             `json:"engines"`
 	Nodes     map[string]*NodeDecision `json:"nodes"`
+	// Affinity is each class's split table (the same at every node).
+	Affinity map[string]*AffinityView `json:"affinity"`
 	// Publish lists the nodes whose resources changed, to publish.
 	Publish []*translate.Resources `json:"-"`
 }
@@ -238,6 +243,8 @@ type Controller struct {
 	published map[string]*NodeDecision
 	planned   map[string]float64 // engine → planned load (ref req/s)
 	version   int64
+	// tables holds each class's published split-table rules.
+	tables map[string][]translate.PrefixRule
 }
 
 type problemFrame struct {
@@ -260,7 +267,7 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 	}
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
 		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, impaired: map[string]bool{},
-		published: map[string]*NodeDecision{}, planned: map[string]float64{}}
+		published: map[string]*NodeDecision{}, planned: map[string]float64{}, tables: map[string][]translate.PrefixRule{}}
 	f := &c.problem
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
 	f.priorities = slices.Clone(spec.Priorities)
@@ -559,6 +566,18 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		engUtil[er.ID] = er.Utilization
 	}
 
+	// The split tables, one per class for every node.
+	res.Affinity = map[string]*AffinityView{}
+	for _, cl := range f.classes {
+		n := 0
+		for _, j := range f.eligible[cl.Name] {
+			if h := health[f.engines[j].ID]; h != translate.Unhealthy {
+				n++
+			}
+		}
+		res.Affinity[cl.Name] = splitTable(cl, in.Prefixes[cl.Name], n, c.tables[cl.Name])
+	}
+
 	// 4–5. Deadband and translation per node.
 	levelOf := map[string]uint32{}
 	var prios []translate.Priority
@@ -667,11 +686,16 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
 				Weights: cd.Weights, ShedByLevel: cd.shedLevels, RetryBudgetFraction: budget,
 				MaxRetries: retries, LocalInflightLimit: uint32(inflight), Utilization: util,
-				MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens))}
+				MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens)),
+				Affinity: translate.Affinity{Keys: cl.Affinity.Keys, Off: cl.Affinity.Mode == fleet.AffinityOff,
+					Rules: res.Affinity[cl.Name].rules}}
+			if m, ok := c.spec.ModelByName(cl.Model); ok {
+				tc.TokenizerSHA256, tc.ChatTemplateTokens = m.TokenizerSHA256, uint32(m.ChatTemplateTokens)
+			}
 			cd.Utilization = util
 			for id := range cd.Weights {
 				e, _ := c.spec.EngineByID(id)
-				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id]}
+				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath}
 				planned[id] += cd.Weights[id] * cd.Demand * c.workRatio(id, flow, cl)
 			}
 			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)
@@ -711,6 +735,9 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	c.published = res.Nodes
 	c.planned = planned
+	for cl, av := range res.Affinity {
+		c.tables[cl] = av.rules
+	}
 	return res, nil
 }
 

@@ -135,7 +135,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	}
 	for _, e := range cfg.Fleet.Engines {
 		ids = append(ids, e.ID)
-		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address})
+		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
 	}
 	if r.intake, err = signals.NewIntake(signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now}); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
@@ -333,7 +333,7 @@ func (r *Runner) cycle(ctx context.Context) {
 	engines := r.tracker.Engines(now)
 	r.mu.Unlock()
 	t0 := time.Now()
-	res, err := r.ctrl.Step(ctx, Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev})
+	res, err := r.ctrl.Step(ctx, Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, Prefixes: r.intake.Prefixes(now)})
 	r.m.cycleSeconds.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		r.m.cycles.WithLabelValues("error").Inc()
@@ -542,6 +542,14 @@ func (r *Runner) adminHandler() http.Handler {
 		writeJSON(w, map[string]any{"at": res.At, "allocator": res.Allocator, "fallback_reason": res.Fallback,
 			"objective": res.Objective, "nodes": out})
 	})
+	mux.HandleFunc("GET /affinity", func(w http.ResponseWriter, _ *http.Request) {
+		res := r.Last()
+		if res == nil {
+			http.Error(w, "no cycle yet", http.StatusServiceUnavailable)
+			return
+		}
+		writeJSON(w, map[string]any{"at": res.At, "classes": res.Affinity})
+	})
 	mux.HandleFunc("GET /xds", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]any{"nodes": r.srv.Status()})
 	})
@@ -550,6 +558,7 @@ func (r *Runner) adminHandler() http.Handler {
   /weights[?node=N]          published weights per node and class (shares, Envoy integers, priorities)
   /explain[?node=N&class=C]  the optimizer's terms behind every weight
   /signals                   engine signals, the cycle's engine view (penalties), demand, evidence
+  /affinity                  per class: the split table of hot and shared prefixes, and why
   /xds                       per node: published, ACKed and NACKed versions, streams
   /metrics                   Prometheus metrics
   /healthz /readyz

@@ -11,6 +11,7 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // Decider is ext_proc's per-request decision logic without the gRPC
@@ -30,6 +31,18 @@ type Decider struct {
 	states   map[string]*classState
 
 	anon atomic.Uint64 // keys for requests with nothing to hash
+
+	// tokenizers are the models' tokenizers by SHA-256 (SetTokenizers),
+	// matched to classes when a policy is installed; guarded by statesMu.
+	tokenizers map[string]*hf.Tokenizer
+}
+
+// SetTokenizers gives the tokenizers (by SHA-256) that policies' classes
+// name; it applies from the next SetPolicy.
+func (d *Decider) SetTokenizers(m map[string]*hf.Tokenizer) {
+	d.statesMu.Lock()
+	defer d.statesMu.Unlock()
+	d.tokenizers = m
 }
 
 // NewDecider returns a Decider without a policy; its Observer's first
@@ -37,6 +50,10 @@ type Decider struct {
 func NewDecider(now time.Time) *Decider {
 	return &Decider{obs: NewObserver(now), states: map[string]*classState{}}
 }
+
+// fresh is a new key for a request with nothing to key on (or with
+// affinity off): distinct per request, spread over the whole range.
+func (d *Decider) fresh() uint64 { return mix(d.anon.Add(1)) }
 
 // Observer returns the demand and evidence accumulator.
 func (d *Decider) Observer() *Observer { return d.obs }
@@ -59,6 +76,11 @@ func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy,
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	for _, c := range p.classes {
+		if c.TokenizerSHA256 != "" {
+			c.tokenizer = d.tokenizers[c.TokenizerSHA256]
+		}
 	}
 	return p, d.policy.Swap(p), nil
 }
@@ -101,15 +123,21 @@ type Decision struct {
 	Level    uint32
 	// KeyHash is the cache-affinity key the route hashes on (as the header
 	// value hex16(KeyHash)); KeySource says where it came from ("session",
-	// "prompt_cache_key", "user", "prefix", or "" for a per-request key).
+	// "prompt_cache_key", "user", "prefix", or "" for a per-request key);
+	// Key is the whole derivation (affinity.go): the prefix walk's kind,
+	// the conversation's key shedding used, affinity off.
 	KeyHash   uint64
 	KeySource string
+	Key       KeyDecision
 	// Outcome is admitted or a shed verdict (then the request is answered
 	// 429 and nothing else applies).
 	Outcome Outcome
 	// Retries is how many retries the request may use (Envoy's
 	// x-envoy-max-retries); reserved from the class's budget.
 	Retries int
+	// Bound says how the request's context need was bounded to pick the
+	// class ("short", "bytes" or "tokenizer"; see routeByContext).
+	Bound string
 
 	held bool // counted in flight: Release must undo it
 }
@@ -179,8 +207,8 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		}
 		level, prio = l, in.Priority
 	}
-	need := br.PromptTokens + max(br.MaxTokens, 0)
-	c, rerr := p.Route(br.Model, in.Residency, need)
+	c, bound, rerr := p.routeByContext(br.Model, in.Residency, in.Body, in.Kind, br)
+	dc.Bound = bound
 	switch rerr {
 	case errUnknownModel:
 		return &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
@@ -189,11 +217,18 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		return &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
 			message: fmt.Sprintf("The model %q is not served in data-residency zone %q (header %s).", br.Model, in.Residency, headers.Residency), reason: "residency"}
 	}
-	keyHash, src := affinityKey(in.Session, br)
+	kd := c.aff.key(in.Session, br, d.fresh)
+	keyHash := kd.Key
 	if keyHash == 0 {
-		keyHash = mix(d.anon.Add(1))
+		keyHash = d.fresh()
 	}
-	outcome := p.admit(c, level, keyHash)
+	// Shedding keeps a conversation whole: it uses the conversation's key
+	// (with affinity off too), not a spread slot or a fresh key.
+	shedKey := kd.Conversation
+	if shedKey == 0 {
+		shedKey = keyHash
+	}
+	outcome := p.admit(c, level, shedKey)
 	// The output the request will cost: what it asks for, else the class's
 	// typical length.
 	output := br.MaxTokens
@@ -201,8 +236,13 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		output = c.MeanOutputTokens
 	}
 	d.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
+	d.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0), d.fresh())
 	dc.Policy, dc.Class, dc.Priority, dc.Level = p, c, prio, level
-	dc.KeyHash, dc.KeySource, dc.Outcome = keyHash, src, Outcome(outcome)
+	src := kd.Source
+	if kd.Off {
+		src = "" // a fresh key per request
+	}
+	dc.KeyHash, dc.KeySource, dc.Key, dc.Outcome = keyHash, src, kd, Outcome(outcome)
 	if outcome != admitted {
 		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
 		if outcome == shedLocal {

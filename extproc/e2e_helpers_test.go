@@ -26,6 +26,7 @@ import (
 	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // engine is a stand-in upstream: it answers with its id and the internal
@@ -107,6 +108,8 @@ type rigOptions struct {
 	bodyLimit int
 	noExtProc bool // point Envoy at a port where nothing listens
 	reportInt time.Duration
+	// tokenizers are ext_proc's loaded tokenizers (by SHA-256).
+	tokenizers map[string]*hf.Tokenizer
 }
 
 const nodeID = "frontend-test"
@@ -172,7 +175,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	}
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r.ext = extproc.New(extproc.Options{BodyLimit: o.bodyLimit, Logger: log})
+	r.ext = extproc.New(extproc.Options{BodyLimit: o.bodyLimit, Logger: log, Tokenizers: o.tokenizers})
 	conn, err := grpc.NewClient(r.cp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -298,7 +298,10 @@ func TestBadRequests(t *testing.T) {
 		{"unknown model", "/v1/chat/completions", chatMsgs("gpt-7", []msg{{"user", "hi"}}, nil), nil, 404, `The model "gpt-7" does not exist`},
 		{"unknown priority", "/v1/chat/completions", chat("s", "u"), map[string]string{"x-priority": "vip"}, 400, `Unknown priority "vip"`},
 		{"residency", "/v1/chat/completions", chat("s", "u"), map[string]string{"x-data-residency": "us"}, 404, `not served in data-residency zone "us"`},
-		{"unknown path", "/v1/embeddings", chat("s", "u"), nil, 404, "Unknown request URL"},
+		{"unknown path", "/v1/chat", chat("s", "u"), nil, 404, "Unknown request URL: POST /v1/chat."},
+		{"embeddings", "/v1/embeddings", []byte(`{"model":"llama-3-8b","input":"x"}`), nil, 404, "POST /v1/embeddings (embeddings) is not served through this load balancer"},
+		{"responses", "/v1/responses", []byte(`{"model":"llama-3-8b","input":"x"}`), nil, 404, "POST /v1/responses (the Responses API) is not served"},
+		{"models by POST", "/v1/models", []byte(`{}`), nil, 405, "Method POST not allowed for /v1/models; use GET."},
 		{"oversized", "/v1/chat/completions", big, nil, 413, "exceeds the limit of 65536 bytes"},
 	}
 	for _, c := range cases {

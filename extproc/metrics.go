@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	decisions      *prometheus.CounterVec // class, priority, outcome
+	keys           *prometheus.CounterVec // class, key
 	rejected       *prometheus.CounterVec // status
 	decisionTime   prometheus.Histogram
 	bodyBytes      prometheus.Histogram
@@ -14,6 +15,7 @@ type metrics struct {
 	policyUpdates  *prometheus.CounterVec // result
 	policyInfo     *prometheus.GaugeVec   // version
 	streams        prometheus.Gauge
+	contextBounds  *prometheus.CounterVec // method
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -22,6 +24,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "inferlb_extproc_decisions_total",
 			Help: "Routing decisions by class, priority and outcome (admitted, shed_policy, shed_local).",
 		}, []string{"class", "priority", "outcome"}),
+		keys: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_affinity_keys_total",
+			Help: "Affinity keys by class and kind: session, prompt_cache_key, user; conversation, group, spread (from the prefix chain and the split table); none (nothing to key on: a fresh key); off (affinity off for the class).",
+		}, []string{"class", "key"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferlb_extproc_rejected_total",
 			Help: "Requests answered with an error before routing, by HTTP status and reason.",
@@ -65,8 +71,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "inferlb_extproc_streams",
 			Help: "Open ext_proc streams.",
 		}),
+		contextBounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_context_bounds_total",
+			Help: "Requests routed by their context need, by how the prompt was bounded: short (11× bytes fit the smallest class), bytes (tokens.Bound), tokenizer (the model's tokenizer.json counted the texts).",
+		}, []string{"method"}),
 	}
-	reg.MustRegister(m.decisions, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
-		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams)
+	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
+		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams, m.contextBounds)
 	return m
 }

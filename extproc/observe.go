@@ -1,11 +1,14 @@
 package extproc
 
 import (
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -18,6 +21,12 @@ type Observer struct {
 	start   time.Time
 	demand  map[demandKey]*policyv1.DemandSample
 	engines map[string]*policyv1.EngineEvidence
+
+	// pmu guards prefixes, the interval's prefix sketch per class (a
+	// lock of its own: an update walks up to body.MaxPoints points).
+	pmu        sync.Mutex
+	prefixes   map[string]*prefixSketch
+	sketchSize int // set before use; 0 means DefaultPrefixSketchSize
 }
 
 type demandKey struct{ class, priority string }
@@ -88,7 +97,14 @@ func (o *Observer) Flush(now time.Time) *policyv1.ReportRequest {
 	o.engines = make(map[string]*policyv1.EngineEvidence, len(engines))
 	o.start = now
 	o.mu.Unlock()
+	o.pmu.Lock()
+	sketches := o.prefixes
+	o.prefixes = nil
+	o.pmu.Unlock()
 	r := &policyv1.ReportRequest{IntervalStart: timestamppb.New(start), IntervalEnd: timestamppb.New(now)}
+	for _, class := range slices.Sorted(maps.Keys(sketches)) {
+		r.Prefixes = append(r.Prefixes, sketches[class].report(class))
+	}
 	for _, d := range demand {
 		r.Demand = append(r.Demand, d)
 	}
@@ -103,4 +119,49 @@ func (o *Observer) Flush(now time.Time) *policyv1.ReportRequest {
 	})
 	sort.Slice(r.Engines, func(i, j int) bool { return r.Engines[i].Address < r.Engines[j].Address })
 	return r
+}
+
+// Prefixes records one request of a class (tokens: prompt plus expected
+// output) and, when its key came from its prefix chain, the chain points
+// the key's walk visited, in the class's prefix sketch, each with its
+// continuation: the next point of the chain, or own (a value of this
+// request's) for the chain's last point.
+func (o *Observer) Prefixes(class string, c *body.Chain, kd *KeyDecision, tokens int, own uint64) {
+	o.pmu.Lock()
+	defer o.pmu.Unlock()
+	if o.prefixes == nil {
+		o.prefixes = map[string]*prefixSketch{}
+	}
+	sk := o.prefixes[class]
+	if sk == nil {
+		size := o.sketchSize
+		if size <= 0 {
+			size = DefaultPrefixSketchSize
+		}
+		sk = newPrefixSketch(size)
+		o.prefixes[class] = sk
+	}
+	t := uint64(max(tokens, 0))
+	sk.requests++
+	sk.tokens += t
+	if kd.Source != "prefix" || kd.Off {
+		return
+	}
+	parent := uint64(0)
+	for i := 0; i < kd.Walked; i++ {
+		next := own
+		if i+1 < c.N {
+			next = c.Points[i+1].Hash
+		}
+		sk.add(&c.Points[i], parent, t, bitOf(next))
+		parent = c.Points[i].Hash
+	}
+}
+
+// SetPrefixSketchSize sets the points each class's sketch tracks per
+// interval (before the first request; 0: DefaultPrefixSketchSize).
+func (o *Observer) SetPrefixSketchSize(n int) {
+	o.pmu.Lock()
+	o.sketchSize = n
+	o.pmu.Unlock()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // Policy is an immutable, compiled RoutingPolicy: the hot path reads it
@@ -51,6 +52,16 @@ type Class struct {
 	// MeanOutputTokens stands in for max_tokens in demand reports when a
 	// request states none.
 	MeanOutputTokens int
+	// TokenizerSHA256 names the model's tokenizer.json ("" none) and
+	// TemplateTokens bounds what its chat template adds (routeByContext).
+	TokenizerSHA256 string
+	TemplateTokens  int
+	// tokenizer is the loaded tokenizer of that digest (nil: the bytes
+	// bound only), set by the Server when it installs the policy.
+	tokenizer *hf.Tokenizer
+
+	// aff derives the class's affinity keys (affinity.go).
+	aff affinity
 
 	state *classState
 	// The decision's cluster and class headers, built once by Compile and
@@ -87,7 +98,8 @@ func (p *Policy) PriorityName(level uint32) string {
 }
 
 // Compile validates a RoutingPolicy and builds the hot-path form. states
-// supplies the runtime state per class name (created when missing).
+// supplies the runtime state per class name (created when missing); nil
+// gives every class fresh state.
 //
 // Shed fractions are made consistent with "lowest priority first": a level
 // sheds only when every less important level (higher number) sheds
@@ -96,6 +108,9 @@ func (p *Policy) PriorityName(level uint32) string {
 func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (*Policy, error) {
 	if rp == nil {
 		return nil, fmt.Errorf("policy: nil")
+	}
+	if states == nil { // a policy to inspect (explain-key), not to serve
+		states = func(string) *classState { return newClassState() }
 	}
 	p := &Policy{
 		Version:    rp.GetVersion(),
@@ -158,6 +173,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 			RetryFraction: cp.GetRetryBudgetFraction(), MaxRetries: int(cp.GetMaxRetries()),
 			InflightLimit: int(cp.GetLocalInflightLimit()), Utilization: cp.GetUtilization(),
 			MeanOutputTokens: int(cp.GetMeanOutputTokens()),
+			TokenizerSHA256:  cp.GetTokenizerSha256(), TemplateTokens: int(cp.GetChatTemplateTokens()),
 		}
 		c.clusterHdr, c.classHdr = setHeader(headers.Cluster, c.Cluster), setHeader(headers.Class, c.Name)
 		where := fmt.Sprintf("policy: classes[%d] (%q)", i, c.Name)
@@ -186,6 +202,11 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		if err := labelValue(c.Name); err != nil {
 			return nil, fmt.Errorf("%s: name: %w", where, err)
 		}
+		aff, err := compileAffinity(cp.GetAffinity())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		c.aff = aff
 		seen[c.Name] = true
 		raw := make([]float64, p.maxLevel+1)
 		for l, f := range cp.GetShedFractionByLevel() {
@@ -322,6 +343,25 @@ func (p *Policy) Route(model, residency string, need int) (*Class, routeErr) {
 		return nil, errResidency
 	}
 	return best, 0
+}
+
+// smallerGuarantee is the largest context guarantee below c's among the
+// classes Route could have chosen instead of c for this model and
+// residency (0: none).
+func (p *Policy) smallerGuarantee(model, residency string, c *Class) int {
+	best := 0
+	for _, o := range p.byModel[model] {
+		switch {
+		case residency != "" && o.Residency != residency:
+			continue
+		case residency == "" && c.Residency == "" && o.Residency != "":
+			continue
+		}
+		if g := o.guarantee(); g > 0 && g < c.guarantee() && g > best {
+			best = g
+		}
+	}
+	return best
 }
 
 type routeErr uint8

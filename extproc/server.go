@@ -14,7 +14,6 @@ package extproc
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"strconv"
@@ -33,6 +32,7 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // DefaultBodyLimit is the largest request body accepted (and the value the
@@ -50,6 +50,10 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Tokenizers are the models' tokenizers by SHA-256 (the policy names a
+	// class's by digest); a class whose tokenizer is not here is bounded by
+	// bytes alone.
+	Tokenizers map[string]*hf.Tokenizer
 }
 
 // Server is the ext_proc gRPC service.
@@ -79,7 +83,9 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now())}
+	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now())}
+	s.dec.SetTokenizers(opt.Tokenizers)
+	return s
 }
 
 // Register adds the ext_proc service and the access-log service (Envoy's
@@ -116,6 +122,12 @@ func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
 	}
 	s.m.policyInfo.WithLabelValues(p.Version).Set(1)
 	s.log.Info("routing policy applied", "version", p.Version, "classes", len(p.classes), "node", p.NodeID)
+	for _, c := range p.classes {
+		if c.TokenizerSHA256 != "" && c.tokenizer == nil {
+			s.log.Warn("class's tokenizer not loaded: its context limit is judged by the bytes bound (load the model's tokenizer.json with --tokenizer)",
+				"class", c.Name, "model", c.Model, "sha256", c.TokenizerSHA256)
+		}
+	}
 	return nil
 }
 
@@ -268,8 +280,14 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	case "/v1/completions":
 		st.kind = body.Completion
 	default:
+		if path == modelsPath || strings.HasPrefix(path, modelsPath+"/") {
+			return s.onModels(st, method, path)
+		}
+		if what, ok := unrouted[path]; ok {
+			return s.reject(st, unroutedError(method, path, what))
+		}
 		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "unknown_url",
-			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions.", method, path), reason: "unknown_path"})
+			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions, and answers GET /v1/models.", method, path), reason: "unknown_path"})
 	}
 	if method != "POST" {
 		return s.reject(st, &apiError{status: 405, typ: "invalid_request_error", code: "method_not_allowed",
@@ -300,14 +318,20 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
 	dc := &st.dc
-	if rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc); rej != nil {
+	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc)
+	if dc.Bound != "" {
+		s.m.contextBounds.WithLabelValues(dc.Bound).Inc()
+	}
+	if rej != nil {
 		if rej.Shed() {
 			s.m.decisions.WithLabelValues(dc.Class.Name, dc.Priority, dc.Outcome.String()).Inc()
+			s.m.keys.WithLabelValues(dc.Class.Name, dc.Key.label()).Inc()
 		}
 		return s.reject(st, rej.e)
 	}
 	c, level := dc.Class, dc.Level
 	s.m.decisions.WithLabelValues(c.Name, dc.Priority, dc.Outcome.String()).Inc()
+	s.m.keys.WithLabelValues(c.Name, dc.Key.label()).Inc()
 	st.routed = true
 	s.m.inflight.WithLabelValues(c.Name).Inc()
 	if dc.Retries > 0 {
@@ -354,43 +378,6 @@ func (p *Policy) priorityNames() []string {
 		}
 	}
 	return out
-}
-
-// affinityKey applies the documented rule: explicit session header, then
-// prompt_cache_key, then user, then the stable-prefix hash. It returns 0
-// when there is nothing to key on.
-func affinityKey(session string, br *body.Request) (uint64, string) {
-	switch {
-	case session != "":
-		return keyHash('s', session), "session"
-	case br.PromptCacheKey != "":
-		return keyHash('p', br.PromptCacheKey), "prompt_cache_key"
-	case br.User != "":
-		return keyHash('u', br.User), "user"
-	case br.HasPrefix:
-		return mix(br.PrefixHash ^ 0x68), "prefix"
-	}
-	return 0, ""
-}
-
-func keyHash(tag byte, v string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte{tag, 0})
-	h.Write([]byte(v))
-	return mix(h.Sum64())
-}
-
-// mix is a 64-bit finalizer (splitmix64), so keys spread over the whole range.
-func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	if h == 0 {
-		h = 1
-	}
-	return h
 }
 
 func hex16(v uint64) string {

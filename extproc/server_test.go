@@ -2,7 +2,9 @@ package extproc
 
 import (
 	"context"
+	"encoding/json"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,12 +12,14 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/lni/goutils/leaktest"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // Messages out of order end the stream with FailedPrecondition instead of a
@@ -103,5 +107,59 @@ func TestDemandOutputTokens(t *testing.T) {
 	rep := s.Observer().Flush(time.Now())
 	if len(rep.GetDemand()) != 1 || rep.GetDemand()[0].GetRequests() != 3 || rep.GetDemand()[0].GetOutputTokens() != 340 {
 		t.Fatalf("demand %v, want 3 requests and 300+40+0 = 340 output tokens", rep.GetDemand())
+	}
+}
+
+// TestContextBoundMethods: the cheapest bound that decides is used —
+// 11 × bytes for a short request, the bytes bound when it settles the
+// class, the tokenizer only near a limit, and counting stops past the
+// smaller class's limit (a long prompt is not tokenized whole).
+func TestContextBoundMethods(t *testing.T) {
+	tok, err := hf.Load("../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{Registry: prometheus.NewRegistry(), Tokenizers: map[string]*hf.Tokenizer{tok.SHA256(): tok}})
+	if err := s.SetPolicy(&policyv1.RoutingPolicy{NodeId: "n", Version: "1",
+		Priorities: []*policyv1.Priority{{Name: "p", Level: 0}}, DefaultPriority: "p",
+		Classes: []*policyv1.ClassPolicy{
+			{Name: "short", Cluster: "c1", Model: "m", MaxContextTokens: 4096, TokenizerSha256: tok.SHA256(), ChatTemplateTokens: 16},
+			{Name: "long", Cluster: "c2", Model: "m", MaxContextTokens: 1 << 20, TokenizerSha256: tok.SHA256(), ChatTemplateTokens: 16},
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	chat := func(text string) string {
+		b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 10, "messages": []map[string]string{{"role": "user", "content": text}}})
+		return string(b)
+	}
+	cases := []struct {
+		name, body, class, method string
+	}{
+		{"short request", chat("hello there"), "short", boundShort},
+		{"bytes settle it", chat(strings.Repeat("a", 3000)), "short", boundBytes},
+		{"near the limit: counted", chat(strings.Repeat("word ", 1000)), "short", boundTokenizer},
+		{"digits over the limit", chat(strings.Repeat("9,", 2100)), "long", boundTokenizer},
+		{"long prompt: counting stops early", chat(strings.Repeat("word ", 200000)), "long", boundTokenizer},
+	}
+	hdr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")}}}}}}
+	for _, c := range cases {
+		before := testutil.ToFloat64(s.m.contextBounds.WithLabelValues(c.method))
+		st := &stream{}
+		if _, err := s.step(st, hdr); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		r, err := s.step(st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: []byte(c.body), EndOfStream: true}}})
+		took := time.Since(t0)
+		if err != nil || r.GetRequestBody() == nil {
+			t.Fatalf("%s: %v %v", c.name, r, err)
+		}
+		if st.dc.Class.Name != c.class || testutil.ToFloat64(s.m.contextBounds.WithLabelValues(c.method)) != before+1 {
+			t.Errorf("%s: class %s, want %s by %s", c.name, st.dc.Class.Name, c.class, c.method)
+		}
+		t.Logf("%s: %d bytes, %v", c.name, len(c.body), took)
+		s.finish(st)
 	}
 }

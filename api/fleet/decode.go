@@ -41,8 +41,11 @@ type linkDoc struct {
 }
 
 type modelDoc struct {
-	Name             string `yaml:"name"`
-	MaxContextTokens *int   `yaml:"max_context_tokens"`
+	Name               string `yaml:"name"`
+	MaxContextTokens   *int   `yaml:"max_context_tokens"`
+	Tokenizer          string `yaml:"tokenizer"`
+	TokenizerSHA256    string `yaml:"-"` // derived; kept by New
+	ChatTemplateTokens *int   `yaml:"chat_template_tokens"`
 }
 
 type profileDoc struct {
@@ -69,12 +72,21 @@ type curveDoc struct {
 }
 
 type classDoc struct {
-	Name             string   `yaml:"name"`
-	Model            string   `yaml:"model"`
-	Residency        string   `yaml:"residency"`
-	MinContextTokens *int     `yaml:"min_context_tokens"`
-	MeanPromptTokens *float64 `yaml:"mean_prompt_tokens"`
-	MeanOutputTokens *float64 `yaml:"mean_output_tokens"`
+	Name             string       `yaml:"name"`
+	Model            string       `yaml:"model"`
+	Residency        string       `yaml:"residency"`
+	MinContextTokens *int         `yaml:"min_context_tokens"`
+	MeanPromptTokens *float64     `yaml:"mean_prompt_tokens"`
+	MeanOutputTokens *float64     `yaml:"mean_output_tokens"`
+	Affinity         *affinityDoc `yaml:"affinity"`
+}
+
+type affinityDoc struct {
+	Mode                  string    `yaml:"mode"`
+	Keys                  *[]string `yaml:"keys"`
+	HotShare              *float64  `yaml:"hot_share"`
+	SpreadMinPrefixTokens *int      `yaml:"spread_min_prefix_tokens"`
+	GroupMinPrefixTokens  *int      `yaml:"group_min_prefix_tokens"`
 }
 
 type priorityDoc struct {
@@ -84,13 +96,15 @@ type priorityDoc struct {
 }
 
 type engineDoc struct {
-	ID       string            `yaml:"id"`
-	Address  string            `yaml:"address"`
-	Region   string            `yaml:"region"`
-	GPU      string            `yaml:"gpu"`
-	Model    string            `yaml:"model"`
-	Replicas *int              `yaml:"replicas"`
-	Labels   map[string]string `yaml:"labels"`
+	ID         string            `yaml:"id"`
+	Address    string            `yaml:"address"`
+	Region     string            `yaml:"region"`
+	GPU        string            `yaml:"gpu"`
+	Model      string            `yaml:"model"`
+	Replicas   *int              `yaml:"replicas"`
+	Labels     map[string]string `yaml:"labels"`
+	Server     string            `yaml:"server"`
+	HealthPath string            `yaml:"health_path"`
 }
 
 // maxNodes bounds the YAML nodes the schema walk visits, aliases expanded,

@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -126,6 +128,64 @@ func TestLines(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestLoadTokenizer: a relative tokenizer path is relative to the spec
+// file, Load computes its digest (of the uncompressed JSON), and a file it
+// cannot read is an error on the field, with its line.
+func TestLoadTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tok"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	json := []byte(`{"model": {"type": "WordLevel", "vocab": {"a": 0}}}`)
+	if err := os.WriteFile(filepath.Join(dir, "tok", "tokenizer.json"), json, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "fleet.yaml")
+	if err := os.WriteFile(path, []byte(edit(t, "max_context_tokens: 131072}", "max_context_tokens: 131072, tokenizer: tok/tokenizer.json}")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := s.Models[0]
+	sum := sha256.Sum256(json)
+	if m.Tokenizer != filepath.Join(dir, "tok", "tokenizer.json") || m.TokenizerSHA256 != hex.EncodeToString(sum[:]) || m.ChatTemplateTokens != DefaultChatTemplateTokens {
+		t.Errorf("model = %+v", m)
+	}
+	if err := os.WriteFile(path, []byte(edit(t, "max_context_tokens: 131072}", "max_context_tokens: 131072, tokenizer: nope.json}")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	fes := Errors(err)
+	if len(fes) != 1 || fes[0].Path != "models[0].tokenizer" || fes[0].Line != 12 || !strings.Contains(fes[0].Msg, "no such file") {
+		t.Errorf("Load(missing tokenizer) = %v (%+v)", err, fes)
+	}
+}
+
+// TestCheckTokenizer: Check parses the tokenizer as ext_proc would and
+// reports a file it refuses on the field, with its line.
+func TestCheckTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "fleet.yaml")
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("fleet.yaml", edit(t, "max_context_tokens: 131072}", "max_context_tokens: 131072, tokenizer: tok.json}"))
+	write("tok.json", `{"model": {"type": "WordLevel", "vocab": {"a": 0}}}`)
+	if _, err := Check(path); err != nil {
+		t.Fatalf("Check(good tokenizer): %v", err)
+	}
+	write("tok.json", `{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}`)
+	_, err := Check(path)
+	fes := Errors(err)
+	if len(fes) != 1 || fes[0].Path != "models[0].tokenizer" || fes[0].Line != 12 || !strings.Contains(fes[0].Msg, "Unigram is not supported") {
+		t.Fatalf("Check(Unigram tokenizer) = %v", err)
 	}
 }
 

@@ -1,6 +1,9 @@
 package fleet
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // Defaults for omitted optional fields. docs/fleet-spec.md lists them with
 // their reasons; engine-calibration.md §5 is the source of the vLLM ones.
@@ -13,8 +16,16 @@ const (
 	DefaultBlockSize        = 16    // vLLM KV block size in tokens
 	DefaultMeanPromptTokens = 200.0 // ShareGPT-like request shape
 	DefaultMeanOutputTokens = 200.0
+	DefaultHotShare         = 0.5  // of one engine's share of its class
+	DefaultGroupMinTokens   = 1024 // tokens of a shared prefix worth grouping on
+	DefaultSpreadKVFraction = 0.1  // hot prefixes this share of a KV cache are spread
 	DefaultPriorityName     = "default"
 	DefaultShedCost         = 1000.0 // the default priority's shed cost (relative)
+	// DefaultChatTemplateTokens covers the chat templates of common models
+	// (Llama 3.1's injected system header is about 30 tokens, ChatML's
+	// generation prompt 3, Qwen3's empty think block 6) with room to spare.
+	DefaultChatTemplateTokens = 64
+	DefaultServer             = ServerVLLM
 )
 
 // setDefaults fills the optional fields the user omitted (nil pointers, empty
@@ -43,9 +54,21 @@ func setDefaults(d *specDoc) {
 			d.Frontends[i].NodeID = d.Frontends[i].Name
 		}
 	}
+	for i := range d.Models {
+		if d.Models[i].ChatTemplateTokens == nil {
+			d.Models[i].ChatTemplateTokens = ptr(DefaultChatTemplateTokens)
+		}
+	}
 	for i := range d.Engines {
-		if d.Engines[i].Replicas == nil {
-			d.Engines[i].Replicas = ptr(DefaultReplicas)
+		e := &d.Engines[i]
+		if e.Replicas == nil {
+			e.Replicas = ptr(DefaultReplicas)
+		}
+		if e.Server == "" {
+			e.Server = DefaultServer
+		}
+		if e.HealthPath == "" {
+			e.HealthPath = DefaultHealthPath(e.Server)
 		}
 	}
 }
@@ -100,6 +123,23 @@ func defaultClass(c *classDoc) {
 	if c.MeanOutputTokens == nil {
 		c.MeanOutputTokens = ptr(DefaultMeanOutputTokens)
 	}
+	if c.Affinity == nil {
+		c.Affinity = &affinityDoc{}
+	}
+	a := c.Affinity
+	if a.Mode == "" {
+		a.Mode = AffinityOn
+	}
+	if a.Keys == nil {
+		a.Keys = ptr(slices.Clone(DefaultAffinityKeys))
+	}
+	if a.HotShare == nil {
+		a.HotShare = ptr(DefaultHotShare)
+	}
+	if a.GroupMinPrefixTokens == nil {
+		a.GroupMinPrefixTokens = ptr(DefaultGroupMinTokens)
+	}
+	// SpreadMinPrefixTokens depends on the class's engines: normalize.
 }
 
 func ptr[T any](v T) *T { return &v }

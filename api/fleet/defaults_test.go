@@ -44,6 +44,16 @@ func TestDefaults(t *testing.T) {
 			}, "m=m org-model-v1=org/model:v1"},
 		{"classes given empty stay empty",
 			specDoc{Models: []modelDoc{{Name: "m"}}, Classes: &[]classDoc{}}, func(d *specDoc) any { return len(*d.Classes) }, 0},
+		{"class affinity omitted",
+			specDoc{Classes: &[]classDoc{{}}}, func(d *specDoc) any {
+				a := (*d.Classes)[0].Affinity
+				return [5]any{a.Mode, *a.Keys, *a.HotShare, a.SpreadMinPrefixTokens == nil, *a.GroupMinPrefixTokens}
+			}, [5]any{"on", []string{"session", "prompt_cache_key", "user", "prefix"}, 0.5, true, 1024}},
+		{"class affinity given is kept",
+			specDoc{Classes: &[]classDoc{{Affinity: &affinityDoc{Mode: "x", Keys: &[]string{}, HotShare: ptr(-1.0), GroupMinPrefixTokens: ptr(0)}}}}, func(d *specDoc) any {
+				a := (*d.Classes)[0].Affinity
+				return [4]any{a.Mode, *a.Keys, *a.HotShare, *a.GroupMinPrefixTokens}
+			}, [4]any{"x", []string{}, -1.0, 0}},
 		{"class optional fields omitted",
 			specDoc{Classes: &[]classDoc{{}}}, func(d *specDoc) any {
 				c := (*d.Classes)[0]
@@ -57,6 +67,18 @@ func TestDefaults(t *testing.T) {
 			specDoc{Classes: &[]classDoc{{MinContextTokens: ptr(100)}}}, func(d *specDoc) any {
 				return *(*d.Classes)[0].MeanPromptTokens
 			}, 200.0},
+		{"engine server and health path omitted",
+			specDoc{Engines: []engineDoc{{}, {Server: "sglang"}, {Server: "generic", HealthPath: "/ready"}}}, func(d *specDoc) any {
+				var out []string
+				for _, e := range d.Engines {
+					out = append(out, e.Server+" "+e.HealthPath)
+				}
+				return strings.Join(out, ", ")
+			}, "vllm /health, sglang /health_generate, generic /ready"},
+		{"model chat template tokens omitted; given kept",
+			specDoc{Models: []modelDoc{{Name: "a"}, {Name: "b", ChatTemplateTokens: ptr(-3)}}}, func(d *specDoc) any {
+				return [2]int{*d.Models[0].ChatTemplateTokens, *d.Models[1].ChatTemplateTokens}
+			}, [2]int{64, -3}},
 		{"class fields given are kept",
 			specDoc{Classes: &[]classDoc{{MinContextTokens: ptr(-1), MeanPromptTokens: ptr(0.0), MeanOutputTokens: ptr(-3.0)}}}, func(d *specDoc) any {
 				c := (*d.Classes)[0]
@@ -134,5 +156,24 @@ func TestDocTagsMatchSpec(t *testing.T) {
 				t.Errorf("%v has key %q, %v does not", p.doc, k, p.spec)
 			}
 		}
+	}
+}
+
+// The spread threshold is derived from the class's engines: a tenth of the
+// smallest KV cache among them, unless given.
+func TestAffinitySpreadThresholdFromEngines(t *testing.T) {
+	s, err := Parse([]byte(edit(t, "kv_capacity_tokens: 450000, max_context_tokens: 32768}", "kv_capacity_tokens: 200000, max_context_tokens: 32768}",
+		"{name: long, model: m, min_context_tokens: 65536}", "{name: long, model: m, min_context_tokens: 65536, affinity: {spread_min_prefix_tokens: 7}}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, c := range s.Classes {
+		got[c.Name] = c.Affinity.SpreadMinPrefixTokens
+	}
+	// general and eu include A100 engines (200,000 tokens); long only H100s
+	// (its own value wins anyway).
+	if want := map[string]int{"general": 20000, "eu": 20000, "long": 7}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("spread_min_prefix_tokens %v, want %v", got, want)
 	}
 }

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // MaxSpecBytes is the largest spec Parse and Load accept (8 MiB: room for
@@ -26,11 +29,73 @@ func Load(path string) (*Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	s, err := Parse(data)
+	s, lines, err := parse(data)
+	if err == nil {
+		err = s.resolveTokenizers(filepath.Dir(path), lines)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fleet %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// Check is Load plus a full parse of every model's tokenizer.json with the
+// loader ext_proc uses, so that a file it would refuse (an unsupported
+// tokenizer component, say) is reported with its spec path and line. It
+// reads each tokenizer whole (about a second for a 150k-token vocabulary):
+// inferlb validate uses it; the running components use Load.
+func Check(path string) (*Spec, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	s, err := Load(path)
+	if err != nil {
+		return nil, err
+	}
+	_, lines, _ := parse(data)
+	var errs []*FieldError
+	for i, m := range s.Models {
+		if m.Tokenizer == "" {
+			continue
+		}
+		if _, err := hf.Load(m.Tokenizer); err != nil {
+			p := fmt.Sprintf("models[%d].tokenizer", i)
+			errs = append(errs, &FieldError{Path: p, Line: lineOf(lines, p), Msg: err.Error()})
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("fleet %s: %w", path, join(errs))
+	}
+	return s, nil
+}
+
+// resolveTokenizers makes each model's tokenizer path relative to dir (the
+// spec's directory) and computes its digest; a file that cannot be read is a
+// FieldError on models[i].tokenizer. The file's content is checked by the
+// programs that parse it (inferlb validate, ext_proc).
+func (s *Spec) resolveTokenizers(dir string, lines map[string]int) error {
+	var errs []*FieldError
+	for i := range s.Models {
+		m := &s.Models[i]
+		if m.Tokenizer == "" {
+			continue
+		}
+		if !filepath.IsAbs(m.Tokenizer) {
+			m.Tokenizer = filepath.Join(dir, m.Tokenizer)
+		}
+		sum, err := hf.Digest(m.Tokenizer)
+		if err != nil {
+			p := fmt.Sprintf("models[%d].tokenizer", i)
+			errs = append(errs, &FieldError{Path: p, Line: lineOf(lines, p), Msg: err.Error()})
+			continue
+		}
+		m.TokenizerSHA256 = sum
+	}
+	if len(errs) > 0 {
+		return join(errs)
+	}
+	return nil
 }
 
 // Parse decodes, defaults, validates and normalizes a YAML fleet spec.
@@ -47,15 +112,21 @@ func Load(path string) (*Spec, error) {
 // `engines[3].region: unknown region "eu-wst"`. The returned Spec is
 // read-only and safe to share between goroutines.
 func Parse(data []byte) (*Spec, error) {
+	s, _, err := parse(data)
+	return s, err
+}
+
+// parse is Parse, also returning the line of every field path.
+func parse(data []byte) (*Spec, map[string]int, error) {
 	if len(data) > MaxSpecBytes {
-		return nil, join([]*FieldError{{Msg: fmt.Sprintf("spec larger than %d bytes", MaxSpecBytes)}})
+		return nil, nil, join([]*FieldError{{Msg: fmt.Sprintf("spec larger than %d bytes", MaxSpecBytes)}})
 	}
 	d, lines, errs := decode(data)
 	if d == nil {
 		if len(errs) == 0 { // decode always explains; be safe regardless
 			errs = []*FieldError{{Msg: "invalid spec"}}
 		}
-		return nil, join(errs)
+		return nil, lines, join(errs)
 	}
 	setDefaults(d)
 	decodeErrs := errs
@@ -74,9 +145,9 @@ func Parse(data []byte) (*Spec, error) {
 		slices.SortStableFunc(errs, func(a, b *FieldError) int {
 			return cmp.Compare(uint(a.Line-1), uint(b.Line-1))
 		})
-		return nil, join(errs)
+		return nil, lines, join(errs)
 	}
-	return normalize(d), nil
+	return normalize(d), lines, nil
 }
 
 // covers reports whether a problem at path p makes one at q redundant: q is p
@@ -128,7 +199,10 @@ func toDoc(s *Spec) *specDoc {
 		d.Network.Links = append(d.Network.Links, linkDoc{A: l.A, B: l.B, RTTMs: ptr(l.RTTMs)})
 	}
 	for _, m := range s.Models {
-		d.Models = append(d.Models, modelDoc{Name: m.Name, MaxContextTokens: ptr(m.MaxContextTokens)})
+		// ChatTemplateTokens: 0 in Go means omitted (the default); an
+		// explicit 0 needs YAML.
+		d.Models = append(d.Models, modelDoc{Name: m.Name, MaxContextTokens: ptr(m.MaxContextTokens),
+			Tokenizer: m.Tokenizer, TokenizerSHA256: m.TokenizerSHA256, ChatTemplateTokens: nz(m.ChatTemplateTokens)})
 	}
 	for _, p := range s.Profiles {
 		d.Profiles = append(d.Profiles, profileDoc{
@@ -158,6 +232,7 @@ func toDoc(s *Spec) *specDoc {
 				MinContextTokens: nz(c.MinContextTokens),
 				MeanPromptTokens: nz(c.MeanPromptTokens),
 				MeanOutputTokens: nz(c.MeanOutputTokens),
+				Affinity:         affinityDocOf(c.Affinity),
 			})
 		}
 		d.Classes = &cs
@@ -171,14 +246,27 @@ func toDoc(s *Spec) *specDoc {
 	}
 	for _, e := range s.Engines {
 		d.Engines = append(d.Engines, engineDoc{
-			ID:       e.ID,
-			Address:  e.Address,
-			Region:   e.Region,
-			GPU:      e.GPU,
-			Model:    e.Model,
-			Replicas: nz(e.Replicas),
-			Labels:   e.Labels,
+			ID:         e.ID,
+			Address:    e.Address,
+			Region:     e.Region,
+			GPU:        e.GPU,
+			Model:      e.Model,
+			Replicas:   nz(e.Replicas),
+			Labels:     e.Labels,
+			Server:     e.Server,
+			HealthPath: e.HealthPath,
 		})
+	}
+	return d
+}
+
+// affinityDocOf treats zero fields as omitted (a Class built in Go without
+// an Affinity gets the defaults).
+func affinityDocOf(a Affinity) *affinityDoc {
+	d := &affinityDoc{Mode: a.Mode, HotShare: nz(a.HotShare), SpreadMinPrefixTokens: nz(a.SpreadMinPrefixTokens),
+		GroupMinPrefixTokens: nz(a.GroupMinPrefixTokens)}
+	if a.Keys != nil {
+		d.Keys = ptr(slices.Clone(a.Keys))
 	}
 	return d
 }

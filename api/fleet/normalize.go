@@ -39,7 +39,8 @@ func normalize(d *specDoc) *Spec {
 	}
 	modelCtx := map[string]int{}
 	for _, m := range d.Models {
-		s.Models = append(s.Models, Model{Name: m.Name, MaxContextTokens: *m.MaxContextTokens})
+		s.Models = append(s.Models, Model{Name: m.Name, MaxContextTokens: *m.MaxContextTokens,
+			Tokenizer: m.Tokenizer, TokenizerSHA256: m.TokenizerSHA256, ChatTemplateTokens: *m.ChatTemplateTokens})
 		modelCtx[m.Name] = *m.MaxContextTokens
 	}
 	for _, p := range d.Profiles {
@@ -72,6 +73,13 @@ func normalize(d *specDoc) *Spec {
 			MinContextTokens: *c.MinContextTokens,
 			MeanPromptTokens: *c.MeanPromptTokens,
 			MeanOutputTokens: *c.MeanOutputTokens,
+			Affinity: Affinity{
+				Mode:                  c.Affinity.Mode,
+				Keys:                  slices.Clone(*c.Affinity.Keys),
+				HotShare:              *c.Affinity.HotShare,
+				SpreadMinPrefixTokens: deref(c.Affinity.SpreadMinPrefixTokens), // 0: derived below
+				GroupMinPrefixTokens:  *c.Affinity.GroupMinPrefixTokens,
+			},
 		})
 	}
 	for _, p := range *d.Priorities {
@@ -80,13 +88,15 @@ func normalize(d *specDoc) *Spec {
 	s.Frontends = slices.Clone(d.Frontends)
 	for _, e := range d.Engines {
 		s.Engines = append(s.Engines, Engine{
-			ID:       e.ID,
-			Address:  e.Address,
-			Region:   e.Region,
-			GPU:      e.GPU,
-			Model:    e.Model,
-			Replicas: *e.Replicas,
-			Labels:   maps.Clone(e.Labels),
+			ID:         e.ID,
+			Address:    e.Address,
+			Region:     e.Region,
+			GPU:        e.GPU,
+			Model:      e.Model,
+			Replicas:   *e.Replicas,
+			Labels:     maps.Clone(e.Labels),
+			Server:     e.Server,
+			HealthPath: e.HealthPath,
 		})
 	}
 	s.ix = buildIndex(s)
@@ -141,7 +151,7 @@ func buildIndex(s *Spec) *index {
 	}
 	for ci := range s.Classes {
 		c := &s.Classes[ci]
-		limit := 0
+		limit, kv := 0, 0
 		for ei, e := range s.Engines {
 			if e.Model != c.Model {
 				continue
@@ -149,7 +159,8 @@ func buildIndex(s *Spec) *index {
 			if c.Residency != "" && s.Regions[ix.regions[e.Region]].Residency != c.Residency {
 				continue
 			}
-			ctx := s.Profiles[ix.profiles[[2]string{e.GPU, e.Model}]].MaxContextTokens
+			prof := &s.Profiles[ix.profiles[[2]string{e.GPU, e.Model}]]
+			ctx := prof.MaxContextTokens
 			if ctx < c.MinContextTokens {
 				continue
 			}
@@ -157,8 +168,14 @@ func buildIndex(s *Spec) *index {
 			if limit == 0 || ctx < limit {
 				limit = ctx
 			}
+			if kv == 0 || prof.KVCapacityTokens < kv {
+				kv = prof.KVCapacityTokens
+			}
 		}
 		c.ContextLimit = limit
+		if c.Affinity.SpreadMinPrefixTokens == 0 {
+			c.Affinity.SpreadMinPrefixTokens = max(1, int(float64(kv)*DefaultSpreadKVFraction))
+		}
 		ix.byModel[c.Model] = append(ix.byModel[c.Model], ci)
 	}
 	for _, list := range ix.byModel {

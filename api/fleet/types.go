@@ -79,6 +79,18 @@ type Model struct {
 	Name string `yaml:"name"`
 	// MaxContextTokens is the model's own context limit.
 	MaxContextTokens int `yaml:"max_context_tokens"`
+	// Tokenizer is the path of the model's Hugging Face tokenizer.json
+	// (relative paths are relative to the spec file when read by Load);
+	// empty: context limits use the bytes bound (internal/tokens).
+	Tokenizer string `yaml:"tokenizer,omitempty"`
+	// TokenizerSHA256 is derived, not written: the SHA-256 (hex) of the
+	// tokenizer's JSON, set by Load (empty from Parse and New, which read no
+	// files).
+	TokenizerSHA256 string `yaml:"-"`
+	// ChatTemplateTokens bounds the tokens the model's chat template adds
+	// that are not in the request's JSON (a default system prompt, the
+	// generation prompt, BOS). Always set in a parsed Spec.
+	ChatTemplateTokens int `yaml:"chat_template_tokens"`
 }
 
 // Profile is the latency profile of one model on one GPU type. The engine
@@ -142,11 +154,53 @@ type Class struct {
 	// request, used when demand reports carry no token counts.
 	MeanPromptTokens float64 `yaml:"mean_prompt_tokens"`
 	MeanOutputTokens float64 `yaml:"mean_output_tokens"`
+	// Affinity configures the class's cache-affinity key. Always set in
+	// a parsed Spec (every field effective).
+	Affinity Affinity `yaml:"affinity"`
 	// ContextLimit is derived, not written: the smallest context limit among
 	// the class's eligible engines, i.e. the longest request (prompt plus
 	// output tokens) every engine of the class accepts. Classify uses it.
 	ContextLimit int `yaml:"-"`
 }
+
+// Affinity configures how ext_proc keys a class's requests for Envoy's
+// consistent hash, and how the control plane splits hot prefixes
+// (docs/extproc.md, docs/control-plane.md).
+type Affinity struct {
+	// Mode is AffinityOn (default) or AffinityOff: every request a fresh
+	// random key, so Envoy spreads requests evenly (baselines, operators).
+	Mode string `yaml:"mode"`
+	// Keys are the key sources in the order tried; the first one a request
+	// has keys it: KeySession (the x-session-id header),
+	// KeyPromptCacheKey, KeyUser (body fields), KeyPrefix (the prompt's
+	// prefix chain). Default: all four in that order.
+	Keys []string `yaml:"keys"`
+	// HotShare: a prefix is hot when its load exceeds this fraction of one
+	// engine's share of the class's load (default 0.5).
+	HotShare float64 `yaml:"hot_share"`
+	// SpreadMinPrefixTokens: a hot prefix at least this long is spread over
+	// a few engines (its conversations modulo R), shorter ones are keyed
+	// deeper, on their conversations (every engine then caches them).
+	// Default: a tenth of the smallest KV cache among the class's engines.
+	SpreadMinPrefixTokens int `yaml:"spread_min_prefix_tokens"`
+	// GroupMinPrefixTokens: a shared prefix whose load one engine can serve
+	// keys the conversations sharing it together when it is at least this
+	// long (default 1024).
+	GroupMinPrefixTokens int `yaml:"group_min_prefix_tokens"`
+}
+
+// Affinity modes and key sources (Affinity.Mode, Affinity.Keys).
+const (
+	AffinityOn        = "on"
+	AffinityOff       = "off"
+	KeySession        = "session"
+	KeyPromptCacheKey = "prompt_cache_key"
+	KeyUser           = "user"
+	KeyPrefix         = "prefix"
+)
+
+// DefaultAffinityKeys is the key order of a class that names none.
+var DefaultAffinityKeys = []string{KeySession, KeyPromptCacheKey, KeyUser, KeyPrefix}
 
 // Priority is a traffic priority. Level 0 is the most important; shedding
 // takes the highest Level first. ShedCost weighs shedding it in the optimizer.
@@ -178,4 +232,34 @@ type Engine struct {
 	Model    string            `yaml:"model"`
 	Replicas int               `yaml:"replicas"`
 	Labels   map[string]string `yaml:"labels,omitempty"`
+	// Server is the kind of model server (ServerVLLM, ServerSGLang,
+	// ServerGeneric): it selects the metric names the control plane reads
+	// and the default HealthPath. Always set in a parsed Spec.
+	Server string `yaml:"server"`
+	// HealthPath is the HTTP path Envoy's active health check and the
+	// control plane probe; 2xx means ready for traffic. Always set in a
+	// parsed Spec.
+	HealthPath string `yaml:"health_path"`
+}
+
+// Model server kinds (engines[].server).
+const (
+	// ServerVLLM: vLLM's /metrics names (current and older), /health.
+	ServerVLLM = "vllm"
+	// ServerSGLang: SGLang's sglang: metrics, /health_generate.
+	ServerSGLang = "sglang"
+	// ServerGeneric: an OpenAI-compatible server whose metrics are not
+	// known; vLLM names are read when present, none is required, /health.
+	ServerGeneric = "generic"
+)
+
+// ServerKinds lists the accepted engines[].server values.
+var ServerKinds = []string{ServerVLLM, ServerSGLang, ServerGeneric}
+
+// DefaultHealthPath is the health path of a server kind.
+func DefaultHealthPath(server string) string {
+	if server == ServerSGLang {
+		return "/health_generate"
+	}
+	return "/health"
 }

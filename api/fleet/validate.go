@@ -269,6 +269,11 @@ func (v *validator) checkModels() {
 			ctx = *m.MaxContextTokens
 		}
 		v.models[m.Name] = ctx
+		// ≥ 1 (a BOS at least): 0 would read as "omitted" in Go (New).
+		v.integer(p+".chat_template_tokens", m.ChatTemplateTokens, 1, maxTokens)
+		if strings.ContainsRune(m.Tokenizer, 0) {
+			v.errorf(p+".tokenizer", "%q is not a file path", m.Tokenizer)
+		}
 	}
 }
 
@@ -376,7 +381,41 @@ func (v *validator) checkClasses() {
 			v.errorf(p+".mean_prompt_tokens", "%s plus mean_output_tokens %s exceeds model %q's max_context_tokens %d",
 				fmtFloat(*c.MeanPromptTokens), fmtFloat(*c.MeanOutputTokens), c.Model, limit)
 		}
+		v.checkAffinity(p+".affinity", c.Affinity)
 	}
+}
+
+// maxHotShare bounds affinity.hot_share: above a few engines' share no
+// prefix would ever be split.
+const maxHotShare = 4.0
+
+func (v *validator) checkAffinity(p string, a *affinityDoc) {
+	switch a.Mode {
+	case AffinityOn, AffinityOff:
+	default:
+		v.errorf(p+".mode", "must be %q or %q, got %q", AffinityOn, AffinityOff, a.Mode)
+	}
+	if len(*a.Keys) == 0 {
+		v.errorf(p+".keys", "must not be empty (mode: off turns affinity off)")
+	}
+	seen := map[string]int{}
+	for i, k := range *a.Keys {
+		kp := fmt.Sprintf("%s.keys[%d]", p, i)
+		if !slices.Contains(DefaultAffinityKeys, k) {
+			v.errorf(kp, "unknown key source %q (known: %s)", k, strings.Join(DefaultAffinityKeys, ", "))
+			continue
+		}
+		if j, dup := seen[k]; dup {
+			v.errorf(kp, "%q listed twice (also keys[%d])", k, j)
+			continue
+		}
+		seen[k] = i
+	}
+	v.number(p+".hot_share", a.HotShare, 0, maxHotShare, true)
+	if a.SpreadMinPrefixTokens != nil {
+		v.integer(p+".spread_min_prefix_tokens", a.SpreadMinPrefixTokens, 1, maxTokens)
+	}
+	v.integer(p+".group_min_prefix_tokens", a.GroupMinPrefixTokens, 1, maxTokens)
 }
 
 func (v *validator) checkPriorities() {
@@ -485,6 +524,10 @@ func (v *validator) checkEngines() {
 			}
 		}
 		v.integer(p+".replicas", e.Replicas, 1, maxReplicas)
+		if !slices.Contains(ServerKinds, e.Server) {
+			v.errorf(p+".server", "unknown server kind %q (known: %s)", e.Server, strings.Join(ServerKinds, ", "))
+		}
+		v.healthPath(p+".health_path", e.HealthPath)
 		keys := make([]string, 0, len(e.Labels))
 		for k := range e.Labels {
 			keys = append(keys, k)
@@ -497,6 +540,17 @@ func (v *validator) checkEngines() {
 				v.errorf(p+".labels."+k, "value longer than %d bytes", maxLabelLen)
 			}
 		}
+	}
+}
+
+// healthPath checks an HTTP path Envoy can put in a health check: absolute,
+// printable ASCII without spaces, no query or fragment.
+func (v *validator) healthPath(path, hp string) {
+	switch {
+	case hp == "" || hp[0] != '/':
+		v.errorf(path, "%q must start with /", hp)
+	case len(hp) > 1024 || strings.IndexFunc(hp, func(r rune) bool { return r <= ' ' || r >= unicode.MaxASCII || r == '?' || r == '#' }) >= 0:
+		v.errorf(path, "%q is not a plain URL path (printable ASCII without spaces, '?' or '#', at most 1024 bytes)", hp)
 	}
 }
 

@@ -161,6 +161,19 @@ var ruleCases = []ruleCase{
 			"profiles[0].ttft_curve.linear_ms: must not be negative, got -1", "profiles[0].ttft_curve.queue_ms: required"}},
 
 	// classes
+	{"affinity valid", []string{"{name: general, model: m}", "{name: general, model: m, affinity: {mode: 'off', keys: [prefix, session], hot_share: 0.25, spread_min_prefix_tokens: 20000, group_min_prefix_tokens: 512}}"},
+		nil},
+	{"affinity bad values", []string{"{name: general, model: m}", "{name: general, model: m, affinity: {mode: of, keys: [prefix, header, prefix], hot_share: 0, spread_min_prefix_tokens: 0, group_min_prefix_tokens: -1}}"},
+		[]string{`classes[0].affinity.mode: must be "on" or "off", got "of"`,
+			`classes[0].affinity.keys[1]: unknown key source "header" (known: session, prompt_cache_key, user, prefix)`,
+			`classes[0].affinity.keys[2]: "prefix" listed twice (also keys[0])`,
+			"classes[0].affinity.hot_share: must be positive, got 0",
+			"classes[0].affinity.spread_min_prefix_tokens: must be positive, got 0",
+			"classes[0].affinity.group_min_prefix_tokens: must be positive, got -1"}},
+	{"affinity no keys", []string{"{name: general, model: m}", "{name: general, model: m, affinity: {keys: []}}"},
+		[]string{"classes[0].affinity.keys: must not be empty (mode: off turns affinity off)"}},
+	{"affinity unknown key", []string{"{name: general, model: m}", "{name: general, model: m, affinity: {order: [user]}}"},
+		[]string{"classes[0].affinity.order: unknown key"}},
 	{"class unknown model", []string{"{name: general, model: m}", "{name: general, model: mx}"},
 		[]string{`classes[0].model: unknown model "mx" (known: "m")`}},
 	{"duplicate class", []string{"{name: eu, model: m, residency: eu}", "{name: general, model: m, residency: eu}"},
@@ -275,6 +288,19 @@ var ruleCases = []ruleCase{
 		[]string{`frontends[1].region: must be a string, got a list`}},
 	{"scalar for mapping", []string{"labels: {zone: b}", "labels: zone"},
 		[]string{`engines[3].labels: must be a mapping, got "zone"`}},
+	// model servers and tokenizers
+	{"server kinds", []string{"model: m, replicas: 2", "model: m, server: sglang, replicas: 2", "gpu: A100, model: m}\n  - {id: e3", "gpu: A100, model: m, server: generic}\n  - {id: e3"}, nil},
+	{"unknown server kind", []string{"model: m, replicas: 2", "model: m, server: tgi, replicas: 2"},
+		[]string{`engines[3].server: unknown server kind "tgi" (known: vllm, sglang, generic)`}},
+	{"health path", []string{"model: m, replicas: 2", "model: m, health_path: /health/ready, replicas: 2"}, nil},
+	{"health path not absolute", []string{"model: m, replicas: 2", "model: m, health_path: health, replicas: 2"},
+		[]string{`engines[3].health_path: "health" must start with /`}},
+	{"health path with a query", []string{"model: m, replicas: 2", "model: m, health_path: \"/health?x=1\", replicas: 2"},
+		[]string{`engines[3].health_path: "/health?x=1" is not a plain URL path (printable ASCII without spaces, '?' or '#', at most 1024 bytes)`}},
+	{"chat template tokens", []string{"max_context_tokens: 131072}", "max_context_tokens: 131072, chat_template_tokens: 1}"}, nil},
+	{"chat template tokens zero", []string{"max_context_tokens: 131072}", "max_context_tokens: 131072, chat_template_tokens: 0}"},
+		[]string{"models[0].chat_template_tokens: must be positive, got 0"}},
+	{"tokenizer path given (Parse reads no files)", []string{"max_context_tokens: 131072}", "max_context_tokens: 131072, tokenizer: tok/tokenizer.json}"}, nil},
 }
 
 // TestRules checks each validation rule: the edit gives exactly these errors.

@@ -27,6 +27,7 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 // benchCmd groups the project's measurement commands; other components may
@@ -46,6 +47,17 @@ type extprocBench struct {
 	childProf   string
 	// envoyWorkers is Envoy's --concurrency in the Envoy comparison.
 	envoyWorkers int
+	// key is what keys the requests: "session" (an x-session-id header per
+	// request) or "prefix" (none: the prompt's prefix chain).
+	key string
+}
+
+// session is request i of worker w's x-session-id ("" when keyed by prefix).
+func (b *extprocBench) session(w, i int) string {
+	if b.key == "prefix" {
+		return ""
+	}
+	return fmt.Sprintf("w%d-%d", w, i)
 }
 
 func init() {
@@ -88,6 +100,9 @@ balancer's own cost. docs/extproc.md has the figures of
 			if b.duration <= 0 {
 				return fmt.Errorf("--duration must be positive")
 			}
+			if b.key != "session" && b.key != "prefix" {
+				return fmt.Errorf("--key: want session or prefix, got %q", b.key)
+			}
 			if b.envoyWorkers < 1 {
 				return fmt.Errorf("--envoy-workers must be at least 1, got %d", b.envoyWorkers)
 			}
@@ -102,6 +117,7 @@ balancer's own cost. docs/extproc.md has the figures of
 	f.DurationVar(&b.duration, "duration", 3*time.Second, "measuring time per cell")
 	f.StringVar(&conc, "concurrency", "1,16,150", "concurrent requests, comma-separated")
 	f.StringVar(&sizes, "sizes", "8192,225280", "chat body sizes in bytes, comma-separated")
+	f.StringVar(&b.key, "key", "session", "what keys the protocol benchmark's requests: session (an x-session-id header) or prefix (none: the prompt's prefix chain and the heavy-hitter sketch)")
 	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
 	f.IntVar(&b.envoyWorkers, "envoy-workers", runtime.NumCPU(), "Envoy worker threads (--concurrency) in the Envoy comparison; Envoy's own default is one per CPU")
 	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")
@@ -165,7 +181,7 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if err := os.WriteFile(pf, pj, 0o644); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return nil, err
 	}
@@ -260,15 +276,6 @@ func (r *cpuReader) seconds(pid int) float64 {
 		r.err = err
 	}
 	return v
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func waitTCP(ctx context.Context, addr string, died <-chan struct{}) error {
@@ -373,8 +380,11 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 	}
 	hdrs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
 		hv(":method", "POST"), hv(":path", "/v1/chat/completions"),
-		hv("content-length", strconv.Itoa(len(body))), hv("x-session-id", session),
+		hv("content-length", strconv.Itoa(len(body))),
 	}}
+	if session != "" {
+		hdrs.Headers = append(hdrs.Headers, hv("x-session-id", session))
+	}
 	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}}); err != nil {
 		return err
@@ -435,14 +445,14 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 		bodies := chatBodies(size, 64)
 		// Warm up (connections, allocator, JIT-free but caches).
 		_, _, _, _ = closedLoop(ctx, 4, 300*time.Millisecond, func(w, i int) error {
-			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
+			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], b.session(w, i))
 		})
 		for _, c := range b.concurrency {
 			var cr cpuReader
 			cpu0 := cr.seconds(ch.cmd.Process.Pid)
 			t0 := time.Now()
 			ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
-				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], fmt.Sprintf("w%d-%d", w, i))
+				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], b.session(w, i))
 			})
 			el := time.Since(t0).Seconds()
 			cpu1 := cr.seconds(ch.cmd.Process.Pid)

@@ -214,7 +214,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 		return err
 	}
 	defer ch.stop()
-	nullPort, err := freePort()
+	nullPort, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return err
 	}
@@ -231,7 +231,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 	frontend := func(name string, extProcAddr string) (*envoyProc, string, error) {
 		_, ep, _ := net.SplitHostPort(extProcAddr)
 		extPort, _ := strconv.Atoi(ep)
-		port, err := freePort()
+		port, err := envoytest.FreeTCPPort()
 		if err != nil {
 			return nil, "", err
 		}
@@ -244,7 +244,7 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 		return e, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), err
 	}
 
-	alonePort, err := freePort()
+	alonePort, err := envoytest.FreeTCPPort()
 	if err != nil {
 		return err
 	}

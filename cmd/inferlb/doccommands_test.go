@@ -48,6 +48,7 @@ var fixtures = map[string]fixture{
 	"engine-18100":  {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
 	"h100-18100":    {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
 	"control-plane": {"inferlb control-plane --fleet examples/fleet-3region.yaml", "http://127.0.0.1:18080/healthz"},
+	"engines":       {"inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", "http://127.0.0.1:18402/health_generate"},
 }
 
 const (
@@ -90,6 +91,12 @@ var docCommands = []docCmd{
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", serve: "http://127.0.0.1:18100/health"},
+	// Real engines (docs/engines.md): server kinds, loading, tokenizers.
+	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --server sglang --loading-for 2s", serve: "http://127.0.0.1:18100/health_generate"},
+	{cmd: "inferlb validate examples/fleet-engines.yaml", want: `ok: fleet "engines"`},
+	{cmd: "inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", serve: "http://127.0.0.1:18404/health"},
+	{cmd: "inferlb profile --target http://127.0.0.1:18402 --model Qwen/Qwen3-8B --server sglang --gpu H100 --max-rate 40 --time-scale 0.1 --points 4 --requests 40", with: "engines", want: "kv_capacity_tokens: 450000"},
+	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west --tokenizer internal/tokens/hf/testdata/qwen3.tokenizer.json.gz", serve: "tokenizer loaded"},
 	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west", serve: "routing policy applied"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000", want: "node:"},
@@ -120,6 +127,13 @@ var docCommands = []docCmd{
 	// Benchmarks.
 	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
 	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's tables (minutes); the entry above runs the same command on one cell"},
+	{cmd: "inferlb bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
+	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/extproc.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does internal/affinitybench's TestSharedPreambleThroughEnvoy"},
+	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
+	// Cache-affinity keys.
+	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
+	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},
+	{cmd: "curl -s http://127.0.0.1:18080/affinity", with: "control-plane", want: `"hot_share_of_class"`},
 	{cmd: "inferlb bench extproc --envoy-only --concurrency 150 --sizes 225280,8192", skip: "the measurement behind docs/extproc.md's Envoy table (minutes); the bench extproc entry above covers the command"},
 }
 

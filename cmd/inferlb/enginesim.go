@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/enginesim"
@@ -26,6 +27,8 @@ func newEngineSimCmd() *cobra.Command {
 		defaultMaxTokens                                   int
 		maxBody                                            int64
 		prof                                               fleet.Profile
+		server                                             string
+		loadingFor                                         time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "engine-sim",
@@ -40,10 +43,17 @@ See docs/engine-sim.md.
 Fleet mode serves every engine of a fleet spec (or those named by --engines),
 each on its own address. Standalone mode (--listen) serves one engine; its
 profile comes from the fleet's (--gpu, --model) profile when --fleet is
-given, else from the profile flags.`,
+given, else from the profile flags.
+
+--server sglang mimics SGLang instead of vLLM: sglang: metric names (absent
+until the first request, as SGLang's are), /health_generate besides /health.
+In fleet mode each engine mimics its engines[].server unless --server is
+given. --loading-for makes engines answer 503 (health and requests) for a
+while after they start, as a server loading its model does.`,
 		Example: `  inferlb engine-sim --fleet examples/fleet-3region.yaml --time-scale 0.1
   inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml
-  inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128`,
+  inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128
+  inferlb engine-sim --listen 127.0.0.1:18100 --model m --server sglang --loading-for 2s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -58,6 +68,12 @@ given, else from the profile flags.`,
 			}
 			if maxBody < 1 {
 				return fmt.Errorf("--max-body-bytes: must be at least 1, got %d", maxBody)
+			}
+			if server != "" && server != enginesim.ServerVLLM && server != enginesim.ServerSGLang {
+				return fmt.Errorf("--server: %q is not vllm or sglang", server)
+			}
+			if loadingFor < 0 {
+				return fmt.Errorf("--loading-for: must not be negative, got %v", loadingFor)
 			}
 			for _, name := range profileFlags {
 				if cmd.Flags().Changed(name) && (fleetPath != "" || listen == "") {
@@ -94,7 +110,7 @@ given, else from the profile flags.`,
 				}
 				fl, err := enginesim.StartFleet(ctx, spec, enginesim.FleetOptions{
 					Engines: ids, TimeScale: timeScale, Seed: seed, DefaultMaxTokens: defaultMaxTokens,
-					MaxBodyBytes: maxBody, Logger: log,
+					MaxBodyBytes: maxBody, Logger: log, Server: server, LoadingFor: loadingFor,
 				})
 				if err != nil {
 					return err
@@ -133,6 +149,7 @@ given, else from the profile flags.`,
 				o.Profile = prof
 			}
 			o.TimeScale, o.Seed, o.DefaultMaxTokens, o.MaxBodyBytes, o.Logger = timeScale, seed, defaultMaxTokens, maxBody, log
+			o.Server, o.LoadingFor = server, loadingFor
 			s, err := enginesim.Start(ctx, o)
 			if err != nil {
 				return err
@@ -153,6 +170,8 @@ given, else from the profile flags.`,
 	f.Uint64Var(&seed, "seed", 1, "seed of the error-rate fault's random choices")
 	f.IntVar(&defaultMaxTokens, "default-max-tokens", 128, "output tokens when a request sets no max_tokens")
 	f.Int64Var(&maxBody, "max-body-bytes", 4<<20, "largest request body; larger gets 413")
+	f.StringVar(&server, "server", "", "server kind to mimic: vllm or sglang (default: vllm; in fleet mode each engine's engines[].server)")
+	f.DurationVar(&loadingFor, "loading-for", 0, "answer 503 on health paths and requests for this long after start (a server loading its model)")
 	d := enginesim.H100Llama8B
 	f.Float64Var(&prof.PrefillTokensPerS, "prefill-tokens-per-s", d.PrefillTokensPerS, "standalone profile: prefill throughput (uncached tokens/s)")
 	f.Float64Var(&prof.OverheadMs, "overhead-ms", d.OverheadMs, "standalone profile: fixed per-request overhead")

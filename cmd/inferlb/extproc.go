@@ -103,6 +103,7 @@ and the control plane, for --node-id in --region, and exits.`,
 	f.StringVar(&cfg.Instance, "instance", "", "instance name in reports (default host-pid)")
 	f.StringVar(&cfg.PolicyFile, "policy-file", "", "RoutingPolicy in protobuf JSON, in force until the control plane sends one")
 	f.IntVar(&cfg.BodyLimit, "body-limit", extproc.DefaultBodyLimit, "largest request body in bytes (413 beyond); give Envoy the same buffer limit")
+	f.StringArrayVar(&cfg.Tokenizers, "tokenizer", nil, "a model's tokenizer.json (or .json.gz), repeatable; the policy names each class's by SHA-256 (fleet spec models[].tokenizer) and context limits near a class's are then judged by exact counts, else by the bytes bound")
 	f.DurationVar(&cfg.ReportInterval, "report-interval", time.Second, "interval between reports to the control plane")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 10*time.Second, "how long open streams may finish on shutdown")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

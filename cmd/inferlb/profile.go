@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"strings"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
 	"github.com/inferlb/inferlb/optimizer"
+	"github.com/inferlb/inferlb/xds/signals"
 )
 
 // fixedShape is a workload of single-turn chat requests of one shape, each
@@ -40,6 +45,7 @@ func (s *fixedShape) Next(time.Duration) (workload.Request, bool) {
 func init() {
 	var (
 		target, modelName, gpu, fleetPath string
+		server                            string
 		prompt, output, points, requests  int
 		maxRate, timeScale                float64
 		timeout                           time.Duration
@@ -64,7 +70,16 @@ of the curves they derive from the step model. Capacity and curves are for
 the measured request shape: choose --prompt-tokens and --output-tokens near
 the mean shape of the model's first class (the optimizer's reference
 request). The other step-model fields cannot be identified from one request
-shape.`,
+shape.
+
+After the sweep it reads the engine's /metrics with --server's mapping
+(vllm, sglang or generic) and GET /v1/models: the KV cache size
+(vllm:cache_config_info's block_size × num_gpu_blocks, or SGLang's
+max_total_num_tokens) and the context limit (max_model_len) go into the
+entry as block_size, kv_capacity_tokens and max_context_tokens. Without
+--fleet, the entry is built from the measurement alone (prefill throughput
+from the zero-load TTFT, decode_step_per_seq_ms 0: the curves carry the load
+dependence), and needs --gpu and a KV size from /metrics.`,
 		Example: `  inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2 &
   inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 \
       --points 4 --requests 40 --fleet examples/fleet-3region.yaml --gpu H100`,
@@ -88,7 +103,14 @@ shape.`,
 				}
 				base = &fp
 			}
+			mp := signals.MappingFor(server)
+			if mp == nil {
+				return fmt.Errorf("profile: --server %q is not one of %s", server, strings.Join(fleet.ServerKinds, ", "))
+			}
 			out := cmd.OutOrStdout()
+			if base == nil && gpu != "" {
+				base = &fleet.Profile{GPU: gpu, Model: modelName}
+			}
 			client := &loadgen.Client{BaseURL: strings.TrimRight(target, "/"), Model: modelName, IgnoreEOS: true, Timeout: timeout}
 			defer client.CloseIdleConnections()
 			var samples []optimizer.Sample
@@ -116,6 +138,19 @@ shape.`,
 			if err != nil {
 				return fmt.Errorf("profile: %w", err)
 			}
+			// After the sweep: some servers (SGLang) create their series
+			// at the first request.
+			eng, err := readEngineConfig(cmd.Context(), strings.TrimRight(target, "/"), modelName, mp)
+			if err != nil {
+				return fmt.Errorf("profile: %w", err)
+			}
+			fmt.Fprintf(out, "# engine config: %s\n", eng)
+			if base != nil {
+				eng.apply(base, f, prompt, fleetPath == "")
+				if base.KVCapacityTokens == 0 {
+					fmt.Fprintln(out, "# WARNING: kv_capacity_tokens unknown (the engine's /metrics has no cache config): fill it in below")
+				}
+			}
 			return writeProfile(out, f, base, target, modelName, gpu, prompt, output)
 		},
 	}
@@ -124,6 +159,7 @@ shape.`,
 	fl.StringVar(&modelName, "model", "", "model name to request (and to look up in --fleet)")
 	fl.StringVar(&gpu, "gpu", "", "GPU type of the engine (with --fleet: whose profile to update)")
 	fl.StringVar(&fleetPath, "fleet", "", "fleet spec whose (--gpu, --model) profile the output updates")
+	fl.StringVar(&server, "server", fleet.ServerVLLM, "the engine's server kind, for its /metrics names: vllm, sglang or generic")
 	fl.IntVar(&prompt, "prompt-tokens", 200, "prompt tokens per request")
 	fl.IntVar(&output, "output-tokens", 200, "output tokens per request (ignore_eos)")
 	fl.Float64Var(&maxRate, "max-rate", 0, "estimated saturation rate (req/s, target time); the sweep covers 10%–80% of it")
@@ -132,6 +168,117 @@ shape.`,
 	fl.Float64Var(&timeScale, "time-scale", 0, "target's time scale (engine-sim --time-scale); rates and latencies are in target time")
 	fl.DurationVar(&timeout, "timeout", 5*time.Minute, "bound on one request")
 	rootCmd.AddCommand(cmd)
+}
+
+// engineConfig is what an engine says about itself: KV cache and context
+// limit (0 where it does not say).
+type engineConfig struct {
+	blockSize, kvTokens, maxModelLen int
+}
+
+func (e engineConfig) String() string {
+	parts := []string{}
+	if e.blockSize > 0 {
+		parts = append(parts, fmt.Sprintf("block_size %d", e.blockSize))
+	}
+	if e.kvTokens > 0 {
+		parts = append(parts, fmt.Sprintf("KV cache %d tokens", e.kvTokens))
+	}
+	if e.maxModelLen > 0 {
+		parts = append(parts, fmt.Sprintf("max_model_len %d", e.maxModelLen))
+	}
+	if len(parts) == 0 {
+		return "none reported (no cache config in /metrics, no max_model_len in /v1/models)"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// readEngineConfig reads the engine's cache configuration from /metrics
+// (with the server kind's mapping) and its context limit from /v1/models.
+func readEngineConfig(ctx context.Context, base, model string, mp *signals.Mapping) (engineConfig, error) {
+	var e engineConfig
+	get := func(path string) ([]byte, error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+		if err == nil && resp.StatusCode/100 != 2 {
+			err = fmt.Errorf("GET %s: %s", base+path, resp.Status)
+		}
+		return b, err
+	}
+	b, err := get("/metrics")
+	if err != nil {
+		return e, err
+	}
+	m, err := mp.Parse(bytes.NewReader(b))
+	if err != nil {
+		return e, fmt.Errorf("%s/metrics: %w", base, err)
+	}
+	positive := func(v float64) int {
+		if v > 0 && v < 1<<40 {
+			return int(v)
+		}
+		return 0
+	}
+	e.blockSize = positive(m.BlockSize)
+	if blocks := positive(m.KVBlocks); blocks > 0 && e.blockSize > 0 {
+		e.kvTokens = blocks * e.blockSize
+	} else {
+		e.kvTokens = positive(m.KVTokens)
+	}
+	if b, err := get("/v1/models"); err == nil {
+		var list struct {
+			Data []struct {
+				ID          string  `json:"id"`
+				MaxModelLen float64 `json:"max_model_len"`
+			} `json:"data"`
+		}
+		if json.Unmarshal(b, &list) == nil {
+			for _, d := range list.Data {
+				if d.ID == model {
+					e.maxModelLen = positive(d.MaxModelLen)
+				}
+			}
+		}
+	}
+	return e, nil
+}
+
+// apply writes what the engine reported into p; fresh (no fleet profile to
+// start from) also fills the step-model fields from the fit.
+func (e engineConfig) apply(p *fleet.Profile, f optimizer.Fit, prompt int, fresh bool) {
+	if e.blockSize > 0 {
+		p.BlockSize = e.blockSize
+	}
+	if e.kvTokens > 0 {
+		p.KVCapacityTokens = e.kvTokens
+	}
+	if e.maxModelLen > 0 {
+		p.MaxContextTokens = e.maxModelLen
+	}
+	if fresh {
+		// The zero-load TTFT is overhead plus prefill; all of it is
+		// charged to prefill here (a lower, safe throughput).
+		if f.TTFT.Base > 0 {
+			p.PrefillTokensPerS = math.Round(float64(prompt) / (f.TTFT.Base / 1000))
+		}
+		p.DecodeStepPerSeqMs = 0
+		if p.MaxRunning == 0 {
+			p.MaxRunning, p.MaxBatchedTokens = fleet.DefaultMaxRunning, fleet.DefaultMaxBatchedTokens
+		}
+		if p.BlockSize == 0 {
+			p.BlockSize = fleet.DefaultBlockSize
+		}
+	}
 }
 
 func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, modelName, gpu string, prompt, output int) error {

@@ -2,13 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/optimizer"
+	"github.com/inferlb/inferlb/xds/signals"
 )
 
 // The profiles entry `inferlb profile` prints carries the fitted capacity and
@@ -48,5 +52,46 @@ func TestWriteProfileEntryRoundTrips(t *testing.T) {
 	op, err := optimizer.ProfileFromFleet(p, 1000, 200)
 	if err != nil || op.TTFT.Base != 41.235 || op.CapacityRPS != 9.877 {
 		t.Fatalf("optimizer profile %+v, %v", op, err)
+	}
+}
+
+// TestProfileReadsEngineConfig: against a running engine (engine-sim as
+// vLLM and as SGLang), profile reads the KV cache size and block size from
+// /metrics and the context limit from /v1/models, and a profile built from
+// the measurement alone carries them.
+func TestProfileReadsEngineConfig(t *testing.T) {
+	for _, server := range []string{"vllm", "sglang"} {
+		t.Run(server, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			e, err := enginesim.Start(ctx, enginesim.Options{Model: "m", Profile: enginesim.H100Llama8B, Server: server})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			// SGLang's series exist from the first request on.
+			resp, err := http.Post(e.URL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":1}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			got, err := readEngineConfig(ctx, e.URL(), "m", signals.MappingFor(server))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := engineConfig{blockSize: 16, kvTokens: 450000, maxModelLen: 8192}
+			if server == "sglang" {
+				want.blockSize = 0 // SGLang reports its pool in tokens
+			}
+			if got != want {
+				t.Fatalf("engine config %+v, want %+v", got, want)
+			}
+			p := fleet.Profile{GPU: "H100", Model: "m"}
+			got.apply(&p, optimizer.Fit{CapacityRPS: 10, TTFT: optimizer.Curve{Base: 40}, TBOT: optimizer.Curve{Base: 7}}, 1000, true)
+			p.CapacityRPS, p.DecodeStepMs = 10, 7
+			if p.KVCapacityTokens != 450000 || p.MaxContextTokens != 8192 || p.PrefillTokensPerS != 25000 || p.BlockSize != 16 {
+				t.Fatalf("profile %+v", p)
+			}
+		})
 	}
 }

@@ -30,7 +30,9 @@ prints every problem on its own line, as FILE:LINE: PATH: PROBLEM, e.g.
 
   fleet.yaml:42: engines[3].region: unknown region "eu-wst"
 
-and the command exits with status 1.`,
+and the command exits with status 1. A model's tokenizer (models[].tokenizer)
+is parsed with the loader ext_proc uses, so a tokenizer.json it cannot use is
+reported here.`,
 		Example: `  inferlb validate examples/fleet-3region.yaml
   inferlb validate examples/*.yaml
   inferlb validate --fleet examples/fleet-3region.yaml examples/demand-3region.yaml`,
@@ -65,7 +67,7 @@ func runValidate(out, errOut io.Writer, files []string, spec *fleet.Spec) error 
 			}
 			continue
 		}
-		s, err := fleet.Load(file)
+		s, err := fleet.Check(file)
 		if err == nil {
 			fmt.Fprintf(out, "%s: ok: %s\n", file, s.Summary())
 			continue

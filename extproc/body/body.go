@@ -5,7 +5,7 @@
 // It extracts: model, stream, max_completion_tokens / max_tokens,
 // prompt_cache_key, user, the prompt's token count under the project's token
 // rule (internal/tokens: one role marker per message plus the tokens of its
-// text), and a hash of the conversation's stable prefix (see PrefixHash).
+// text), and the prompt's prefix chain (chain.go).
 // Every other value is validated as JSON and skipped. A body that is not a
 // single valid JSON object gets a *SyntaxError naming the byte offset; a
 // valid object with a missing or ill-typed field the decision needs gets a
@@ -17,6 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Kind is the API a body is for.
@@ -43,20 +45,18 @@ type Request struct {
 	PromptTokens int
 	// Messages is the number of chat messages (0 for completions).
 	Messages int
-	// PrefixHash is a 64-bit hash (XXH64 of each text, chained with FNV
-	// steps) of the conversation's stable
-	// prefix: for chat, the role and the first PrefixBytes bytes of decoded
-	// text of every message up to and including the first user message
-	// (normally the system prompt and the first user turn); for
-	// completions, the first PrefixBytes bytes of the (first) prompt.
-	// HasPrefix is false when there is nothing to hash (no user message).
+	// Chain is the prompt's prefix chain (see chain.go): hashes of the
+	// canonical prompt stream at message ends and geometric depths.
+	Chain Chain
+	// PrefixHash is the hash of the chain's anchor, the conversation's
+	// stable prefix: for chat, every message up to and including the
+	// first user message (normally the system prompt and the first user
+	// turn), whole; for completions, the first CompletionAnchorBytes of
+	// the (first) prompt. HasPrefix is false when there is no anchor (no
+	// user message, a prompt of token ids).
 	PrefixHash uint64
 	HasPrefix  bool
 }
-
-// PrefixBytes is how much text of each message (or of a completion prompt)
-// the stable prefix covers.
-const PrefixBytes = 2048
 
 // SyntaxError is malformed JSON.
 type SyntaxError struct {
@@ -83,8 +83,6 @@ func IsSyntax(err error) bool {
 }
 
 const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
 	// maxDepth bounds nesting of skipped values (a stack-exhaustion guard).
 	maxDepth = 128
 	// tokenRun is internal/tokens.MaxTokenBytes (kept equal by a test).
@@ -94,9 +92,17 @@ const (
 // Parse reads a body of the given kind into r (which it resets first).
 func Parse(b []byte, kind Kind, r *Request) error {
 	*r = Request{MaxTokens: -1}
-	p := parser{b: b}
+	var cw chainWriter
+	cw.reset(&r.Chain)
+	p := parser{b: b, chain: &cw}
 	if err := p.top(kind, r); err != nil {
 		return err
+	}
+	if t := b[p.tools[0]:p.tools[1]]; len(t) > 0 && string(t) != "null" && string(t) != "[]" {
+		r.Chain.mixTools(xxhash.Sum64(t))
+	}
+	if a := r.Chain.Anchor; a >= 0 {
+		r.PrefixHash, r.HasPrefix = r.Chain.Points[a].Hash, true
 	}
 	return nil
 }
@@ -105,8 +111,15 @@ type parser struct {
 	b   []byte
 	i   int
 	err error
-	// spans of the messages that form the stable prefix, hashed after the
-	// array is read (a message's role may follow its content).
+	// chain receives the messages (or the prompt) as they are read;
+	// partsChain, on the sub-parser that re-reads an array of content
+	// parts for it, their text.
+	chain, partsChain *chainWriter
+	// esc: the last string tokenString read held a \u or \/ escape (so
+	// its raw bytes are not its canonical form).
+	esc bool
+	// tools is the raw span of the "tools" value, if any.
+	tools           [2]int
 	maxTok, maxComp int
 	hasMaxTok       bool
 	hasMaxComp      bool
@@ -226,6 +239,12 @@ func (p *parser) top(kind Kind, r *Request) error {
 				return err
 			}
 			seenBody = true
+		case "tools":
+			start := p.i
+			if err := p.skip(0); err != nil {
+				return err
+			}
+			p.tools = [2]int{start, p.i}
 		case "prompt":
 			if kind != Completion {
 				if err := p.skip(0); err != nil {

@@ -168,17 +168,21 @@ func refTokens(t *testing.T, b []byte) (int, bool) {
 	return n, true
 }
 
+// fuzzSeeds seed FuzzParse (and TestChainFuzzSeedsMatchReference).
+var fuzzSeeds = []string{
+	`{"model":"m","messages":[{"role":"user","content":"hi there"}]}`,
+	`{"model":"m","messages":[{"role":"system","content":"a\"b\\c\/d\b\f\n\r\t\u0041\ud83d\ude00\udc00"},{"role":"user","content":[{"type":"text","text":"x y"}]}],"max_tokens":5,"stream":false,"user":null}`,
+	`{"model":"m","prompt":["a b","c"],"max_completion_tokens":0}`,
+	`{"model":"m","prompt":[1,2,3]}`,
+	`{"model":"m","messages":[{"role":"user","content":"x"}],"n":-0.5e+3,"a":[true,false,null,{}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"x\u00"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 100) + `"}]}`,
+	`{"model":"m","tools":[{"type":"function"}],"messages":[{"role":"system","content":"` + strings.Repeat("w\u00e9 ", 200) + `"},{"role":"user","content":"q"}]}`,
+	`{}`, `{"model":"m"`, `nul`, `"x"`,
+}
+
 func FuzzParse(f *testing.F) {
-	seeds := []string{
-		`{"model":"m","messages":[{"role":"user","content":"hi there"}]}`,
-		`{"model":"m","messages":[{"role":"system","content":"a\"b\\c\/d\b\f\n\r\t\u0041\ud83d\ude00\udc00"},{"role":"user","content":[{"type":"text","text":"x y"}]}],"max_tokens":5,"stream":false,"user":null}`,
-		`{"model":"m","prompt":["a b","c"],"max_completion_tokens":0}`,
-		`{"model":"m","prompt":[1,2,3]}`,
-		`{"model":"m","messages":[{"role":"user","content":"x"}],"n":-0.5e+3,"a":[true,false,null,{}]}`,
-		`{"model":"m","messages":[{"role":"user","content":"x\u00"}]}`,
-		`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 100) + `"}]}`,
-		`{}`, `{"model":"m"`, `nul`, `"x"`,
-	}
+	seeds := fuzzSeeds
 	for _, s := range seeds {
 		f.Add([]byte(s), true)
 		f.Add([]byte(s), false)
@@ -222,6 +226,9 @@ func FuzzParse(f *testing.F) {
 			if want, ok := refTokens(t, b); ok && want != r.PromptTokens {
 				t.Fatalf("tokens %d, reference %d: %q", r.PromptTokens, want, b)
 			}
+		}
+		if utf8.Valid(b) {
+			checkChain(t, b, kind, &r)
 		}
 	})
 }

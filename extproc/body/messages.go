@@ -1,11 +1,8 @@
 package body
 
 import (
-	"bytes"
 	"encoding/binary"
 	"math/bits"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // tokenString reads a string at p.i, validating it and counting the tokens of
@@ -26,6 +23,7 @@ func (p *parser) tokenString() (span [2]int, tokens int, err error) {
 	start := p.i + 1
 	n, run := 0, 0
 	i := start
+	p.esc = false
 	for {
 		t, k, r := plainTokens(b[i:], run)
 		n, run, i = n+t, r, i+k
@@ -52,14 +50,18 @@ func (p *parser) tokenString() (span [2]int, tokens int, err error) {
 			switch b[i+1] {
 			case 'n', 'r', 't':
 				buf[0] = ' '
+			case '/':
+				p.esc = true
+				buf[0] = 'x'
 			case 'u':
+				p.esc = true
 				r, used := decodeU(b[i:min(len(b), i+12)])
 				if used == 12 {
 					k = 12
 				}
 				w = encodeRune(buf[:], r)
 			default:
-				buf[0] = 'x' // '"', '\\', '/', 'b', 'f' are not whitespace
+				buf[0] = 'x' // '"', '\\', 'b', 'f' are not whitespace
 			}
 			for j := 0; j < w; j++ {
 				if c := buf[j]; c == ' ' || c == '\t' || c == '\n' || c == '\r' {
@@ -242,11 +244,14 @@ func hasLess(x, n uint64) uint64 { return (x - lsb*n) &^ x & hi }
 // zeroMask sets the high bit of exactly the zero bytes of x.
 func zeroMask(x uint64) uint64 { return ^((x&lo7 + lo7) | x | lo7) }
 
-// msgRec remembers a stable-prefix message until its role is known.
+// msgRec is a message read: its role and the raw span of its content
+// value (a string with its quotes, an array, or null).
 type msgRec struct {
 	role    string
-	content [2]int // raw span of the content value (string with quotes, or array)
+	content [2]int
 	has     bool
+	// canon: a string content is canonical as it is (see chain.go).
+	canon bool
 }
 
 func (p *parser) messages(r *Request) error {
@@ -260,9 +265,7 @@ func (p *parser) messages(r *Request) error {
 		return p.syntax("expected a value")
 	}
 	p.i++
-	var recBuf [8]msgRec
-	rec := recBuf[:0]
-	prefixDone := false
+	firstUser := true
 	p.ws()
 	if p.peek() == ']' {
 		p.i++
@@ -276,12 +279,9 @@ func (p *parser) messages(r *Request) error {
 		}
 		r.Messages++
 		r.PromptTokens += 1 + tok
-		if !prefixDone {
-			rec = append(rec, m)
-			if m.role == "user" {
-				prefixDone = true
-			}
-		}
+		anchor := firstUser && m.role == "user"
+		firstUser = firstUser && !anchor
+		p.chain.message(p, &m, tok, anchor)
 		p.ws()
 		switch p.peek() {
 		case ',':
@@ -294,26 +294,7 @@ func (p *parser) messages(r *Request) error {
 		}
 		break
 	}
-	if prefixDone {
-		h := uint64(fnvOffset)
-		for _, m := range rec {
-			h = hashBytes(h, m.role)
-			h = (h ^ 0) * fnvPrime
-			if m.has {
-				h = p.hashContent(h, m.content)
-			}
-			h = (h ^ 0xff) * fnvPrime
-		}
-		r.PrefixHash, r.HasPrefix = h, true
-	}
 	return nil
-}
-
-func hashBytes(h uint64, s string) uint64 {
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint64(s[i])) * fnvPrime
-	}
-	return h
 }
 
 // message reads one message object and returns its role, content span and
@@ -364,7 +345,7 @@ func (p *parser) message(idx int) (m msgRec, tokens int, err error) {
 				return m, 0, err
 			}
 			tokens = t
-			m.content, m.has = [2]int{start, p.i}, true
+			m.content, m.has, m.canon = [2]int{start, p.i}, true, !p.esc
 		default:
 			if err := p.skip(1); err != nil {
 				return m, 0, err
@@ -416,7 +397,7 @@ func (p *parser) content(idx int) (int, error) {
 	case 'n':
 		return 0, p.literal("null")
 	case '[':
-		return p.parts(idx, nil)
+		return p.parts(idx)
 	}
 	if isValueStart(p.peek()) {
 		if err := p.skip(1); err != nil {
@@ -428,8 +409,9 @@ func (p *parser) content(idx int) (int, error) {
 }
 
 // parts reads an array of content parts, counting the tokens of every
-// "text" string. With h non-nil it also hashes the decoded text.
-func (p *parser) parts(idx int, h *uint64) (int, error) {
+// "text" string. With p.parts non-nil it also feeds the text parts to that
+// chain.
+func (p *parser) parts(idx int) (int, error) {
 	p.i++ // '['
 	p.ws()
 	if p.peek() == ']' {
@@ -468,8 +450,8 @@ func (p *parser) parts(idx int, h *uint64) (int, error) {
 							return 0, err
 						}
 						total += n
-						if h != nil {
-							*h = (hashText(*h, p.b[span[0]:span[1]]) ^ 0xfe) * fnvPrime
+						if p.partsChain != nil {
+							p.partsChain.text(p.b[span[0]:span[1]], !p.esc)
 						}
 					} else if err := p.skip(3); err != nil {
 						return 0, err
@@ -502,25 +484,6 @@ func (p *parser) parts(idx int, h *uint64) (int, error) {
 	}
 }
 
-// hashContent folds the decoded text of an already validated content value
-// (span) into h: at most PrefixBytes bytes of it, so the stable prefix costs
-// little however long the first turn is (and conversations that share their
-// first PrefixBytes bytes share their KV-cache prefix too).
-func (p *parser) hashContent(h uint64, span [2]int) uint64 {
-	raw := p.b[span[0]:span[1]]
-	switch raw[0] {
-	case '"':
-		h = hashText(h, raw[1:len(raw)-1])
-		// A string hashes like a one-part array of text.
-		return (h ^ 0xfe) * fnvPrime
-	case '[':
-		sub := parser{b: raw}
-		_, _ = sub.parts(0, &h) // validated already
-		return h
-	}
-	return h // null
-}
-
 // prompt reads a completion prompt: a string or an array of strings (a batch;
 // arrays of token ids count one token per id).
 func (p *parser) prompt(r *Request) error {
@@ -531,7 +494,7 @@ func (p *parser) prompt(r *Request) error {
 			return err
 		}
 		r.PromptTokens = n
-		r.PrefixHash, r.HasPrefix = hashPrefix(p.b[span[0]:span[1]]), true
+		p.chain.completion(p.b[span[0]:span[1]], !p.esc, n)
 		return nil
 	case '[':
 		p.i++
@@ -550,7 +513,7 @@ func (p *parser) prompt(r *Request) error {
 				}
 				r.PromptTokens += n
 				if first {
-					r.PrefixHash, r.HasPrefix = hashPrefix(p.b[span[0]:span[1]]), true
+					p.chain.completion(p.b[span[0]:span[1]], !p.esc, n)
 				}
 			case c == '-' || c >= '0' && c <= '9':
 				if err := p.number(); err != nil {
@@ -591,34 +554,3 @@ func (p *parser) prompt(r *Request) error {
 	}
 	return p.syntax("expected a value")
 }
-
-// hashText folds the first PrefixBytes decoded bytes of a validated raw JSON
-// string into h. The text is hashed with XXH64 (fixed seed, so every ext_proc
-// replica derives the same key) and folded in with one FNV step; escapes are
-// decoded first, so "\u00e9" and "é" hash alike.
-func hashText(h uint64, raw []byte) uint64 {
-	head := raw[:min(len(raw), PrefixBytes)]
-	if bytes.IndexByte(head, '\\') < 0 {
-		// Plain text (the usual case): the raw bytes are the decoded ones.
-		return (h ^ xxhash.Sum64(head)) * fnvPrime
-	}
-	return (h ^ hashEscaped(raw)) * fnvPrime
-}
-
-// hashEscaped is XXH64 of the first PrefixBytes decoded bytes of raw. Kept
-// out of hashText so the common path has no 2 KB stack frame.
-//
-//go:noinline
-func hashEscaped(raw []byte) uint64 {
-	var buf [PrefixBytes]byte
-	n := 0
-	walkString(raw, func(c byte) bool {
-		buf[n] = c
-		n++
-		return n < PrefixBytes
-	})
-	return xxhash.Sum64(buf[:n])
-}
-
-// hashPrefix is the stable-prefix hash of a completion prompt.
-func hashPrefix(raw []byte) uint64 { return hashText(fnvOffset, raw) }

@@ -1,8 +1,10 @@
 package cpclient
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -71,7 +73,7 @@ func (r *Reporter) once(ctx context.Context, client policyv1.ReportsClient, now 
 		}
 		r.pending = nil
 	}
-	if len(rep.Demand) == 0 && len(rep.Engines) == 0 {
+	if len(rep.Demand) == 0 && len(rep.Engines) == 0 && len(rep.Prefixes) == 0 {
 		return // nothing seen: a heartbeat would carry no information
 	}
 	if _, err := client.Report(ctx, rep); err != nil {
@@ -115,6 +117,50 @@ func Merge(a, b *policyv1.ReportRequest) *policyv1.ReportRequest {
 			HeaderLatencySumSeconds: e.HeaderLatencySumSeconds, HeaderLatencyCount: e.HeaderLatencyCount}
 		em[e.Address] = c
 		out.Engines = append(out.Engines, c)
+	}
+	out.Prefixes = mergePrefixes(a.Prefixes, b.Prefixes)
+	return out
+}
+
+// maxMergedCounts bounds a class's prefix counts in a merged report: a
+// long backlog keeps the heaviest.
+const maxMergedCounts = 1024
+
+// mergePrefixes adds two intervals' prefix reports, class by class and
+// point by point (counts, error bounds and tokens add; conversation bitmaps
+// are or-ed).
+func mergePrefixes(a, b []*policyv1.PrefixReport) []*policyv1.PrefixReport {
+	var out []*policyv1.PrefixReport
+	byClass := map[string]*policyv1.PrefixReport{}
+	byPoint := map[string]map[uint64]*policyv1.PrefixCount{}
+	for _, r := range append(append([]*policyv1.PrefixReport(nil), a...), b...) {
+		x := byClass[r.Class]
+		if x == nil {
+			x = &policyv1.PrefixReport{Class: r.Class}
+			byClass[r.Class], byPoint[r.Class] = x, map[uint64]*policyv1.PrefixCount{}
+			out = append(out, x)
+		}
+		x.Requests += r.Requests
+		x.Tokens += r.Tokens
+		for _, c := range r.Counts {
+			if y := byPoint[r.Class][c.Prefix]; y != nil {
+				y.Requests += c.Requests
+				y.RequestsError += c.RequestsError
+				y.Tokens += c.Tokens
+				y.Continuations |= c.Continuations
+				continue
+			}
+			y := &policyv1.PrefixCount{Prefix: c.Prefix, Parent: c.Parent, DepthBytes: c.DepthBytes, DepthTokens: c.DepthTokens,
+				Flags: c.Flags, Requests: c.Requests, RequestsError: c.RequestsError, Tokens: c.Tokens, Continuations: c.Continuations}
+			byPoint[r.Class][c.Prefix] = y
+			x.Counts = append(x.Counts, y)
+		}
+	}
+	for _, x := range out {
+		if len(x.Counts) > maxMergedCounts {
+			slices.SortStableFunc(x.Counts, func(p, q *policyv1.PrefixCount) int { return cmp.Compare(q.Requests, p.Requests) })
+			x.Counts = x.Counts[:maxMergedCounts]
+		}
 	}
 	return out
 }

@@ -27,6 +27,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // streamWorkers is the size of the gRPC server's stream worker pool: above
@@ -76,6 +77,8 @@ type Config struct {
 	PolicyFile string
 	// BodyLimit is the request body limit in bytes (0: extproc.DefaultBodyLimit).
 	BodyLimit int
+	// Tokenizers are paths of models' tokenizer.json files (--tokenizer).
+	Tokenizers []string
 	// ReportInterval between Reports (default 1 s).
 	ReportInterval time.Duration
 	// ShutdownGrace bounds the graceful stop (default 10 s).
@@ -83,6 +86,24 @@ type Config struct {
 	Logger        *slog.Logger
 	// Ready, if set, receives the bound addresses once serving.
 	Ready func(grpcAddr, httpAddr string)
+}
+
+// LoadTokenizers loads tokenizer.json files by their SHA-256, the key a
+// RoutingPolicy names them by. Errors name the flag and the file.
+func LoadTokenizers(paths []string, log *slog.Logger) (map[string]*hf.Tokenizer, error) {
+	out := map[string]*hf.Tokenizer{}
+	for _, p := range paths {
+		t0 := time.Now()
+		t, err := hf.Load(p)
+		if err != nil {
+			return nil, fmt.Errorf("--tokenizer %s: %w", p, err)
+		}
+		out[t.SHA256()] = t
+		if log != nil {
+			log.Info("tokenizer loaded", "path", p, "sha256", t.SHA256(), "took", time.Since(t0).Round(time.Millisecond))
+		}
+	}
+	return out, nil
 }
 
 // LoadPolicyFile reads a RoutingPolicy in protobuf JSON.
@@ -132,7 +153,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg})
+	toks, err := LoadTokenizers(cfg.Tokenizers, log)
+	if err != nil {
+		return err
+	}
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, Tokenizers: toks})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
 		if err != nil {

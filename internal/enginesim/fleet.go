@@ -38,6 +38,10 @@ type FleetOptions struct {
 	DefaultMaxTokens int
 	MaxBodyBytes     int64
 	Logger           *slog.Logger
+	// Server, if set, overrides every engine's server kind (the fleet's
+	// engines[].server otherwise); LoadingFor is as in Options.
+	Server     string
+	LoadingFor time.Duration
 }
 
 // Fleet is a set of simulated engines served by one process.
@@ -66,7 +70,7 @@ func EngineOptions(spec *fleet.Spec, id string) (Options, error) {
 	}
 	return Options{
 		Listen: e.Address, ID: e.ID, Model: e.Model, Region: e.Region, Profile: p,
-		MaxContextTokens: maxCtx, Fleet: spec, Replicas: e.Replicas,
+		MaxContextTokens: maxCtx, Fleet: spec, Replicas: e.Replicas, Server: e.Server,
 	}, nil
 }
 
@@ -102,6 +106,10 @@ func StartFleet(ctx context.Context, spec *fleet.Spec, fo FleetOptions) (*Fleet,
 		o.DefaultMaxTokens = fo.DefaultMaxTokens
 		o.MaxBodyBytes = fo.MaxBodyBytes
 		o.Logger = fo.Logger
+		o.LoadingFor = fo.LoadingFor
+		if fo.Server != "" {
+			o.Server = fo.Server
+		}
 		s, err := Start(ctx, o)
 		if err != nil {
 			f.Close()

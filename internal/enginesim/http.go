@@ -20,7 +20,10 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, false) })
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", s.health)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	if s.opts.Server == ServerSGLang {
+		mux.HandleFunc("GET /health_generate", s.health)
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer(), promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /admin/faults", s.getFaults)
 	mux.HandleFunc("POST /admin/faults", s.postFaults)
 	mux.HandleFunc("DELETE /admin/faults", s.deleteFaults)
@@ -64,12 +67,24 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	fail := s.faults.HealthFail
 	s.mu.Unlock()
+	if s.loading() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "loading model"})
+		return
+	}
 	if fail {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
 	w.WriteHeader(http.StatusOK)
 }
+
+// loading reports whether the engine is still in its LoadingFor period.
+func (s *Server) loading() bool {
+	return s.opts.LoadingFor > 0 && !s.loaded.Load() && time.Since(s.epoch) < s.opts.LoadingFor
+}
+
+// FinishLoading ends the LoadingFor period now.
+func (s *Server) FinishLoading() { s.loaded.Store(true) }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	m := s.opts.Model
@@ -90,6 +105,11 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 
 // complete serves both completion endpoints.
 func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
+	if s.loading() {
+		writeError(w, &apiError{status: 503, typ: "ServiceUnavailableError", message: "the model is still loading"})
+		return
+	}
+	s.served.Store(true)
 	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, s.opts.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
@@ -69,7 +70,21 @@ type Options struct {
 	MaxBodyBytes int64
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Server is the kind of server mimicked (ServerVLLM, the default, or
+	// ServerSGLang): metric names and labels, health paths (SGLang adds
+	// /health_generate), and whether metrics exist before the first request.
+	Server string
+	// LoadingFor makes the engine "still loading the model" for this long
+	// after it starts (real time): health paths answer 503 and requests
+	// 503, as a server warming up does.
+	LoadingFor time.Duration
 }
+
+// Server kinds engine-sim mimics (fleet engines[].server).
+const (
+	ServerVLLM   = "vllm"
+	ServerSGLang = "sglang"
+)
 
 // ConfigFromProfile is model.ConfigFromProfile.
 func ConfigFromProfile(p fleet.Profile) model.Config { return model.ConfigFromProfile(p) }
@@ -106,6 +121,11 @@ type Server struct {
 	reg     *prometheus.Registry
 	metrics *metrics
 	lags    lagRecorder
+	// served is set by the first completion request (SGLang's series
+	// appear then).
+	served atomic.Bool
+	// loaded ends the LoadingFor period early (FinishLoading).
+	loaded atomic.Bool
 }
 
 // Start validates opts, binds the listener and serves until ctx is
@@ -137,6 +157,16 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 4 << 20
+	}
+	switch opts.Server {
+	case "", "generic":
+		opts.Server = ServerVLLM
+	case ServerVLLM, ServerSGLang:
+	default:
+		return nil, fmt.Errorf("enginesim: unknown server kind %q (vllm or sglang)", opts.Server)
+	}
+	if opts.LoadingFor < 0 {
+		return nil, fmt.Errorf("enginesim: loading time must not be negative, got %v", opts.LoadingFor)
 	}
 	if opts.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("enginesim: max body bytes must be positive, got %d", opts.MaxBodyBytes)

@@ -36,12 +36,21 @@ func Venv() (string, error) { return envoybin.Venv(), nil }
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := FreeTCPPort()
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
+	return p
+}
+
+// FreeTCPPort is FreePort outside a test (a command's rig).
+func FreeTCPPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Envoy is a running Envoy process.
@@ -90,6 +99,10 @@ func Start(t testing.TB, opt Options) *Envoy {
 	})
 	return e
 }
+
+// Launch starts Envoy as Start does, outside a test (a command's
+// measurement rig): its files go in dir, and the caller stops it.
+func Launch(opt Options, dir string) (*Envoy, error) { return start(opt, dir) }
 
 func start(opt Options, dir string) (*Envoy, error) {
 	bin, err := Binary()

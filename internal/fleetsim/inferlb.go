@@ -257,7 +257,8 @@ func (x *inferlb) cycle() {
 	s := x.s
 	now := s.wall()
 	dem, ev := x.pl.intake.Snapshot(now)
-	res, err := x.ctrl.Step(s.ctx, controlplane.Inputs{Now: now, Engines: x.pl.tracker.Engines(now), Demand: dem, Evidence: ev})
+	res, err := x.ctrl.Step(s.ctx, controlplane.Inputs{Now: now, Engines: x.pl.tracker.Engines(now), Demand: dem, Evidence: ev,
+		Prefixes: x.pl.intake.Prefixes(now)})
 	if err != nil {
 		s.rec.note("control cycle failed: " + err.Error())
 		return

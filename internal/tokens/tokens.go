@@ -1,6 +1,9 @@
-// Package tokens is inferlb's one text→token rule, shared by the engine
-// simulator, the load generator and the ext_proc service, so that all three
-// count the same prompt the same way.
+// Package tokens is inferlb's text→token rule, shared by the engine
+// simulator and the load generator (and ext_proc's demand reports), so that
+// they count the same prompt the same way; and Bound, an upper bound on the
+// count of any real model's tokenizer, which ext_proc's context-limit
+// decisions use (bound.go; internal/tokens/hf counts exactly with a
+// tokenizer.json).
 //
 // The rule: a token is a run of non-whitespace bytes of at most MaxTokenBytes
 // bytes. Longer runs are cut every MaxTokenBytes bytes. Whitespace (space,

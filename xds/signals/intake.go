@@ -25,6 +25,8 @@ type IntakeOptions struct {
 	// MaxIntervals bounds the reports kept per (node, instance); 0 means
 	// 600.
 	MaxIntervals int
+	// Prefix configures the prefix view (prefixes.go).
+	Prefix PrefixOptions
 }
 
 // DemandKey names one demand stream.
@@ -68,6 +70,7 @@ type Intake struct {
 	// Set by NewIntake, then read-only.
 	opt                        IntakeOptions
 	nodes, classes, priorities map[string]bool
+	prefixes                   *Prefixes // safe for concurrent use itself
 
 	// mu guards the fields below.
 	mu                 sync.Mutex
@@ -99,6 +102,10 @@ func NewIntake(opt IntakeOptions) (*Intake, error) {
 	}
 	in := &Intake{opt: opt, nodes: set(opt.Nodes), classes: set(opt.Classes), priorities: set(opt.Priorities),
 		byInstance: map[[2]string][]report{}, lastReport: map[string]time.Time{}}
+	var err error
+	if in.prefixes, err = NewPrefixes(opt.Prefix); err != nil {
+		return nil, fmt.Errorf("intake: %w", err)
+	}
 	return in, nil
 }
 
@@ -133,8 +140,12 @@ func (in *Intake) Report(_ context.Context, r *policyv1.ReportRequest) error {
 	}
 	in.byInstance[k] = reps
 	in.lastReport[r.NodeId] = now
+	in.prefixes.Add(now, r)
 	return nil
 }
+
+// Prefixes returns the prefix view of every class as of now.
+func (in *Intake) Prefixes(now time.Time) map[string]ClassPrefixes { return in.prefixes.Snapshot(now) }
 
 func (in *Intake) validate(r *policyv1.ReportRequest) error {
 	if !in.nodes[r.NodeId] {
@@ -178,6 +189,7 @@ func (in *Intake) validate(r *policyv1.ReportRequest) error {
 			errs = append(errs, fmt.Errorf("engines[%d] (%s): header_latency_sum_seconds %v", i, e.Address, e.HeaderLatencySumSeconds))
 		}
 	}
+	errs = append(errs, validatePrefixes(r, in.classes)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("report from %s/%s: %w", r.NodeId, r.Instance, errors.Join(errs...))
 	}

@@ -123,7 +123,7 @@ func TestScrapeConcurrentWithTimeouts(t *testing.T) {
 	s := &Scraper{Timeout: 200 * time.Millisecond}
 	addr := func(u string) string { return strings.TrimPrefix(u, "http://") }
 	start := time.Now()
-	out := s.ScrapeAll(context.Background(), []Target{{"a", addr(ok.URL)}, {"h", addr(hang.URL)}, {"x", "127.0.0.1:1"}})
+	out := s.ScrapeAll(context.Background(), []Target{{ID: "a", Address: addr(ok.URL)}, {ID: "h", Address: addr(hang.URL)}, {ID: "x", Address: "127.0.0.1:1"}})
 	// Without the timeouts the hanging engine would hold the scrape until
 	// the test ends; 10 s leaves room for a starved machine.
 	if el := time.Since(start); el > 10*time.Second {
@@ -139,7 +139,7 @@ func TestScrapeConcurrentWithTimeouts(t *testing.T) {
 		t.Errorf("refused engine: %+v", out[2])
 	}
 	healthy.Store(false)
-	if s := s.Scrape(context.Background(), Target{"a", addr(ok.URL)}); s.Healthy || !strings.Contains(s.HealthErr.Error(), "503") {
+	if s := s.Scrape(context.Background(), Target{ID: "a", Address: addr(ok.URL)}); s.Healthy || !strings.Contains(s.HealthErr.Error(), "503") {
 		t.Errorf("503 health: %+v", s)
 	}
 }

@@ -66,6 +66,21 @@ type Engine struct {
 	// TTFTSamples counts first tokens seen in the last interval (evidence
 	// weight for the residual).
 	TTFTSamples float64 `json:"ttft_samples"`
+	// QueueMs and E2EMs are the mean time requests waited to be scheduled
+	// and their mean end-to-end latency over recent intervals (NaN until
+	// seen). TTFTExcludesQueue is set once the engine's mean queue time
+	// exceeded its mean TTFT, which a TTFT that counts queueing never
+	// does; from then on TTFTMs is the reported TTFT plus the queue time,
+	// so queueing is never invisible in the latency evidence.
+	QueueMs           float64 `json:"queue_ms"`
+	E2EMs             float64 `json:"e2e_ms"`
+	TTFTExcludesQueue bool    `json:"ttft_excludes_queue,omitempty"`
+	// Missing names the mapped metrics the last page lacked (a server
+	// creating them at its first request, or a mapping that does not fit).
+	Missing []string `json:"missing,omitempty"`
+	// Restarts counts restarts seen (a counter went down or vanished, or
+	// the process start time changed).
+	Restarts int `json:"restarts,omitempty"`
 
 	state State
 }
@@ -99,7 +114,8 @@ type Tracker struct {
 func NewTracker(opt TrackerOptions, ids []string) *Tracker {
 	t := &Tracker{opt: opt, tracks: map[string]*track{}}
 	for _, id := range ids {
-		t.tracks[id] = &track{e: Engine{ID: id, TTFTMs: math.NaN(), TBOTMs: math.NaN()}}
+		nan := math.NaN()
+		t.tracks[id] = &track{e: Engine{ID: id, Running: nan, Waiting: nan, KVUsage: nan, TTFTMs: nan, TBOTMs: nan, QueueMs: nan, E2EMs: nan}}
 	}
 	return t
 }
@@ -151,15 +167,20 @@ func (t *Tracker) Observe(s Sample) (changed bool) {
 func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 	dt := at.Sub(tr.prevAt)
 	a := t.alpha(dt)
-	tr.e.Running = ewma(tr.e.Running, m.Running, a, tr.hasGauges)
-	tr.e.Waiting = ewma(tr.e.Waiting, m.Waiting, a, tr.hasGauges)
-	tr.e.KVUsage = ewma(tr.e.KVUsage, m.KVUsage, a, tr.hasGauges)
+	tr.e.Running = foldGauge(tr.e.Running, m.Running, a, tr.hasGauges)
+	tr.e.Waiting = foldGauge(tr.e.Waiting, m.Waiting, a, tr.hasGauges)
+	tr.e.KVUsage = foldGauge(tr.e.KVUsage, m.KVUsage, a, tr.hasGauges)
 	tr.hasGauges = true
 	tr.e.LastMetrics = at
+	tr.e.Missing = m.Missing
 	if tr.havePrev && dt > 0 {
 		p := tr.prev
-		// A counter that went down means the engine restarted: rebase.
-		reset := m.Success < p.Success || m.TTFTCount < p.TTFTCount || m.PromptTokens < p.PromptTokens
+		// A counter that went down or vanished means the engine restarted:
+		// rebase.
+		reset := m.RestartedSince(p)
+		if reset {
+			tr.e.Restarts++
+		}
 		if !reset {
 			sec := dt.Seconds()
 			rate := func(cur, prev float64) float64 {
@@ -177,7 +198,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 			}
 			tr.e.TTFTSamples = 0
 			if dc := m.TTFTCount - p.TTFTCount; dc > 0 {
-				tr.e.TTFTMs = ewma(tr.e.TTFTMs, 1000*(m.TTFTSum-p.TTFTSum)/dc, a, tr.hasTTFT)
+				tr.e.TTFTMs = ewma(tr.e.TTFTMs, ttftEvidence(&tr.e, m, p), a, tr.hasTTFT)
 				tr.e.TTFTSamples = dc
 				tr.hasTTFT = true
 			}
@@ -185,6 +206,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 				tr.e.TBOTMs = ewma(tr.e.TBOTMs, 1000*(m.ITLSum-p.ITLSum)/dc, a, tr.hasTBOT)
 				tr.hasTBOT = true
 			}
+			foldExtra(&tr.e, m, p, a)
 			tr.hasRates = true
 		}
 	}
@@ -225,7 +247,8 @@ func (t *Tracker) Engines(now time.Time) []Engine {
 	return out
 }
 
-// MarshalJSON writes NaN latencies (nothing observed yet) as null.
+// MarshalJSON writes NaN gauges and latencies (not reported, or nothing
+// observed yet) as null.
 func (e Engine) MarshalJSON() ([]byte, error) {
 	type plain Engine
 	nan := func(v float64) *float64 {
@@ -236,9 +259,14 @@ func (e Engine) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(struct {
 		plain
-		TTFTMs *float64 `json:"ttft_ms"`
-		TBOTMs *float64 `json:"tbot_ms"`
-	}{plain(e), nan(e.TTFTMs), nan(e.TBOTMs)})
+		Running *float64 `json:"running"`
+		Waiting *float64 `json:"waiting"`
+		KVUsage *float64 `json:"kv_usage"`
+		TTFTMs  *float64 `json:"ttft_ms"`
+		TBOTMs  *float64 `json:"tbot_ms"`
+		QueueMs *float64 `json:"queue_ms"`
+		E2EMs   *float64 `json:"e2e_ms"`
+	}{plain(e), nan(e.Running), nan(e.Waiting), nan(e.KVUsage), nan(e.TTFTMs), nan(e.TBOTMs), nan(e.QueueMs), nan(e.E2EMs)})
 }
 
 func isTimeout(err error) bool {

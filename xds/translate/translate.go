@@ -245,6 +245,9 @@ type Engine struct {
 	Address string // host:port, host an IP or a name
 	Region  string
 	Health  Health
+	// HealthPath is the engine's health check path (fleet spec
+	// engines[].health_path); "" means Options.HealthCheck.Path.
+	HealthPath string
 }
 
 // Class is one eligibility class at one node with its allocation.
@@ -266,6 +269,15 @@ type Class struct {
 	// MeanOutputTokens is the class's typical output length, for demand
 	// reports of requests without max_tokens.
 	MeanOutputTokens uint32
+	// TokenizerSHA256 and ChatTemplateTokens are the model's context-bound
+	// inputs for ext_proc (fleet spec models[].tokenizer's digest and
+	// chat_template_tokens).
+	TokenizerSHA256    string
+	ChatTemplateTokens uint32
+	// Affinity is the class's cache-affinity configuration and split
+	// table (affinity.go); the zero value publishes none (ext_proc's
+	// defaults).
+	Affinity Affinity
 }
 
 // Priority is a traffic priority.
@@ -329,12 +341,16 @@ func Translate(n Node, o Options) (*Resources, error) {
 		if err := checkClassPolicy(c); err != nil {
 			return nil, fmt.Errorf("translate node %s class %s: %w", n.NodeID, c.Name, err)
 		}
+		if err := c.Affinity.check(); err != nil {
+			return nil, fmt.Errorf("translate node %s class %s: affinity: %w", n.NodeID, c.Name, err)
+		}
 		name := o.ClusterName(c.Name)
-		cla, err := loadAssignment(name, c, n.Engines, o)
+		hc := clusterHealthPath(c, n.Engines, o)
+		cla, err := loadAssignment(name, c, n.Engines, hc, o)
 		if err != nil {
 			return nil, fmt.Errorf("translate node %s class %s: %w", n.NodeID, c.Name, err)
 		}
-		out.Clusters = append(out.Clusters, classCluster(name, o))
+		out.Clusters = append(out.Clusters, classCluster(name, hc, o))
 		out.Endpoints = append(out.Endpoints, cla)
 	}
 	out.Policy = policy(n, classes, o)
@@ -360,7 +376,34 @@ func hashMessages[M proto.Message](ms []M) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-func classCluster(name string, o Options) *clusterv3.Cluster {
+// clusterHealthPath is the path of the class cluster's active health check:
+// the one most of its engines use (ties: the first in byte order). Envoy
+// has one path per cluster; engines with another path (a class mixing vLLM
+// and SGLang servers) are not actively checked by Envoy — loadAssignment
+// marks them — and rely on the control plane's probe of their own path,
+// which EDS health status carries.
+func clusterHealthPath(c Class, engines map[string]Engine, o Options) string {
+	count := map[string]int{}
+	for id := range c.Weights {
+		count[engineHealthPath(engines[id], o)]++
+	}
+	best, n := o.HealthCheck.Path, 0
+	for _, p := range slices.Sorted(maps.Keys(count)) {
+		if count[p] > n {
+			best, n = p, count[p]
+		}
+	}
+	return best
+}
+
+func engineHealthPath(e Engine, o Options) string {
+	if e.HealthPath != "" {
+		return e.HealthPath
+	}
+	return o.HealthCheck.Path
+}
+
+func classCluster(name, healthPath string, o Options) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
@@ -382,7 +425,7 @@ func classCluster(name string, o Options) *clusterv3.Cluster {
 			UnhealthyThreshold: wrapperspb.UInt32(o.HealthCheck.UnhealthyThreshold),
 			HealthyThreshold:   wrapperspb.UInt32(o.HealthCheck.HealthyThreshold),
 			HealthChecker: &corev3.HealthCheck_HttpHealthCheck_{HttpHealthCheck: &corev3.HealthCheck_HttpHealthCheck{
-				Path: o.HealthCheck.Path,
+				Path: healthPath,
 			}},
 		}},
 		OutlierDetection: &clusterv3.OutlierDetection{
@@ -455,7 +498,7 @@ type lbKey struct {
 	region   string
 }
 
-func loadAssignment(name string, c Class, engines map[string]Engine, o Options) (*endpointv3.ClusterLoadAssignment, error) {
+func loadAssignment(name string, c Class, engines map[string]Engine, healthPath string, o Options) (*endpointv3.ClusterLoadAssignment, error) {
 	ids := make([]string, 0, len(c.Weights))
 	for id, s := range c.Weights {
 		if s < 0 || math.IsNaN(s) || math.IsInf(s, 0) {
@@ -496,6 +539,9 @@ func loadAssignment(name string, c Class, engines map[string]Engine, o Options) 
 			}},
 			HealthStatus:        e.Health.envoy(),
 			LoadBalancingWeight: wrapperspb.UInt32(weight),
+		}
+		if engineHealthPath(e, o) != healthPath {
+			lb.GetEndpoint().HealthCheckConfig = &endpointv3.Endpoint_HealthCheckConfig{DisableActiveHealthCheck: true}
 		}
 		k := lbKey{prio, e.Region}
 		groups[k] = append(groups[k], lb)
@@ -574,6 +620,8 @@ func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
 			MinContextTokens: c.MinContextTokens, MaxContextTokens: c.MaxContextTokens,
 			ShedFractionByLevel: shed, RetryBudgetFraction: c.RetryBudgetFraction, MaxRetries: c.MaxRetries,
 			LocalInflightLimit: c.LocalInflightLimit, Utilization: c.Utilization, MeanOutputTokens: c.MeanOutputTokens,
+			TokenizerSha256: c.TokenizerSHA256, ChatTemplateTokens: c.ChatTemplateTokens,
+			Affinity: c.Affinity.policy(),
 		})
 	}
 	prios := slices.Clone(n.Priorities)

@@ -24,14 +24,18 @@ func sampleNode() Node {
 		Engines: map[string]Engine{
 			"e1": {ID: "e1", Address: "10.0.0.1:8000", Region: "us-east", Health: Healthy},
 			"e2": {ID: "e2", Address: "10.0.0.2:8000", Region: "us-east", Health: Healthy},
-			"e3": {ID: "e3", Address: "10.1.0.3:8000", Region: "eu-west", Health: Unknown},
-			"e4": {ID: "e4", Address: "10.1.0.4:8000", Region: "eu-west", Health: Unhealthy},
+			// SGLang engines: llama70b-eu's cluster checks their path;
+			// llama8b's checks /health (a 2–2 tie) and leaves them to the
+			// control plane's probe.
+			"e3": {ID: "e3", Address: "10.1.0.3:8000", Region: "eu-west", Health: Unknown, HealthPath: "/health_generate"},
+			"e4": {ID: "e4", Address: "10.1.0.4:8000", Region: "eu-west", Health: Unhealthy, HealthPath: "/health_generate"},
 		},
 		Classes: []Class{
 			{Name: "llama8b", Model: "llama-3.1-8b", MaxContextTokens: 8192,
 				Weights:             map[string]float64{"e1": 0.5, "e2": 0.3, "e3": 0.2, "e4": 0},
 				ShedByLevel:         map[uint32]float64{2: 0.1, 1: 0},
-				RetryBudgetFraction: 0, MaxRetries: 0, LocalInflightLimit: 512, Utilization: 0.97, MeanOutputTokens: 200},
+				RetryBudgetFraction: 0, MaxRetries: 0, LocalInflightLimit: 512, Utilization: 0.97, MeanOutputTokens: 200,
+				TokenizerSHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", ChatTemplateTokens: 64},
 			{Name: "llama70b-eu", Model: "llama-3.3-70b", Residency: "eu", MinContextTokens: 32768, MaxContextTokens: 131072,
 				Weights:             map[string]float64{"e3": 0.0004, "e4": 0.9996},
 				RetryBudgetFraction: 0.1, MaxRetries: 2, Utilization: 0.4},

@@ -36,6 +36,124 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type KeySource int32
+
+const (
+	KeySource_KEY_SOURCE_UNSPECIFIED KeySource = 0
+	// The x-session-id header.
+	KeySource_KEY_SOURCE_SESSION KeySource = 1
+	// The body's prompt_cache_key.
+	KeySource_KEY_SOURCE_PROMPT_CACHE_KEY KeySource = 2
+	// The body's user.
+	KeySource_KEY_SOURCE_USER KeySource = 3
+	// The prompt's prefix chain, read through the split table.
+	KeySource_KEY_SOURCE_PREFIX KeySource = 4
+)
+
+// Enum value maps for KeySource.
+var (
+	KeySource_name = map[int32]string{
+		0: "KEY_SOURCE_UNSPECIFIED",
+		1: "KEY_SOURCE_SESSION",
+		2: "KEY_SOURCE_PROMPT_CACHE_KEY",
+		3: "KEY_SOURCE_USER",
+		4: "KEY_SOURCE_PREFIX",
+	}
+	KeySource_value = map[string]int32{
+		"KEY_SOURCE_UNSPECIFIED":      0,
+		"KEY_SOURCE_SESSION":          1,
+		"KEY_SOURCE_PROMPT_CACHE_KEY": 2,
+		"KEY_SOURCE_USER":             3,
+		"KEY_SOURCE_PREFIX":           4,
+	}
+)
+
+func (x KeySource) Enum() *KeySource {
+	p := new(KeySource)
+	*p = x
+	return p
+}
+
+func (x KeySource) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeySource) Descriptor() protoreflect.EnumDescriptor {
+	return file_policy_proto_enumTypes[0].Descriptor()
+}
+
+func (KeySource) Type() protoreflect.EnumType {
+	return &file_policy_proto_enumTypes[0]
+}
+
+func (x KeySource) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeySource.Descriptor instead.
+func (KeySource) EnumDescriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{0}
+}
+
+type PrefixRule_Action int32
+
+const (
+	PrefixRule_ACTION_UNSPECIFIED PrefixRule_Action = 0
+	// Hot (more load than one engine's share): key deeper, on the
+	// conversation (the first point at or past the anchor without a hot
+	// rule).
+	PrefixRule_ACTION_DEEPER PrefixRule_Action = 1
+	// Hot: key on this prefix and the conversation modulo spread, so the
+	// prefix's traffic spreads over about spread engines that all cache it.
+	PrefixRule_ACTION_SPREAD PrefixRule_Action = 2
+	// Shared and cold: key on this prefix, so the conversations that share
+	// it land together.
+	PrefixRule_ACTION_GROUP PrefixRule_Action = 3
+)
+
+// Enum value maps for PrefixRule_Action.
+var (
+	PrefixRule_Action_name = map[int32]string{
+		0: "ACTION_UNSPECIFIED",
+		1: "ACTION_DEEPER",
+		2: "ACTION_SPREAD",
+		3: "ACTION_GROUP",
+	}
+	PrefixRule_Action_value = map[string]int32{
+		"ACTION_UNSPECIFIED": 0,
+		"ACTION_DEEPER":      1,
+		"ACTION_SPREAD":      2,
+		"ACTION_GROUP":       3,
+	}
+)
+
+func (x PrefixRule_Action) Enum() *PrefixRule_Action {
+	p := new(PrefixRule_Action)
+	*p = x
+	return p
+}
+
+func (x PrefixRule_Action) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PrefixRule_Action) Descriptor() protoreflect.EnumDescriptor {
+	return file_policy_proto_enumTypes[1].Descriptor()
+}
+
+func (PrefixRule_Action) Type() protoreflect.EnumType {
+	return &file_policy_proto_enumTypes[1]
+}
+
+func (x PrefixRule_Action) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PrefixRule_Action.Descriptor instead.
+func (PrefixRule_Action) EnumDescriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{6, 0}
+}
+
 type RoutingPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Node id of the frontend this policy is for (also the resource name).
@@ -287,8 +405,20 @@ type ClassPolicy struct {
 	// mean_output_tokens): a request that states no max_tokens counts this in
 	// the demand it reports.
 	MeanOutputTokens uint32 `protobuf:"varint,12,opt,name=mean_output_tokens,json=meanOutputTokens,proto3" json:"mean_output_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Cache affinity: how ext_proc derives the key the route hashes, and the
+	// split table (fields 20-29 are affinity's).
+	Affinity *Affinity `protobuf:"bytes,20,opt,name=affinity,proto3" json:"affinity,omitempty"`
+	// Context bound (numbers 140.. are issue 14's, to keep merges apart).
+	// The SHA-256 (hex) of the class's model's tokenizer.json, when the fleet
+	// spec names one: ext_proc counts prompt texts with the tokenizer of that
+	// digest (loaded with its --tokenizer flag) when the bytes bound comes
+	// near the class's context limit. Empty: the bytes bound only.
+	TokenizerSha256 string `protobuf:"bytes,140,opt,name=tokenizer_sha256,json=tokenizerSha256,proto3" json:"tokenizer_sha256,omitempty"`
+	// Tokens the model's chat template adds beyond the request's own bytes
+	// (the fleet spec's chat_template_tokens), added to every bound.
+	ChatTemplateTokens uint32 `protobuf:"varint,141,opt,name=chat_template_tokens,json=chatTemplateTokens,proto3" json:"chat_template_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClassPolicy) Reset() {
@@ -405,6 +535,215 @@ func (x *ClassPolicy) GetMeanOutputTokens() uint32 {
 	return 0
 }
 
+func (x *ClassPolicy) GetAffinity() *Affinity {
+	if x != nil {
+		return x.Affinity
+	}
+	return nil
+}
+
+func (x *ClassPolicy) GetTokenizerSha256() string {
+	if x != nil {
+		return x.TokenizerSha256
+	}
+	return ""
+}
+
+func (x *ClassPolicy) GetChatTemplateTokens() uint32 {
+	if x != nil {
+		return x.ChatTemplateTokens
+	}
+	return 0
+}
+
+// Affinity is a class's cache-affinity configuration and its split table.
+type Affinity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key sources in the order they are tried; the first one a request
+	// has wins. Empty: SESSION, PROMPT_CACHE_KEY, USER, PREFIX.
+	Keys []KeySource `protobuf:"varint,1,rep,packed,name=keys,proto3,enum=inferlb.policy.v1.KeySource" json:"keys,omitempty"`
+	// Off: every request gets a fresh random key, so Envoy spreads requests
+	// evenly (shedding stays deterministic per conversation). For baselines
+	// and for operators.
+	Off bool `protobuf:"varint,2,opt,name=off,proto3" json:"off,omitempty"`
+	// The split table: the same for every frontend and every ext_proc
+	// replica, so replicas derive the same key from the same request.
+	Table         *PrefixTable `protobuf:"bytes,3,opt,name=table,proto3" json:"table,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Affinity) Reset() {
+	*x = Affinity{}
+	mi := &file_policy_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Affinity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Affinity) ProtoMessage() {}
+
+func (x *Affinity) ProtoReflect() protoreflect.Message {
+	mi := &file_policy_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Affinity.ProtoReflect.Descriptor instead.
+func (*Affinity) Descriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Affinity) GetKeys() []KeySource {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *Affinity) GetOff() bool {
+	if x != nil {
+		return x.Off
+	}
+	return false
+}
+
+func (x *Affinity) GetTable() *PrefixTable {
+	if x != nil {
+		return x.Table
+	}
+	return nil
+}
+
+// PrefixTable holds rules for points of the prompts' prefix chains
+// (extproc/body/chain.go), learned by the control plane from ext_proc's
+// heavy-hitter reports. A point without a rule is cold.
+type PrefixTable struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Content version: equal rules, equal version.
+	Version       string        `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Rules         []*PrefixRule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefixTable) Reset() {
+	*x = PrefixTable{}
+	mi := &file_policy_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefixTable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefixTable) ProtoMessage() {}
+
+func (x *PrefixTable) ProtoReflect() protoreflect.Message {
+	mi := &file_policy_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefixTable.ProtoReflect.Descriptor instead.
+func (*PrefixTable) Descriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PrefixTable) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *PrefixTable) GetRules() []*PrefixRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+type PrefixRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The chain point's hash.
+	Prefix uint64            `protobuf:"fixed64,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Action PrefixRule_Action `protobuf:"varint,2,opt,name=action,proto3,enum=inferlb.policy.v1.PrefixRule_Action" json:"action,omitempty"`
+	// The number of keys a SPREAD prefix's traffic is cut into; for DEEPER,
+	// the same when nothing deeper tells conversations apart (identical
+	// prompts).
+	Spread        uint32 `protobuf:"varint,3,opt,name=spread,proto3" json:"spread,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefixRule) Reset() {
+	*x = PrefixRule{}
+	mi := &file_policy_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefixRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefixRule) ProtoMessage() {}
+
+func (x *PrefixRule) ProtoReflect() protoreflect.Message {
+	mi := &file_policy_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefixRule.ProtoReflect.Descriptor instead.
+func (*PrefixRule) Descriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PrefixRule) GetPrefix() uint64 {
+	if x != nil {
+		return x.Prefix
+	}
+	return 0
+}
+
+func (x *PrefixRule) GetAction() PrefixRule_Action {
+	if x != nil {
+		return x.Action
+	}
+	return PrefixRule_ACTION_UNSPECIFIED
+}
+
+func (x *PrefixRule) GetSpread() uint32 {
+	if x != nil {
+		return x.Spread
+	}
+	return 0
+}
+
 type ReportRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -414,13 +753,16 @@ type ReportRequest struct {
 	IntervalEnd   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=interval_end,json=intervalEnd,proto3" json:"interval_end,omitempty"`
 	Demand        []*DemandSample        `protobuf:"bytes,5,rep,name=demand,proto3" json:"demand,omitempty"`
 	Engines       []*EngineEvidence      `protobuf:"bytes,6,rep,name=engines,proto3" json:"engines,omitempty"`
+	// The heavy hitters among the prefix chains of the requests keyed by
+	// their prefix, per class (fields 20-29 are affinity's).
+	Prefixes      []*PrefixReport `protobuf:"bytes,20,rep,name=prefixes,proto3" json:"prefixes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_policy_proto_msgTypes[4]
+	mi := &file_policy_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +774,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[4]
+	mi := &file_policy_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +787,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{4}
+	return file_policy_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReportRequest) GetNodeId() string {
@@ -490,6 +832,205 @@ func (x *ReportRequest) GetEngines() []*EngineEvidence {
 	return nil
 }
 
+func (x *ReportRequest) GetPrefixes() []*PrefixReport {
+	if x != nil {
+		return x.Prefixes
+	}
+	return nil
+}
+
+// PrefixReport is one class's prefix heavy hitters over the interval.
+type PrefixReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Class string                 `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	// Every request of the class in the interval (whatever its key, shed ones
+	// included) and their tokens (prompt plus expected output): the totals
+	// the counts below are shares of.
+	Requests      uint64         `protobuf:"varint,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	Tokens        uint64         `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	Counts        []*PrefixCount `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefixReport) Reset() {
+	*x = PrefixReport{}
+	mi := &file_policy_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefixReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefixReport) ProtoMessage() {}
+
+func (x *PrefixReport) ProtoReflect() protoreflect.Message {
+	mi := &file_policy_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefixReport.ProtoReflect.Descriptor instead.
+func (*PrefixReport) Descriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PrefixReport) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *PrefixReport) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *PrefixReport) GetTokens() uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *PrefixReport) GetCounts() []*PrefixCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// PrefixCount is one chain point's traffic (a SpaceSaving sketch entry).
+type PrefixCount struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Prefix uint64                 `protobuf:"fixed64,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// The point before it in the chain (0 for a chain's first point).
+	Parent      uint64 `protobuf:"fixed64,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	DepthBytes  uint32 `protobuf:"varint,3,opt,name=depth_bytes,json=depthBytes,proto3" json:"depth_bytes,omitempty"`
+	DepthTokens uint32 `protobuf:"varint,4,opt,name=depth_tokens,json=depthTokens,proto3" json:"depth_tokens,omitempty"`
+	// The point's flags (extproc/body): 1 message end, 2 anchor, 4 past the
+	// anchor.
+	Flags uint32 `protobuf:"varint,5,opt,name=flags,proto3" json:"flags,omitempty"`
+	// Requests through the point: an overestimate by at most requests_error
+	// (the sketch's bound), and their tokens.
+	Requests      uint64 `protobuf:"varint,6,opt,name=requests,proto3" json:"requests,omitempty"`
+	RequestsError uint64 `protobuf:"varint,7,opt,name=requests_error,json=requestsError,proto3" json:"requests_error,omitempty"`
+	Tokens        uint64 `protobuf:"varint,8,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// Linear-counting bitmap of the point's continuations: for each request
+	// through it, the next point of its chain, or a value of its own when its
+	// chain ends at the point (bit = the value hash's top 6 bits). One
+	// conversation's turns continue alike (its later turns extend the same
+	// history), so a point with many continuations is shared: conversations
+	// diverge there, or identical prompts arrive from many clients.
+	Continuations uint64 `protobuf:"fixed64,9,opt,name=continuations,proto3" json:"continuations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefixCount) Reset() {
+	*x = PrefixCount{}
+	mi := &file_policy_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefixCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefixCount) ProtoMessage() {}
+
+func (x *PrefixCount) ProtoReflect() protoreflect.Message {
+	mi := &file_policy_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefixCount.ProtoReflect.Descriptor instead.
+func (*PrefixCount) Descriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PrefixCount) GetPrefix() uint64 {
+	if x != nil {
+		return x.Prefix
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetDepthBytes() uint32 {
+	if x != nil {
+		return x.DepthBytes
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetDepthTokens() uint32 {
+	if x != nil {
+		return x.DepthTokens
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetFlags() uint32 {
+	if x != nil {
+		return x.Flags
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetRequestsError() uint64 {
+	if x != nil {
+		return x.RequestsError
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetTokens() uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetContinuations() uint64 {
+	if x != nil {
+		return x.Continuations
+	}
+	return 0
+}
+
 type DemandSample struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Class    string                 `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
@@ -507,7 +1048,7 @@ type DemandSample struct {
 
 func (x *DemandSample) Reset() {
 	*x = DemandSample{}
-	mi := &file_policy_proto_msgTypes[5]
+	mi := &file_policy_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +1060,7 @@ func (x *DemandSample) String() string {
 func (*DemandSample) ProtoMessage() {}
 
 func (x *DemandSample) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[5]
+	mi := &file_policy_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +1073,7 @@ func (x *DemandSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemandSample.ProtoReflect.Descriptor instead.
 func (*DemandSample) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{5}
+	return file_policy_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DemandSample) GetClass() string {
@@ -596,7 +1137,7 @@ type EngineEvidence struct {
 
 func (x *EngineEvidence) Reset() {
 	*x = EngineEvidence{}
-	mi := &file_policy_proto_msgTypes[6]
+	mi := &file_policy_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +1149,7 @@ func (x *EngineEvidence) String() string {
 func (*EngineEvidence) ProtoMessage() {}
 
 func (x *EngineEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[6]
+	mi := &file_policy_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +1162,7 @@ func (x *EngineEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineEvidence.ProtoReflect.Descriptor instead.
 func (*EngineEvidence) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{6}
+	return file_policy_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EngineEvidence) GetAddress() string {
@@ -675,7 +1216,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_policy_proto_msgTypes[7]
+	mi := &file_policy_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +1228,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[7]
+	mi := &file_policy_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +1241,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{7}
+	return file_policy_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportResponse) GetPolicyVersion() string {
@@ -732,7 +1273,7 @@ const file_policy_proto_rawDesc = "" +
 	"\tEngineRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\xd8\x04\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xf0\x05\n" +
 	"\vClassPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x14\n" +
@@ -747,17 +1288,54 @@ const file_policy_proto_rawDesc = "" +
 	"\x14local_inflight_limit\x18\n" +
 	" \x01(\rR\x12localInflightLimit\x12 \n" +
 	"\vutilization\x18\v \x01(\x01R\vutilization\x12,\n" +
-	"\x12mean_output_tokens\x18\f \x01(\rR\x10meanOutputTokens\x1aF\n" +
+	"\x12mean_output_tokens\x18\f \x01(\rR\x10meanOutputTokens\x127\n" +
+	"\baffinity\x18\x14 \x01(\v2\x1b.inferlb.policy.v1.AffinityR\baffinity\x12*\n" +
+	"\x10tokenizer_sha256\x18\x8c\x01 \x01(\tR\x0ftokenizerSha256\x121\n" +
+	"\x14chat_template_tokens\x18\x8d\x01 \x01(\rR\x12chatTemplateTokens\x1aF\n" +
 	"\x18ShedFractionByLevelEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xbc\x02\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x84\x01\n" +
+	"\bAffinity\x120\n" +
+	"\x04keys\x18\x01 \x03(\x0e2\x1c.inferlb.policy.v1.KeySourceR\x04keys\x12\x10\n" +
+	"\x03off\x18\x02 \x01(\bR\x03off\x124\n" +
+	"\x05table\x18\x03 \x01(\v2\x1e.inferlb.policy.v1.PrefixTableR\x05table\"\\\n" +
+	"\vPrefixTable\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x123\n" +
+	"\x05rules\x18\x02 \x03(\v2\x1d.inferlb.policy.v1.PrefixRuleR\x05rules\"\xd4\x01\n" +
+	"\n" +
+	"PrefixRule\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\x06R\x06prefix\x12<\n" +
+	"\x06action\x18\x02 \x01(\x0e2$.inferlb.policy.v1.PrefixRule.ActionR\x06action\x12\x16\n" +
+	"\x06spread\x18\x03 \x01(\rR\x06spread\"X\n" +
+	"\x06Action\x12\x16\n" +
+	"\x12ACTION_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rACTION_DEEPER\x10\x01\x12\x11\n" +
+	"\rACTION_SPREAD\x10\x02\x12\x10\n" +
+	"\fACTION_GROUP\x10\x03\"\xf9\x02\n" +
 	"\rReportRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\binstance\x18\x02 \x01(\tR\binstance\x12A\n" +
 	"\x0einterval_start\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rintervalStart\x12=\n" +
 	"\finterval_end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vintervalEnd\x127\n" +
 	"\x06demand\x18\x05 \x03(\v2\x1f.inferlb.policy.v1.DemandSampleR\x06demand\x12;\n" +
-	"\aengines\x18\x06 \x03(\v2!.inferlb.policy.v1.EngineEvidenceR\aengines\"\xba\x01\n" +
+	"\aengines\x18\x06 \x03(\v2!.inferlb.policy.v1.EngineEvidenceR\aengines\x12;\n" +
+	"\bprefixes\x18\x14 \x03(\v2\x1f.inferlb.policy.v1.PrefixReportR\bprefixes\"\x90\x01\n" +
+	"\fPrefixReport\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
+	"\x06tokens\x18\x03 \x01(\x04R\x06tokens\x126\n" +
+	"\x06counts\x18\x04 \x03(\v2\x1e.inferlb.policy.v1.PrefixCountR\x06counts\"\x98\x02\n" +
+	"\vPrefixCount\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\x06R\x06prefix\x12\x16\n" +
+	"\x06parent\x18\x02 \x01(\x06R\x06parent\x12\x1f\n" +
+	"\vdepth_bytes\x18\x03 \x01(\rR\n" +
+	"depthBytes\x12!\n" +
+	"\fdepth_tokens\x18\x04 \x01(\rR\vdepthTokens\x12\x14\n" +
+	"\x05flags\x18\x05 \x01(\rR\x05flags\x12\x1a\n" +
+	"\brequests\x18\x06 \x01(\x04R\brequests\x12%\n" +
+	"\x0erequests_error\x18\a \x01(\x04R\rrequestsError\x12\x16\n" +
+	"\x06tokens\x18\b \x01(\x04R\x06tokens\x12$\n" +
+	"\rcontinuations\x18\t \x01(\x06R\rcontinuations\"\xba\x01\n" +
 	"\fDemandSample\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\tR\bpriority\x12\x1a\n" +
@@ -773,7 +1351,13 @@ const file_policy_proto_rawDesc = "" +
 	"\x1aheader_latency_sum_seconds\x18\x05 \x01(\x01R\x17headerLatencySumSeconds\x120\n" +
 	"\x14header_latency_count\x18\x06 \x01(\x04R\x12headerLatencyCount\"7\n" +
 	"\x0eReportResponse\x12%\n" +
-	"\x0epolicy_version\x18\x01 \x01(\tR\rpolicyVersion2X\n" +
+	"\x0epolicy_version\x18\x01 \x01(\tR\rpolicyVersion*\x8c\x01\n" +
+	"\tKeySource\x12\x1a\n" +
+	"\x16KEY_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12KEY_SOURCE_SESSION\x10\x01\x12\x1f\n" +
+	"\x1bKEY_SOURCE_PROMPT_CACHE_KEY\x10\x02\x12\x13\n" +
+	"\x0fKEY_SOURCE_USER\x10\x03\x12\x15\n" +
+	"\x11KEY_SOURCE_PREFIX\x10\x042X\n" +
 	"\aReports\x12M\n" +
 	"\x06Report\x12 .inferlb.policy.v1.ReportRequest\x1a!.inferlb.policy.v1.ReportResponseB3Z1github.com/inferlb/inferlb/api/policy/v1;policyv1b\x06proto3"
 
@@ -789,36 +1373,51 @@ func file_policy_proto_rawDescGZIP() []byte {
 	return file_policy_proto_rawDescData
 }
 
-var file_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_policy_proto_goTypes = []any{
-	(*RoutingPolicy)(nil),         // 0: inferlb.policy.v1.RoutingPolicy
-	(*Priority)(nil),              // 1: inferlb.policy.v1.Priority
-	(*EngineRef)(nil),             // 2: inferlb.policy.v1.EngineRef
-	(*ClassPolicy)(nil),           // 3: inferlb.policy.v1.ClassPolicy
-	(*ReportRequest)(nil),         // 4: inferlb.policy.v1.ReportRequest
-	(*DemandSample)(nil),          // 5: inferlb.policy.v1.DemandSample
-	(*EngineEvidence)(nil),        // 6: inferlb.policy.v1.EngineEvidence
-	(*ReportResponse)(nil),        // 7: inferlb.policy.v1.ReportResponse
-	nil,                           // 8: inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(KeySource)(0),                // 0: inferlb.policy.v1.KeySource
+	(PrefixRule_Action)(0),        // 1: inferlb.policy.v1.PrefixRule.Action
+	(*RoutingPolicy)(nil),         // 2: inferlb.policy.v1.RoutingPolicy
+	(*Priority)(nil),              // 3: inferlb.policy.v1.Priority
+	(*EngineRef)(nil),             // 4: inferlb.policy.v1.EngineRef
+	(*ClassPolicy)(nil),           // 5: inferlb.policy.v1.ClassPolicy
+	(*Affinity)(nil),              // 6: inferlb.policy.v1.Affinity
+	(*PrefixTable)(nil),           // 7: inferlb.policy.v1.PrefixTable
+	(*PrefixRule)(nil),            // 8: inferlb.policy.v1.PrefixRule
+	(*ReportRequest)(nil),         // 9: inferlb.policy.v1.ReportRequest
+	(*PrefixReport)(nil),          // 10: inferlb.policy.v1.PrefixReport
+	(*PrefixCount)(nil),           // 11: inferlb.policy.v1.PrefixCount
+	(*DemandSample)(nil),          // 12: inferlb.policy.v1.DemandSample
+	(*EngineEvidence)(nil),        // 13: inferlb.policy.v1.EngineEvidence
+	(*ReportResponse)(nil),        // 14: inferlb.policy.v1.ReportResponse
+	nil,                           // 15: inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_policy_proto_depIdxs = []int32{
-	9,  // 0: inferlb.policy.v1.RoutingPolicy.generated_at:type_name -> google.protobuf.Timestamp
-	3,  // 1: inferlb.policy.v1.RoutingPolicy.classes:type_name -> inferlb.policy.v1.ClassPolicy
-	1,  // 2: inferlb.policy.v1.RoutingPolicy.priorities:type_name -> inferlb.policy.v1.Priority
-	2,  // 3: inferlb.policy.v1.RoutingPolicy.engines:type_name -> inferlb.policy.v1.EngineRef
-	8,  // 4: inferlb.policy.v1.ClassPolicy.shed_fraction_by_level:type_name -> inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
-	9,  // 5: inferlb.policy.v1.ReportRequest.interval_start:type_name -> google.protobuf.Timestamp
-	9,  // 6: inferlb.policy.v1.ReportRequest.interval_end:type_name -> google.protobuf.Timestamp
-	5,  // 7: inferlb.policy.v1.ReportRequest.demand:type_name -> inferlb.policy.v1.DemandSample
-	6,  // 8: inferlb.policy.v1.ReportRequest.engines:type_name -> inferlb.policy.v1.EngineEvidence
-	4,  // 9: inferlb.policy.v1.Reports.Report:input_type -> inferlb.policy.v1.ReportRequest
-	7,  // 10: inferlb.policy.v1.Reports.Report:output_type -> inferlb.policy.v1.ReportResponse
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	16, // 0: inferlb.policy.v1.RoutingPolicy.generated_at:type_name -> google.protobuf.Timestamp
+	5,  // 1: inferlb.policy.v1.RoutingPolicy.classes:type_name -> inferlb.policy.v1.ClassPolicy
+	3,  // 2: inferlb.policy.v1.RoutingPolicy.priorities:type_name -> inferlb.policy.v1.Priority
+	4,  // 3: inferlb.policy.v1.RoutingPolicy.engines:type_name -> inferlb.policy.v1.EngineRef
+	15, // 4: inferlb.policy.v1.ClassPolicy.shed_fraction_by_level:type_name -> inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
+	6,  // 5: inferlb.policy.v1.ClassPolicy.affinity:type_name -> inferlb.policy.v1.Affinity
+	0,  // 6: inferlb.policy.v1.Affinity.keys:type_name -> inferlb.policy.v1.KeySource
+	7,  // 7: inferlb.policy.v1.Affinity.table:type_name -> inferlb.policy.v1.PrefixTable
+	8,  // 8: inferlb.policy.v1.PrefixTable.rules:type_name -> inferlb.policy.v1.PrefixRule
+	1,  // 9: inferlb.policy.v1.PrefixRule.action:type_name -> inferlb.policy.v1.PrefixRule.Action
+	16, // 10: inferlb.policy.v1.ReportRequest.interval_start:type_name -> google.protobuf.Timestamp
+	16, // 11: inferlb.policy.v1.ReportRequest.interval_end:type_name -> google.protobuf.Timestamp
+	12, // 12: inferlb.policy.v1.ReportRequest.demand:type_name -> inferlb.policy.v1.DemandSample
+	13, // 13: inferlb.policy.v1.ReportRequest.engines:type_name -> inferlb.policy.v1.EngineEvidence
+	10, // 14: inferlb.policy.v1.ReportRequest.prefixes:type_name -> inferlb.policy.v1.PrefixReport
+	11, // 15: inferlb.policy.v1.PrefixReport.counts:type_name -> inferlb.policy.v1.PrefixCount
+	9,  // 16: inferlb.policy.v1.Reports.Report:input_type -> inferlb.policy.v1.ReportRequest
+	14, // 17: inferlb.policy.v1.Reports.Report:output_type -> inferlb.policy.v1.ReportResponse
+	17, // [17:18] is the sub-list for method output_type
+	16, // [16:17] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_policy_proto_init() }
@@ -831,13 +1430,14 @@ func file_policy_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_policy_proto_rawDesc), len(file_policy_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   9,
+			NumEnums:      2,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_policy_proto_goTypes,
 		DependencyIndexes: file_policy_proto_depIdxs,
+		EnumInfos:         file_policy_proto_enumTypes,
 		MessageInfos:      file_policy_proto_msgTypes,
 	}.Build()
 	File_policy_proto = out.File

@@ -1,0 +1,259 @@
+package controlplane
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/xds/signals"
+	"github.com/inferlb/inferlb/xds/translate"
+)
+
+// The split table: each cycle, per class, the prefix view (the decayed
+// heavy hitters of the prompts' prefix chains, merged from every ext_proc)
+// becomes a small table of rules that every frontend and every ext_proc
+// replica reads the same way (docs/control-plane.md, docs/extproc.md).
+//
+// A point's share is the larger of its share of the class's requests and
+// of its tokens. With N engines in the class, one engine's share is 1/N. A
+// point is hot when its share exceeds hot_share/N (and stays hot until it
+// falls below hotHysteresis of that) and it is shared: it has at least
+// minHotContinuations continuations (the requests through it go on to
+// different next points, or many end there). One conversation's turns never
+// make a point hot, however busy the conversation: they all continue alike.
+//
+//   - Every hot point gets a rule. Before the anchor, short prefixes are
+//     DEEPER (every conversation keyed on its own point: the prefix ends up
+//     cached on every engine, cheap for a short one) and those of at least
+//     spread_min_prefix_tokens SPREAD over R keys (R engines cache it, each
+//     conversation keeps one). A hot point at or past the anchor (few-shot
+//     messages, identical prompts) is DEEPER, and so is every point between
+//     it and the anchor, so that ext_proc's walk passes them all.
+//   - A shared cold prefix before the anchor (a point with two
+//     continuations or more, no cold shared point above it) keys its
+//     conversations together: GROUP, if it is at least
+//     group_min_prefix_tokens long. It is the divergence point: the deepest
+//     prefix its conversations share.
+//
+// R is ceil(2·share/threshold), so each of its keys carries at most half
+// the hot threshold; it changes only by more than rHysteresis (ext_proc
+// picks a conversation's key with jump consistent hashing, so a change of
+// R moves few conversations).
+
+const (
+	hotHysteresis = 0.7
+	rHysteresis   = 0.25
+	// minHotContinuations: a point with fewer (estimated) continuations is
+	// not shared enough to be hot (3 bits of the bitmap give 3.07; one
+	// conversation gives 1, or 2 counting its first turn's end).
+	minHotContinuations = 2.5
+	// minGroupContinuations: a point before the anchor with two
+	// continuations is where conversations diverge (one conversation has
+	// one there).
+	minGroupContinuations = 1.5
+	// minViewRequests: with fewer (decayed) requests the view says nothing
+	// and the previous table stands.
+	minViewRequests = 5
+	// maxTableRules bounds a class's table.
+	maxTableRules = 512
+	maxSpread     = 1024
+)
+
+// PrefixRuleView is one rule of a split table, for the admin view.
+type PrefixRuleView struct {
+	Prefix        string  `json:"prefix"`
+	Action        string  `json:"action"`
+	Spread        uint32  `json:"spread,omitempty"`
+	Share         float64 `json:"share"`
+	DepthBytes    uint32  `json:"depth_bytes"`
+	DepthTokens   uint32  `json:"depth_tokens"`
+	Continuations float64 `json:"continuations"`
+	Why           string  `json:"why"`
+}
+
+// AffinityView is one class's split table and what it was built from.
+type AffinityView struct {
+	Class   string `json:"class"`
+	Mode    string `json:"mode"`
+	Engines int    `json:"engines"`
+	// HotShare is the share of the class's load above which a prefix is
+	// hot (hot_share / engines).
+	HotShare float64 `json:"hot_share_of_class"`
+	// Requests is the view's decayed request total; Points how many chain
+	// points it tracks.
+	Requests float64          `json:"view_requests"`
+	Points   int              `json:"view_points"`
+	Held     bool             `json:"held,omitempty"`
+	Rules    []PrefixRuleView `json:"rules"`
+	// Changed counts the rules added or removed (or changed) this cycle.
+	Changed int `json:"rules_changed"`
+	rules   []translate.PrefixRule
+}
+
+// splitTable computes a class's rules from its prefix view, with n engines
+// in the class and the previous rules (for hysteresis).
+func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []translate.PrefixRule) *AffinityView {
+	a := cl.Affinity
+	out := &AffinityView{Class: cl.Name, Mode: a.Mode, Engines: n, Requests: view.Requests, Points: len(view.Points)}
+	if n < 1 || a.Mode == fleet.AffinityOff {
+		return out
+	}
+	thr := a.HotShare / float64(n)
+	out.HotShare = thr
+	if view.Requests < minViewRequests {
+		out.rules, out.Held = prev, true
+		out.Rules = ruleViews(prev, "held: too little traffic to judge")
+		return out
+	}
+	before := map[uint64]translate.PrefixRule{}
+	for _, r := range prev {
+		before[r.Prefix] = r
+	}
+	share := func(p *signals.PrefixPoint) float64 {
+		s := p.Requests / view.Requests
+		if view.Tokens > 0 {
+			s = math.Max(s, p.Tokens/view.Tokens)
+		}
+		return s
+	}
+	byHash := make(map[uint64]*signals.PrefixPoint, len(view.Points))
+	for i := range view.Points {
+		byHash[view.Points[i].Prefix] = &view.Points[i]
+	}
+	hot := map[uint64]bool{}
+	for i := range view.Points {
+		p := &view.Points[i]
+		r, was := before[p.Prefix]
+		wasHot := was && r.Action != translate.Group
+		if s := share(p); (s > thr || (wasHot && s > hotHysteresis*thr)) && p.Continuations >= minHotContinuations {
+			hot[p.Prefix] = true
+		}
+	}
+	preAnchor := func(p *signals.PrefixPoint) bool { return p.Flags&(signals.PointAnchor|signals.PointAfterAnchor) == 0 }
+	// A hot point past the anchor makes the points between it and the
+	// anchor hot too: the walk must pass them.
+	for i := range view.Points {
+		p := &view.Points[i]
+		if !hot[p.Prefix] || preAnchor(p) {
+			continue
+		}
+		for q := parentOf(byHash, p); q != nil && !preAnchor(q) && !hot[q.Prefix]; q = parentOf(byHash, q) {
+			hot[q.Prefix] = true
+		}
+	}
+	type cand struct {
+		rule translate.PrefixRule
+		view PrefixRuleView
+	}
+	var cands []cand
+	add := func(p *signals.PrefixPoint, r translate.PrefixRule, why string) {
+		cands = append(cands, cand{r, PrefixRuleView{Prefix: fmt.Sprintf("%016x", p.Prefix), Action: r.Action.String(), Spread: r.Spread,
+			Share: share(p), DepthBytes: p.DepthBytes, DepthTokens: p.DepthTokens, Continuations: p.Continuations, Why: why}})
+	}
+	for i := range view.Points {
+		p := &view.Points[i]
+		if !hot[p.Prefix] {
+			continue
+		}
+		s := share(p)
+		r := translate.PrefixRule{Prefix: p.Prefix, Action: translate.Deeper, Spread: spreadFor(s, thr, before[p.Prefix].Spread)}
+		why := fmt.Sprintf("hot: %.1f%% of the class, over %.1f%% (%.2f of one engine's share), %.0f continuations", 100*s, 100*thr, s*float64(n), p.Continuations)
+		switch {
+		case preAnchor(p) && int(p.DepthTokens) >= a.SpreadMinPrefixTokens:
+			r.Action = translate.Spread
+			why += fmt.Sprintf("; %d tokens ≥ spread_min_prefix_tokens %d: spread over %d keys", p.DepthTokens, a.SpreadMinPrefixTokens, r.Spread)
+		case preAnchor(p):
+			why += "; keyed deeper, on each conversation"
+		default:
+			why += "; at or past the anchor: keyed deeper"
+		}
+		add(p, r, why)
+	}
+	for i := range view.Points {
+		p := &view.Points[i]
+		if hot[p.Prefix] || !preAnchor(p) || int(p.DepthTokens) < a.GroupMinPrefixTokens {
+			continue
+		}
+		if before[p.Prefix].Action == translate.Group {
+			// A group stands while it is seen and cold: its conversations
+			// keep their key when the group thins out.
+			add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
+				fmt.Sprintf("a group: %.0f continuations, %.1f%% of the class (under %.1f%%)", p.Continuations, 100*share(p), 100*thr))
+			continue
+		}
+		if p.Continuations < minGroupContinuations {
+			continue
+		}
+		// The shallowest cold shared point of its chain (under the hot
+		// ones): a cold shared point above it groups these conversations
+		// and more.
+		shallowest := true
+		for q := parentOf(byHash, p); q != nil && !hot[q.Prefix]; q = parentOf(byHash, q) {
+			if q.Continuations >= minGroupContinuations {
+				shallowest = false
+				break
+			}
+		}
+		if !shallowest {
+			continue
+		}
+		add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
+			fmt.Sprintf("shared: %.0f continuations, %.1f%% of the class (under %.1f%%): the conversations that diverge here keyed together", p.Continuations, 100*share(p), 100*thr))
+	}
+	slices.SortFunc(cands, func(x, y cand) int {
+		return cmp.Or(cmp.Compare(y.view.Share, x.view.Share), cmp.Compare(x.rule.Prefix, y.rule.Prefix))
+	})
+	if len(cands) > maxTableRules {
+		cands = cands[:maxTableRules]
+	}
+	seen := map[uint64]bool{}
+	for _, c := range cands {
+		if seen[c.rule.Prefix] {
+			continue
+		}
+		seen[c.rule.Prefix] = true
+		out.rules = append(out.rules, c.rule)
+		out.Rules = append(out.Rules, c.view)
+		if before[c.rule.Prefix] != c.rule {
+			out.Changed++
+		}
+	}
+	for h := range before {
+		if !seen[h] {
+			out.Changed++
+		}
+	}
+	return out
+}
+
+// parentOf is p's parent in the view, nil if it is not there (or, after a
+// hash collision, not shallower: the walk up always ends).
+func parentOf(byHash map[uint64]*signals.PrefixPoint, p *signals.PrefixPoint) *signals.PrefixPoint {
+	q := byHash[p.Parent]
+	if p.Parent == 0 || q == nil || q.DepthBytes >= p.DepthBytes {
+		return nil
+	}
+	return q
+}
+
+// spreadFor is R for a hot point of share s over threshold thr: about
+// 2·s/thr keys, each well under the threshold; the previous R stands while
+// within rHysteresis.
+func spreadFor(s, thr float64, prev uint32) uint32 {
+	r := uint32(min(maxSpread, max(2, math.Ceil(2*s/thr))))
+	if prev > 0 && math.Abs(float64(r)-float64(prev)) <= rHysteresis*float64(prev) {
+		return prev
+	}
+	return r
+}
+
+// ruleViews describes rules without a view (held tables).
+func ruleViews(rules []translate.PrefixRule, why string) []PrefixRuleView {
+	var out []PrefixRuleView
+	for _, r := range rules {
+		out = append(out, PrefixRuleView{Prefix: fmt.Sprintf("%016x", r.Prefix), Action: r.Action.String(), Spread: r.Spread, Why: why})
+	}
+	return out
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package affinitybench
+
+const raceEnabled = true
