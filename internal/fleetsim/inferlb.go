@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"syscall"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -17,6 +18,7 @@ import (
 	"github.com/inferlb/inferlb/controlplane"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
@@ -35,6 +37,9 @@ type plane struct {
 
 // Production periods of controlplane.DefaultRunConfig.
 var runDefaults = controlplane.DefaultRunConfig()
+
+// reportBacklog is cpclient.Reporter's default MaxBacklog.
+const reportBacklog = 30 * time.Second
 
 func newPlane(s *Sim, intake bool) (*plane, error) {
 	var ids, nodes, classes, prios []string
@@ -164,6 +169,7 @@ type inferlb struct {
 	clusters []map[string]*lbCluster
 	addr     map[string]int
 	warm     bool
+	pending  []*policyv1.ReportRequest // per frontend: a refused report
 	last     map[string]map[string]map[string]float64
 }
 
@@ -195,6 +201,7 @@ func newInferlb(s *Sim) (*inferlb, error) {
 		x.clusters = append(x.clusters, map[string]*lbCluster{})
 	}
 	x.applied = make([]*translate.Resources, len(s.fronts))
+	x.pending = make([]*policyv1.ReportRequest, len(s.fronts))
 	return x, nil
 }
 
@@ -214,14 +221,26 @@ func (x *inferlb) Event(ev event) {
 		}
 		s.q.push(event{t: s.now + s.sc.Control.ScrapeInterval, kind: evScrape})
 	case evReport:
+		// As extproc/cpclient's Reporter does: a report the intake refuses
+		// is merged into the next one, for at most its backlog (30 s).
 		for i, d := range x.dec {
-			rep := d.Observer().Flush(s.wall())
+			now := s.wall()
+			rep := d.Observer().Flush(now)
+			rep.NodeId, rep.Instance = s.fronts[i].spec.NodeID, "sim"
+			if p := x.pending[i]; p != nil {
+				if now.Sub(p.GetIntervalStart().AsTime()) > reportBacklog {
+					s.rec.note("a frontend dropped its unsent report backlog")
+				} else {
+					rep = cpclient.Merge(p, rep)
+				}
+				x.pending[i] = nil
+			}
 			if len(rep.Demand) == 0 && len(rep.Engines) == 0 {
 				continue // the reporter sends nothing for an empty interval
 			}
-			rep.NodeId, rep.Instance = s.fronts[i].spec.NodeID, "sim"
 			if err := x.pl.intake.Report(s.ctx, rep); err != nil {
-				panic("fleetsim: the intake refused a report: " + err.Error())
+				s.rec.noteDetail("the control plane's intake refused ext_proc's report (merged into the next)", err.Error())
+				x.pending[i] = rep
 			}
 		}
 		s.q.push(event{t: s.now + s.sc.Control.ReportInterval, kind: evReport})
@@ -260,7 +279,7 @@ func (x *inferlb) cycle() {
 	res, err := x.ctrl.Step(s.ctx, controlplane.Inputs{Now: now, Engines: x.pl.tracker.Engines(now), Demand: dem, Evidence: ev,
 		Prefixes: x.pl.intake.Prefixes(now)})
 	if err != nil {
-		s.rec.note("control cycle failed: " + err.Error())
+		s.rec.noteDetail("control cycle failed", err.Error())
 		return
 	}
 	for i, f := range s.fronts {
@@ -269,7 +288,7 @@ func (x *inferlb) cycle() {
 			continue
 		}
 		if err := x.apply(i, nd.Resources); err != nil {
-			s.rec.note("apply " + f.spec.NodeID + ": " + err.Error())
+			s.rec.noteDetail("applying a node's resources failed", f.spec.NodeID+": "+err.Error())
 			continue
 		}
 		x.applied[i] = nd.Resources

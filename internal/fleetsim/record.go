@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"container/list"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -54,6 +55,7 @@ type recorder struct {
 	marks     []mark
 	notes     []string
 	noteCount map[string]int
+	noteFirst map[string]string
 }
 
 type mark struct {
@@ -62,7 +64,7 @@ type mark struct {
 }
 
 func newRecorder(s *Sim) *recorder {
-	r := &recorder{s: s, loadSum: make([]float64, len(s.engines)), noteCount: map[string]int{}}
+	r := &recorder{s: s, loadSum: make([]float64, len(s.engines)), noteCount: map[string]int{}, noteFirst: map[string]string{}}
 	if !s.opt.NoSeries {
 		blocks := 0
 		for _, e := range s.engines {
@@ -149,11 +151,32 @@ func (r *recorder) mark(label string) {
 	r.marks = append(r.marks, mark{At: r.rel(r.s.now), Label: label})
 }
 
-func (r *recorder) note(msg string) {
-	r.noteCount[msg]++
-	if r.noteCount[msg] == 1 {
-		r.notes = append(r.notes, msg)
+// note records a problem of the run: one entry per kind, with how often
+// it happened and its first detail.
+func (r *recorder) note(kind string) { r.noteDetail(kind, "") }
+
+func (r *recorder) noteDetail(kind, detail string) {
+	r.noteCount[kind]++
+	if r.noteCount[kind] == 1 {
+		r.notes = append(r.notes, kind)
+		if len(detail) > 300 {
+			detail = detail[:300] + "…"
+		}
+		r.noteFirst[kind] = detail
 	}
+}
+
+// notesText is the notes as text: "kind (N×): first detail".
+func (r *recorder) notesText() []string {
+	var out []string
+	for _, k := range r.notes {
+		t := fmt.Sprintf("%s (%d×)", k, r.noteCount[k])
+		if d := r.noteFirst[k]; d != "" {
+			t += ": " + d
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 // cycle records a control cycle's published weights: the first frontend's

@@ -145,6 +145,11 @@ func WriteTable(w io.Writer, r *ScenarioResult) {
 			100*p.Goodput, 100*p.HitRate, p.ShedPct, pct(p.Failed, p.Arrived), p.Retries, p.ChurnPerCycle, 100*p.Remapped, p.MaxMeanLoad)
 	}
 	fmt.Fprintf(w, "\nBest achievable hit rate with the fleet's caches pooled (reference): %.1f%%.\n", 100*r.BestHitRate)
+	for _, p := range r.Policies {
+		for _, n := range p.Notes {
+			fmt.Fprintf(w, "\nNote (%s): %s\n", p.Policy, n)
+		}
+	}
 }
 
 func pct(a, b int) float64 {

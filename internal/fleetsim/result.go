@@ -69,7 +69,7 @@ const p99Window = 10.0
 
 func (s *Sim) result() (*PolicyResult, error) {
 	r := s.rec
-	res := &PolicyResult{Policy: s.opt.Policy, Cycles: r.cycles, Notes: r.notes, Events: r.marks, EngineLoad: map[string]float64{}}
+	res := &PolicyResult{Policy: s.opt.Policy, Cycles: r.cycles, Notes: r.notesText(), Events: r.marks, EngineLoad: map[string]float64{}}
 	var ttft, tpot []float64
 	var prompt, cached float64
 	good, follow, moved := 0, 0, 0
