@@ -47,6 +47,12 @@ type Config struct {
 	Translate translate.Options
 	// Headroom caps planned utilization of available capacity (0, 1).
 	Headroom float64
+	// OverloadHeadroom is the cap when demand does not fit under Headroom
+	// (the solution sheds): [Headroom, 1). Keeping headroom for latency is
+	// then paid for in shed requests, and an overloaded fleet should serve
+	// what it can: at Headroom 0.85 an overload admitted at most 85% of
+	// the fleet's capacity.
+	OverloadHeadroom float64
 	// StabilityMs: the cost the optimizer charges per moved request (a cold
 	// KV cache).
 	StabilityMs float64
@@ -65,7 +71,10 @@ type Config struct {
 	IdleDemandPerS float64
 	// UnknownHealth scales the capacity of a stale engine (0..1).
 	UnknownHealth float64
-	Penalty       PenaltyOptions
+	// BackgroundFloor is the part of observed minus planned utilization
+	// taken for measurement noise rather than background load.
+	BackgroundFloor float64
+	Penalty         PenaltyOptions
 	// RetryBudget is the retry share when utilization is low; it falls
 	// linearly to 0 between 50% and 100% utilization and is 0 while
 	// shedding. MaxRetries per request while the budget is positive.
@@ -84,25 +93,37 @@ type PenaltyOptions struct {
 	// MinSamples: fewer first tokens (or responses) in an interval are no
 	// evidence.
 	MinSamples float64
-	// Max caps a penalty (an engine keeps some traffic to show recovery).
+	// E2ESlackMs is the time per request allowed for the proxy path when
+	// ext_proc's timing of whole requests is compared with the engine's
+	// profile.
+	E2ESlackMs float64
+	// Max caps a penalty.
 	Max float64
-	// HalfLife of the decay once the evidence is gone.
+	// HalfLife of the decay while the evidence shows the engine normal
+	// again (without evidence a penalty is held).
 	HalfLife time.Duration
+	// A penalized engine that is up keeps a probe share of each class:
+	// enough for ProbeRPS requests/s of the class's demand, between
+	// MinProbeShare and MaxProbeShare, so that its recovery is judged on
+	// traffic.
+	ProbeRPS, MinProbeShare, MaxProbeShare float64
 }
 
 // DefaultConfig is the production tuning.
 func DefaultConfig() Config {
 	return Config{
-		Translate:      translate.DefaultOptions(),
-		Headroom:       0.85,
-		StabilityMs:    30,
-		PenaltyCostMs:  1500,
-		DeadbandTV:     0.03,
-		ShedDeadband:   0.01,
-		IdleDemandPerS: 0.05,
-		UnknownHealth:  0.5,
+		Translate:        translate.DefaultOptions(),
+		Headroom:         0.85,
+		OverloadHeadroom: 0.95,
+		StabilityMs:      30,
+		PenaltyCostMs:    1500,
+		DeadbandTV:       0.03,
+		ShedDeadband:     0.01,
+		IdleDemandPerS:   0.05,
+		UnknownHealth:    0.5,
+		BackgroundFloor:  0.1,
 		Penalty: PenaltyOptions{LatencyTolerance: 0.5, LatencyScale: 2, ErrorTolerance: 0.02, ErrorScale: 0.5,
-			MinSamples: 3, Max: 0.9, HalfLife: 30 * time.Second},
+			MinSamples: 3, E2ESlackMs: 50, Max: 0.9, HalfLife: 10 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
 		RetryBudget: 0.2,
 		MaxRetries:  2,
 	}
@@ -117,6 +138,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.Headroom > 0 && c.Headroom < 1) {
 		bad("headroom", c.Headroom, "must be in (0, 1)")
+	}
+	if !(c.OverloadHeadroom >= c.Headroom && c.OverloadHeadroom < 1) {
+		bad("overload_headroom", c.OverloadHeadroom, "must be in [headroom, 1)")
 	}
 	if !(c.PenaltyCostMs >= 0) || math.IsInf(c.PenaltyCostMs, 0) {
 		bad("penalty_cost_ms", c.PenaltyCostMs, "must be ≥ 0 and finite")
@@ -136,8 +160,11 @@ func (c Config) Validate() error {
 	if !(c.UnknownHealth >= 0 && c.UnknownHealth <= 1) {
 		bad("unknown_health", c.UnknownHealth, "must be in [0, 1]")
 	}
+	if !(c.BackgroundFloor >= 0 && c.BackgroundFloor < 1) {
+		bad("background_floor", c.BackgroundFloor, "must be in [0, 1)")
+	}
 	p := c.Penalty
-	if !(p.LatencyScale > 0 && p.ErrorScale > 0 && p.LatencyTolerance >= 0 && p.ErrorTolerance >= 0 && p.MinSamples >= 0) {
+	if !(p.LatencyScale > 0 && p.ErrorScale > 0 && p.LatencyTolerance >= 0 && p.ErrorTolerance >= 0 && p.MinSamples >= 0 && p.E2ESlackMs >= 0) {
 		bad("penalty", fmt.Sprintf("%+v", p), "scales must be > 0 and tolerances ≥ 0")
 	}
 	if !(p.Max >= 0 && p.Max < 1) {
@@ -145,6 +172,9 @@ func (c Config) Validate() error {
 	}
 	if p.HalfLife <= 0 {
 		bad("penalty.half_life", p.HalfLife, "must be positive")
+	}
+	if !(p.ProbeRPS >= 0 && p.MinProbeShare >= 0 && p.MinProbeShare <= p.MaxProbeShare && p.MaxProbeShare < 0.5) {
+		bad("penalty.probe", fmt.Sprintf("rps %v, share %v–%v", p.ProbeRPS, p.MinProbeShare, p.MaxProbeShare), "want rps ≥ 0 and 0 ≤ min ≤ max < 0.5")
 	}
 	if !(c.RetryBudget >= 0 && c.RetryBudget <= 1) {
 		bad("retry_budget", c.RetryBudget, "must be in [0, 1]")
@@ -174,12 +204,18 @@ type EngineView struct {
 	// ObservedUtilization is work per second over replica capacity.
 	ObservedUtilization float64 `json:"observed_utilization"`
 	PlannedUtilization  float64 `json:"planned_utilization"`
-	// Residuals: observed / predicted at the observed load (0: no evidence).
-	TTFTResidual float64 `json:"ttft_residual"`
-	TBOTResidual float64 `json:"tbot_residual"`
-	ErrorRate    float64 `json:"error_rate"`
-	Penalty      float64 `json:"penalty"`
-	PenaltyWhy   string  `json:"penalty_why,omitempty"`
+	// Residuals: observed / predicted at the observed load and queue (0: no
+	// evidence): TTFT and TBOT from the engine's metrics, E2E from
+	// ext_proc's timing of whole requests. The predictions are in ms.
+	TTFTResidual float64        `json:"ttft_residual"`
+	TBOTResidual float64        `json:"tbot_residual"`
+	E2EResidual  float64        `json:"e2e_residual"`
+	TTFTPredMs   float64        `json:"ttft_predicted_ms"`
+	TBOTPredMs   float64        `json:"tbot_predicted_ms"`
+	Window       signals.Window `json:"evidence_window"`
+	ErrorRate    float64        `json:"error_rate"`
+	Penalty      float64        `json:"penalty"`
+	PenaltyWhy   string         `json:"penalty_why,omitempty"`
 }
 
 // ClassDecision is one (frontend, class)'s outcome.
@@ -213,12 +249,17 @@ type NodeDecision struct {
 
 // Result is one cycle's outcome.
 type Result struct {
-	At        time.Time                `json:"at"`
-	Allocator string                   `json:"allocator"`
-	Fallback  string                   `json:"fallback_reason,omitempty"`
-	Objective float64                  `json:"objective"`
-	Engines   []EngineView             `json:"engines"`
-	Nodes     map[string]*NodeDecision `json:"nodes"`
+	At        time.Time    `json:"at"`
+	Allocator string       `json:"allocator"`
+	Fallback  string       `json:"fallback_reason,omitempty"`
+	Objective float64      `json:"objective"`
+	Engines   []EngineView `json:"engines"`
+	// Headroom is the utilization cap the allocation was planned with
+	// (OverloadHeadroom when demand did not fit under Headroom).
+	Headroom float64 `json:"headroom"`
+	// PenaltyNotes say when fleet-wide slowness was not taken for faults.
+	PenaltyNotes []string                 `json:"penalty_notes,omitempty"`
+	Nodes        map[string]*NodeDecision `json:"nodes"`
 	// Affinity is each class's split table (the same at every node).
 	Affinity map[string]*AffinityView `json:"affinity"`
 	// Publish lists the nodes whose resources changed, to publish.
@@ -236,6 +277,7 @@ type Controller struct {
 	problem  problemFrame
 
 	penalties map[string]float64
+	cause     map[string]string // engine → why its penalty was set (causeLatency, causeErrors)
 	// impaired marks engines that were penalized, down or stale last cycle
 	// (never-scraped engines are not impaired), to notice recoveries.
 	impaired  map[string]bool
@@ -254,7 +296,9 @@ type problemFrame struct {
 	priorities []fleet.Priority
 	byAddr     map[string]string
 	eligible   map[string][]int
-	rtt        [][]float64
+	rtt        [][]float64 // [frontend][engine] ms
+	// engineIdx and nodeIdx index engines and frontends (node id) into rtt.
+	engineIdx, nodeIdx map[string]int
 }
 
 // NewController builds a controller for a validated fleet.
@@ -266,7 +310,7 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		alloc = OptimizerAllocator{Options: optimizer.Options{Tolerance: DefaultSolverTolerance}}
 	}
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
-		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, impaired: map[string]bool{},
+		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, cause: map[string]string{}, impaired: map[string]bool{},
 		published: map[string]*NodeDecision{}, planned: map[string]float64{}, tables: map[string][]translate.PrefixRule{}}
 	f := &c.problem
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
@@ -306,8 +350,10 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 			f.eligible[cl.Name] = append(f.eligible[cl.Name], idx[e.ID])
 		}
 	}
+	f.engineIdx, f.nodeIdx = idx, map[string]int{}
 	f.rtt = make([][]float64, len(f.frontends))
 	for i, fe := range f.frontends {
+		f.nodeIdx[fe.NodeID] = i
 		f.rtt[i] = make([]float64, len(f.engines))
 		for j, e := range f.engines {
 			ms, ok := spec.RTTMs(fe.Region, e.Region)
@@ -402,96 +448,34 @@ func (c *Controller) healthOf(s signals.State) (translate.Health, float64) {
 func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	f := &c.problem
 	res := &Result{At: in.Now, Nodes: map[string]*NodeDecision{}, Allocator: fmt.Sprintf("%T", c.alloc)}
-	sig := map[string]signals.Engine{}
-	for _, e := range in.Engines {
-		sig[e.ID] = e
-	}
 	dt := time.Duration(0)
 	if !c.lastStep.IsZero() {
 		dt = in.Now.Sub(c.lastStep)
-	} else if len(c.published) > 0 {
-		// First cycle after Seed: the engines carry what the seeded
-		// weights send them. Without a plan of this process's own, that
-		// load would read as background and shrink every busy engine's
-		// capacity (shedding, moving weights) right after a restart.
-		c.planned = c.plannedFromPublished(in.Demand)
 	}
+	// What our own traffic puts on each engine now: the weights in force
+	// (published, or seeded from a state file) times the demand admitted
+	// now. Background load is measured against this, not against the last
+	// cycle's plan: a surge of our own demand (or a restart) read against
+	// an older plan looked like background load, cut every busy engine's
+	// capacity and shed even the top priority.
+	c.planned = c.plannedFromPublished(in.Demand)
 	c.lastStep = in.Now
 	decay := 1.0
 	if dt > 0 {
 		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
 	}
-	evidence := map[string]signals.Evidence{}
-	for addr, ev := range in.Evidence {
-		if id, ok := f.byAddr[addr]; ok {
-			evidence[id] = ev
-		}
-	}
-
-	// 1–2. Engine views and penalties.
+	// 1–2. Engine views and penalties (penalty.go).
 	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs}
 	health := map[string]translate.Health{}
 	recovered := map[string]bool{}
-	for _, e := range f.engines {
-		s, ok := sig[e.ID]
-		state := signals.New
-		if ok {
-			state = s.Status()
-		}
-		h, hf := c.healthOf(state)
-		health[e.ID] = h
-		prof := c.profiles[e.ID]
-		reps := float64(max(e.Replicas, 1))
-		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
-		if state == signals.Up {
-			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*prof.OutputTokenSec
-			v.ObservedUtilization = work / reps
-			if s.Waiting >= 1 {
-				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
-			}
-			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
-			v.BackgroundLoad = clamp(v.ObservedUtilization-v.PlannedUtilization, 0, 0.95)
-			if s.TTFTSamples >= c.cfg.Penalty.MinSamples && s.RequestsPerS > 0 && !math.IsNaN(s.TTFTMs) {
-				prompt := s.PromptTokensPerS / s.RequestsPerS
-				output := s.GenerationTokPerS / s.RequestsPerS
-				u := math.Min(v.ObservedUtilization, 0.98)
-				pt, pb := prof.Latency(prompt, output, u)
-				if pt > 0 {
-					v.TTFTResidual = s.TTFTMs / pt
-				}
-				if pb > 0 && !math.IsNaN(s.TBOTMs) {
-					v.TBOTResidual = s.TBOTMs / pb
-				}
-			}
-		}
-		po := c.cfg.Penalty
-		target, why := 0.0, ""
-		if r := math.Max(v.TTFTResidual, v.TBOTResidual); r > 1+po.LatencyTolerance {
-			target = (r - 1 - po.LatencyTolerance) / po.LatencyScale
-			why = fmt.Sprintf("latency %.2f× its profile at utilization %.2f", r, v.ObservedUtilization)
-		}
-		if ev, ok := evidence[e.ID]; ok && ev.Responses >= po.MinSamples {
-			v.ErrorRate = ev.ErrorRate()
-			if t := (v.ErrorRate - po.ErrorTolerance) / po.ErrorScale; t > target {
-				target = t
-				why = fmt.Sprintf("%.0f%% errors over %.0f responses", 100*v.ErrorRate, ev.Responses)
-			}
-		}
-		target = clamp(target, 0, po.Max)
-		pen := c.penalties[e.ID] * decay
-		if target >= pen {
-			pen = target
-		} else if pen > 0 {
-			why = "recovering (decaying)"
-		}
-		if pen < minPenalty {
-			pen = 0
-		}
+	views, states, as, up := c.observe(in)
+	res.PenaltyNotes = notFaults(as)
+	for j, e := range f.engines {
+		v, state := views[j], states[j]
+		health[e.ID], _ = c.healthOf(state)
+		pen, why := c.nextPenalty(e.ID, c.penalties[e.ID], *as[e.ID], decay)
 		c.penalties[e.ID] = pen
 		v.Penalty, v.PenaltyWhy = pen, why
-		if pen == 0 {
-			v.PenaltyWhy = ""
-		}
 		impaired := pen > 0 || (state != signals.Up && state != signals.New)
 		if c.impaired[e.ID] && !impaired {
 			recovered[e.ID] = true
@@ -499,8 +483,9 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		}
 		c.impaired[e.ID] = impaired
 		res.Engines = append(res.Engines, v)
-		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: prof, Replicas: reps, ReadyReplicas: reps,
-			Health: hf * (1 - v.BackgroundLoad), Penalty: pen})
+		reps := float64(max(e.Replicas, 1))
+		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: c.profiles[e.ID], Replicas: reps, ReadyReplicas: reps,
+			Health: v.HealthFactor * (1 - v.BackgroundLoad), Penalty: pen})
 	}
 
 	// 3. The problem and the allocator.
@@ -552,6 +537,18 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		p.Last = last
 	}
 	sol, err := c.alloc.Allocate(ctx, p)
+	if err == nil && c.cfg.OverloadHeadroom > p.Headroom && sheds(sol) {
+		// Overloaded: serve up to OverloadHeadroom rather than shed to keep
+		// latency headroom.
+		po := *p
+		po.Headroom = c.cfg.OverloadHeadroom
+		if s2, err2 := c.alloc.Allocate(ctx, &po); err2 == nil {
+			sol, res.Headroom = s2, po.Headroom
+		}
+	}
+	if res.Headroom == 0 {
+		res.Headroom = p.Headroom
+	}
 	if err != nil {
 		res.Fallback = err.Error()
 		res.Allocator = fmt.Sprintf("%T", c.fallback)
@@ -587,7 +584,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	defaultPriority := f.priorities[len(f.priorities)/2].Name
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
-	planned := map[string]float64{}
 	for _, fe := range f.frontends {
 		prev := c.published[fe.NodeID]
 		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
@@ -610,6 +606,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 					cd.Proposed[w.Engine] = w.Weight
 					util += w.Weight * engUtil[w.Engine]
 				}
+				c.probe(cd.Proposed, cd.Demand, c.penalties, up)
 				for _, s := range flow.Shed {
 					if s.Fraction > 0 {
 						cd.Shed[s.Priority] = s.Fraction
@@ -675,13 +672,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 			if budget == 0 {
 				retries = 0
 			}
-			inflight := 0
-			for _, j := range f.eligible[cl.Name] {
-				e := f.engines[j]
-				if fp, ok := c.spec.ProfileOf(e); ok {
-					inflight += 2 * fp.MaxRunning * max(e.Replicas, 1)
-				}
-			}
+			inflight := c.InflightLimit(cl.Name)
 			tc := translate.Class{Name: cl.Name, Model: cl.Model, Residency: cl.Residency,
 				MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
 				Weights: cd.Weights, ShedByLevel: cd.shedLevels, RetryBudgetFraction: budget,
@@ -696,7 +687,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 			for id := range cd.Weights {
 				e, _ := c.spec.EngineByID(id)
 				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath}
-				planned[id] += cd.Weights[id] * cd.Demand * c.workRatio(id, flow, cl)
 			}
 			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)
 			cd.Priority = map[string]uint32{}
@@ -734,16 +724,45 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		c.version = nextVersion
 	}
 	c.published = res.Nodes
-	c.planned = planned
+	c.planned = c.plannedFromPublished(in.Demand)
 	for cl, av := range res.Affinity {
 		c.tables[cl] = av.rules
 	}
 	return res, nil
 }
 
+// InflightLimit is a class's local in-flight limit at one ext_proc instance
+// (RoutingPolicy local_inflight_limit): three times the running slots of
+// its eligible engines. Requests in flight at ext_proc include their time in
+// Envoy and on the network, and under overload the fleet is planned at
+// OverloadHeadroom with a queue: with twice the slots, ext_proc's local
+// guardrail shed more than the policy did and the fleet ran at 85% of its
+// capacity. The least important level is refused at 1.8× the slots
+// (extproc's 40% reserve).
+func (c *Controller) InflightLimit(class string) int {
+	n := 0
+	for _, j := range c.problem.eligible[class] {
+		e := c.problem.engines[j]
+		if fp, ok := c.spec.ProfileOf(e); ok {
+			n += 3 * fp.MaxRunning * max(e.Replicas, 1)
+		}
+	}
+	return n
+}
+
+// CapacityRPS is the fleet's capacity in reference requests per second (each
+// engine's profile capacity times its replicas).
+func (c *Controller) CapacityRPS() float64 {
+	sum := 0.0
+	for _, e := range c.problem.engines {
+		sum += c.profiles[e.ID].CapacityRPS * float64(max(e.Replicas, 1))
+	}
+	return sum
+}
+
 // plannedFromPublished is the load (reference req/s per engine) the
-// published weights send at the given demand: what a cycle plans, for a
-// controller that has published but not yet planned (seeded at start).
+// published weights send at the given demand, counting only what ext_proc
+// admits (shed requests never reach an engine).
 func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.DemandRate) map[string]float64 {
 	planned := map[string]float64{}
 	for _, fe := range c.problem.frontends {
@@ -758,7 +777,8 @@ func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.Dema
 			}
 			rate := 0.0
 			for _, pr := range c.problem.priorities {
-				rate += dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}].RequestsPerS
+				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
 			}
 			sum := 0.0
 			for _, w := range cd.Weights {
@@ -793,6 +813,18 @@ func (c *Controller) workRatio(id string, flow *optimizer.Flow, cl fleet.Class) 
 // (0.001 × 1500 ms still outweighs the congestion differences of a lightly
 // loaded fleet) would keep a recovered engine drained for many half-lives.
 const minPenalty = 0.01
+
+// sheds reports whether a solution sheds any demand.
+func sheds(sol *optimizer.Solution) bool {
+	for _, f := range sol.Flows {
+		for _, s := range f.Shed {
+			if s.RatePerS > 1e-9 {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // touchesRecovered reports whether any engine eligible for the class
 // recovered this cycle. For such classes the cycle solves without the

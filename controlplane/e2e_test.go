@@ -352,7 +352,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 			return fmt.Errorf("no cycle has seen the load yet: %+v", view(e.runner.Last(), hot))
 		}
 		if w := e.envoyWeight("fe-east", hot); w >= w0/2 {
-			return fmt.Errorf("weight of the loaded engine still %d (was %d)", w, w0)
+			return fmt.Errorf("weight of the loaded engine still %d (was %d): %+v", w, w0, view(e.runner.Last(), hot))
 		}
 		return nil
 	})

@@ -2,16 +2,20 @@ package controlplane
 
 import (
 	"context"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/inferlb/inferlb/xds/signals"
 )
 
-// An engine failing half its requests loses its share at once, and once its
-// penalty has decayed it gets its share back, even at a load so low that
-// moving traffic back gains almost no latency (where the stability term
-// alone would hold the traffic away for good).
+// An engine failing half its requests loses its share at once, down to
+// its probe share; without evidence its penalty is held (no traffic proves
+// nothing); once its probe traffic comes back clean the penalty decays and
+// it gets its share back, even at a load so low that moving traffic back
+// gains almost no latency (where the stability term alone would hold the
+// traffic away for good).
 func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Penalty.HalfLife = time.Second
@@ -44,15 +48,26 @@ func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 	// 50% errors reported by ext_proc for e-east-1 (127.0.0.1:19001).
 	now = now.Add(time.Second)
 	r = step(map[string]signals.Evidence{"127.0.0.1:19001": {Responses: 100, Errors: 50}})
-	if got := share(r, "fe-east", "e-east-1"); got > 0.02 {
-		t.Fatalf("failing engine keeps share %.3f (penalty %.2f)", got, view(r, "e-east-1").Penalty)
+	probe := cfg.Penalty.MaxProbeShare // 0.5 req/s of 0.3 req/s: the largest probe share
+	if got := share(r, "fe-east", "e-east-1"); math.Abs(got-probe) > 1e-9 {
+		t.Fatalf("failing engine has share %.3f (penalty %.2f), want its probe share %.2f", got, view(r, "e-east-1").Penalty, probe)
 	}
-	// Recovery: no more errors; the penalty decays below the cutoff within
-	// log2(0.9/0.01) ≈ 6.5 half-lives, and the engine gets its share back.
+	// No evidence (its probe requests not answered yet): held, not forgotten.
+	p0 := view(r, "e-east-1").Penalty
+	for k := 0; k < 5; k++ {
+		now = now.Add(time.Second)
+		r = step(nil)
+	}
+	if v := view(r, "e-east-1"); v.Penalty != p0 || !strings.Contains(v.PenaltyWhy, "held") {
+		t.Fatalf("penalty without evidence: %.2f (%s), want held at %.2f", v.Penalty, v.PenaltyWhy, p0)
+	}
+	// Recovery: its probe traffic is answered without errors; the penalty
+	// decays below the cutoff within log2(0.9/0.01) ≈ 6.5 half-lives, and
+	// the engine gets its share back.
 	var back float64
 	for k := 0; k < 12; k++ {
 		now = now.Add(time.Second)
-		r = step(nil)
+		r = step(map[string]signals.Evidence{"127.0.0.1:19001": {Responses: 5}})
 		back = share(r, "fe-east", "e-east-1")
 		if back >= base/2 {
 			t.Logf("share %.3f → 0 → %.3f after %d s of recovery", base, back, k+1)

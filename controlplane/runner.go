@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/xds/auth"
 	"github.com/inferlb/inferlb/xds/server"
 	"github.com/inferlb/inferlb/xds/signals"
 )
@@ -37,12 +38,23 @@ type RunConfig struct {
 	// StaleAfter marks an engine's metrics stale; Smoothing is the EWMA
 	// time constant; DemandWindow the Reports window.
 	StaleAfter, Smoothing, DemandWindow time.Duration
+	// EvidenceWindow is how far back the latency evidence of penalties
+	// reaches; IdleReset how long without a first token makes an engine
+	// forget its latency (signals.TrackerOptions; 0: 10 s and 60 s).
+	EvidenceWindow, IdleReset time.Duration
 	// Warmup delays the first publication so that the first cycle sees one
 	// full scrape round and the demand reports of a demand window's worth
 	// of time (a restarted control plane must not publish from nothing).
 	Warmup time.Duration
 	// StateFile, if set, keeps the published weights across restarts.
 	StateFile string
+	// MaxClockSkew is how far a report's interval end may be from this
+	// clock (0: 10 s).
+	MaxClockSkew time.Duration
+	// Auth secures the xDS/Reports port. DefaultRunConfig leaves it
+	// Insecure (tests, embedding); the command requires credentials unless
+	// --insecure is given.
+	Auth      auth.Server
 	Allocator Allocator
 	Logger    *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -55,7 +67,7 @@ func DefaultRunConfig() RunConfig {
 		Cycle: DefaultConfig(), XDSListen: "127.0.0.1:18000", AdminListen: "127.0.0.1:18080",
 		Interval: 5 * time.Second, ScrapeInterval: time.Second, ScrapeTimeout: 800 * time.Millisecond,
 		StaleAfter: 5 * time.Second, Smoothing: 3 * time.Second, DemandWindow: 10 * time.Second,
-		Warmup: 3 * time.Second,
+		Warmup: 3 * time.Second, Auth: auth.Server{Insecure: true},
 	}
 }
 
@@ -71,7 +83,10 @@ type Runner struct {
 	scraper *signals.Scraper
 	targets []signals.Target
 	kick    chan struct{}
-	ran     atomic.Bool // Run was called: a Runner runs once
+	// scrapeDone signals a finished scrape round: the cycle loop checks
+	// whether a penalty would rise (Controller.PenaltyRising).
+	scrapeDone chan struct{}
+	ran        atomic.Bool // Run was called: a Runner runs once
 
 	// mu guards tracker (the scrape loop writes it, the cycle and the admin
 	// handlers read it), last, cycles, ready and the bound addresses.
@@ -110,6 +125,9 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	if cfg.Warmup < 0 || cfg.Smoothing < 0 {
 		return nil, fmt.Errorf("control plane: warmup and smoothing must be ≥ 0, got %v and %v", cfg.Warmup, cfg.Smoothing)
 	}
+	if cfg.EvidenceWindow < 0 || cfg.IdleReset < 0 || cfg.MaxClockSkew < 0 {
+		return nil, fmt.Errorf("control plane: evidence_window, idle_reset and max_clock_skew must be ≥ 0, got %v, %v and %v", cfg.EvidenceWindow, cfg.IdleReset, cfg.MaxClockSkew)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -117,12 +135,25 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	if lg == nil {
 		lg = slog.Default()
 	}
+	// A penalized engine's probe traffic must bring MinSamples of evidence
+	// within the windows it is judged over (demand window for ext_proc's
+	// evidence, evidence window for the engine's own), with a margin: else
+	// its penalty is held for lack of evidence however well it does.
+	ew := cfg.EvidenceWindow
+	if ew == 0 {
+		ew = 10 * time.Second
+	}
+	if floor := 1.5 * cfg.Cycle.Penalty.MinSamples / min(cfg.DemandWindow, ew).Seconds(); cfg.Cycle.Penalty.ProbeRPS < floor {
+		lg.Info("probe rate raised to bring enough evidence within the windows", "probe_rps", floor,
+			"min_samples", cfg.Cycle.Penalty.MinSamples, "window", min(cfg.DemandWindow, ew))
+		cfg.Cycle.Penalty.ProbeRPS = floor
+	}
 	ctrl, err := NewController(cfg.Fleet, cfg.Cycle, cfg.Allocator)
 	if err != nil {
 		return nil, err
 	}
 	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{}),
-		scraped: make(chan struct{})}
+		scraped: make(chan struct{}), scrapeDone: make(chan struct{}, 1)}
 	var nodes, classes, prios, ids []string
 	for _, f := range cfg.Fleet.Frontends {
 		nodes = append(nodes, f.NodeID)
@@ -137,13 +168,14 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		ids = append(ids, e.ID)
 		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
 	}
-	if r.intake, err = signals.NewIntake(signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now}); err != nil {
+	if r.intake, err = signals.NewIntake(r.intakeOptions(nodes, classes, prios)); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter}, ids)
+	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
+		EvidenceWindow: cfg.EvidenceWindow, IdleReset: cfg.IdleReset}, ids)
 	r.scraper = &signals.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
-	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake,
+	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
 		VersionPrefix: fmt.Sprintf("p%d-", cfg.Now().UnixMilli())})
 	if err != nil {
 		return nil, err
@@ -163,6 +195,36 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		}
 	}
 	return r, nil
+}
+
+// intakeOptions are the Reports intake's names and plausibility bounds,
+// from the fleet: a frontend carries at most its max_requests_per_s (default
+// twice the fleet's capacity); an instance has at most its classes' local
+// in-flight limits in flight; a request makes at most 1 + MaxRetries
+// attempts and asks for at most the largest context of the fleet.
+func (r *Runner) intakeOptions(nodes, classes, prios []string) signals.IntakeOptions {
+	cfg := r.cfg
+	o := signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now,
+		MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
+		MaxAttempts: 1 + float64(cfg.Cycle.MaxRetries), MaxClockSkew: cfg.MaxClockSkew}
+	inflight := 0.0
+	for _, c := range cfg.Fleet.Classes {
+		inflight += float64(r.ctrl.InflightLimit(c.Name))
+	}
+	for _, f := range cfg.Fleet.Frontends {
+		b := f.MaxRequestsPerS
+		if b <= 0 {
+			b = 2 * r.ctrl.CapacityRPS()
+		}
+		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
+	}
+	for _, m := range cfg.Fleet.Models {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(m.MaxContextTokens))
+	}
+	for _, p := range cfg.Fleet.Profiles {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(p.MaxContextTokens))
+	}
+	return o
 }
 
 // Registry is the runner's own metrics registry.
@@ -261,6 +323,10 @@ func (r *Runner) scrapeLoop(ctx context.Context) {
 			}
 		}
 		select {
+		case r.scrapeDone <- struct{}{}:
+		default:
+		}
+		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
@@ -307,13 +373,41 @@ warm:
 	defer t.Stop()
 	for {
 		r.cycle(ctx)
-		select {
-		case <-ctx.Done():
+		if !r.awaitCycle(ctx, t.C) {
 			return
-		case <-t.C:
-		case <-r.kick:
 		}
 	}
+}
+
+// awaitCycle waits for the next cycle: the period, a kick (an engine's
+// state changed), or a scrape round after which a penalty would rise. It
+// returns false when ctx ends.
+func (r *Runner) awaitCycle(ctx context.Context, period <-chan time.Time) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-period:
+			return true
+		case <-r.kick:
+			return true
+		case <-r.scrapeDone:
+			if ids := r.ctrl.PenaltyRising(r.inputs()); len(ids) > 0 {
+				r.log.Info("penalty rising: cycle now", "engines", ids)
+				return true
+			}
+		}
+	}
+}
+
+// inputs are a cycle's observations now.
+func (r *Runner) inputs() Inputs {
+	now := r.cfg.Now()
+	dem, ev := r.intake.Snapshot(now)
+	r.mu.Lock()
+	engines := r.tracker.Engines(now)
+	r.mu.Unlock()
+	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev}
 }
 
 func (r *Runner) allReported() bool {
@@ -327,13 +421,11 @@ func (r *Runner) allReported() bool {
 }
 
 func (r *Runner) cycle(ctx context.Context) {
-	now := r.cfg.Now()
-	dem, ev := r.intake.Snapshot(now)
-	r.mu.Lock()
-	engines := r.tracker.Engines(now)
-	r.mu.Unlock()
+	in := r.inputs()
+	engines := in.Engines
 	t0 := time.Now()
-	res, err := r.ctrl.Step(ctx, Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, Prefixes: r.intake.Prefixes(now)})
+	in.Prefixes = r.intake.Prefixes(in.Now)
+	res, err := r.ctrl.Step(ctx, in)
 	r.m.cycleSeconds.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		r.m.cycles.WithLabelValues("error").Inc()

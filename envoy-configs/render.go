@@ -7,8 +7,11 @@ package envoyconfigs
 import (
 	_ "embed"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"text/template"
+	"time"
 )
 
 //go:embed frontend.yaml.tmpl
@@ -43,6 +46,52 @@ type Params struct {
 	MessageTimeout string
 	// FallbackCluster is the cluster of the fail-open route (fail-open only).
 	FallbackCluster string
+	// XDSAddresses are the control-plane replicas ("host:port"), all in
+	// Envoy's ADS cluster; empty means XDSHost:XDSPort alone.
+	XDSAddresses []string
+	// XDSAuth is how Envoy authenticates to the control plane's ADS port
+	// (zero: plaintext without a token, for a control plane run with
+	// --insecure).
+	XDSAuth XDSAuth
+	// RequestTimeout bounds receiving a request (headers and body; default
+	// "15s"). It does not limit the response: a stream runs as long as it
+	// keeps sending.
+	RequestTimeout string
+	// MaxRequestHeadersKB and MaxHeadersCount are the request header limits
+	// (defaults 60 and 100, Envoy's); beyond them the client gets 431.
+	MaxRequestHeadersKB, MaxHeadersCount int
+	// ClientHeader names the header an authentication filter sets from a
+	// verified credential (e.g. Envoy's JWT filter, claim_to_headers);
+	// ext_proc maps it to the priorities the client may use. The header is
+	// removed from client requests before any filter runs. "" = none.
+	ClientHeader string
+	// AuthFilters is YAML for HTTP filters placed before ext_proc (a list,
+	// items at column 0), e.g. envoy.filters.http.jwt_authn setting
+	// ClientHeader.
+	AuthFilters string
+}
+
+// XDSAuth is Envoy's credential for the control plane's ADS port.
+type XDSAuth struct {
+	// Token is sent as "authorization: Bearer <Token>" on the ADS stream.
+	Token string
+	// CAFile verifies the control plane's certificate (TLS on). CertFile
+	// and KeyFile are Envoy's own certificate, for mutual TLS.
+	CAFile, CertFile, KeyFile string
+	// ServerName is the SNI and the DNS name the control plane's
+	// certificate must carry ("" = the chain alone is checked).
+	ServerName string
+}
+
+type hostPort struct {
+	Host string
+	Port int
+}
+
+// data is what the template sees.
+type data struct {
+	Params
+	XDSEndpoints []hostPort
 }
 
 // Render returns the bootstrap YAML (without an admin section).
@@ -53,8 +102,8 @@ func Render(p Params) (string, error) {
 	if p.Variant == FailOpen && p.FallbackCluster == "" {
 		return "", fmt.Errorf("envoyconfigs: fail-open needs a FallbackCluster")
 	}
-	if p.NodeID == "" || p.ListenPort <= 0 || p.ExtProcPort <= 0 || p.XDSPort <= 0 || p.BodyLimit <= 0 {
-		return "", fmt.Errorf("envoyconfigs: NodeID, ListenPort, ExtProcPort, XDSPort and BodyLimit are required")
+	if p.NodeID == "" || p.ListenPort <= 0 || p.ExtProcPort <= 0 || (p.XDSPort <= 0 && len(p.XDSAddresses) == 0) || p.BodyLimit <= 0 {
+		return "", fmt.Errorf("envoyconfigs: NodeID, ListenPort, ExtProcPort, XDSPort (or XDSAddresses) and BodyLimit are required")
 	}
 	// A port past 65535 renders a bootstrap Envoy refuses with a message
 	// about its own schema; say which parameter is wrong instead.
@@ -81,9 +130,71 @@ func Render(p Params) (string, error) {
 	if p.MessageTimeout == "" {
 		p.MessageTimeout = "1s"
 	}
+	if p.RequestTimeout == "" {
+		p.RequestTimeout = "15s"
+	}
+	if d, err := time.ParseDuration(p.RequestTimeout); err != nil || d <= 0 {
+		return "", fmt.Errorf("envoyconfigs: RequestTimeout %q: want a positive duration such as 15s", p.RequestTimeout)
+	}
+	if p.MaxRequestHeadersKB == 0 {
+		p.MaxRequestHeadersKB = 60
+	}
+	if p.MaxHeadersCount == 0 {
+		p.MaxHeadersCount = 100
+	}
+	// Envoy's own bounds: 1–8192 KB, at least 1 header.
+	if p.MaxRequestHeadersKB < 1 || p.MaxRequestHeadersKB > 8192 || p.MaxHeadersCount < 1 {
+		return "", fmt.Errorf("envoyconfigs: MaxRequestHeadersKB %d (1–8192) or MaxHeadersCount %d (≥ 1) out of range", p.MaxRequestHeadersKB, p.MaxHeadersCount)
+	}
+	if err := p.XDSAuth.check(); err != nil {
+		return "", err
+	}
+	if p.AuthFilters != "" && p.ClientHeader == "" {
+		return "", fmt.Errorf("envoyconfigs: AuthFilters without a ClientHeader: name the header the filters set")
+	}
+	d := data{Params: p}
+	addrs := p.XDSAddresses
+	if len(addrs) == 0 {
+		addrs = []string{net.JoinHostPort(p.XDSHost, strconv.Itoa(p.XDSPort))}
+	}
+	for _, a := range addrs {
+		h, ps, err := net.SplitHostPort(a)
+		n, perr := strconv.Atoi(ps)
+		if err != nil || perr != nil || n <= 0 || n > 65535 || h == "" {
+			return "", fmt.Errorf("envoyconfigs: XDSAddresses: %q is not host:port", a)
+		}
+		d.XDSEndpoints = append(d.XDSEndpoints, hostPort{h, n})
+	}
+	if p.AuthFilters != "" {
+		lines := strings.Split(strings.TrimRight(p.AuthFilters, "\n"), "\n")
+		for i, l := range lines {
+			if l != "" {
+				lines[i] = "          " + l
+			}
+		}
+		d.AuthFilters = strings.Join(lines, "\n")
+	}
 	var b strings.Builder
-	if err := tmpl.Execute(&b, p); err != nil {
+	if err := tmpl.Execute(&b, d); err != nil {
 		return "", err
 	}
 	return b.String(), nil
+}
+
+func (a XDSAuth) check() error {
+	if (a.CertFile == "") != (a.KeyFile == "") {
+		return fmt.Errorf("envoyconfigs: XDSAuth: CertFile and KeyFile go together (got %q and %q)", a.CertFile, a.KeyFile)
+	}
+	if a.CertFile != "" && a.CAFile == "" {
+		return fmt.Errorf("envoyconfigs: XDSAuth: a client certificate needs CAFile to verify the control plane")
+	}
+	if a.ServerName != "" && a.CAFile == "" {
+		return fmt.Errorf("envoyconfigs: XDSAuth: ServerName without CAFile (TLS is off)")
+	}
+	for _, c := range a.Token {
+		if c <= ' ' || c > '~' {
+			return fmt.Errorf("envoyconfigs: XDSAuth: the token must be printable ASCII without spaces")
+		}
+	}
+	return nil
 }

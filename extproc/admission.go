@@ -20,7 +20,15 @@ const (
 	// more important traffic: the least important level is refused at
 	// (1 − localReserve) of the limit, level 0 only at the limit itself,
 	// levels between linearly.
-	localReserve = 0.2
+	//
+	// 0.4: the control plane sets a class's limit at three times its
+	// engines' running slots, so the least important level is refused at
+	// 1.8× the slots, where the engines are saturated and queueing (no
+	// throughput is lost), and the most important keeps 1.2× the slots of
+	// room: with 0.2 (and twice the slots), a fleet planned at 95% under
+	// overload queued up to the limit and refused the top priority
+	// locally.
+	localReserve = 0.4
 	// retryBurst is the most retries the budget holds (and its start).
 	retryBurst = 10.0
 	// Utilization knee and ceiling for the retry budget: full budget up to
@@ -113,10 +121,18 @@ func retryScale(u float64) float64 {
 }
 
 // grantRetries credits the class's retry budget for one request and grants
-// this request up to MaxRetries retries from it. The budget earns
-// RetryFraction × retryScale(utilization) retries per request, holds at
-// most retryBurst × retryScale, and pays nothing while the class sheds.
-// Granted retries are reserved; refund returns the unused ones.
+// this request up to MaxRetries retries, as many whole retries as the
+// budget holds. The budget earns RetryFraction × retryScale(utilization)
+// retries per request, holds at most retryBurst × retryScale, and pays
+// nothing while the class sheds.
+//
+// A grant is an allowance, not a reservation: the budget is charged for a
+// retry when Envoy reports the failed attempt that caused it (useRetry,
+// from the upstream log, within a flush interval). Reserving at grant time
+// and refunding at the end would hold a long stream's unused retries for
+// its whole generation, draining the budget while nothing fails. Between a
+// burst of failures and their charges Envoy's own cluster retry budget
+// caps concurrent retries.
 func (c *Class) grantRetries() int {
 	if c.MaxRetries == 0 || c.RetryFraction == 0 || c.sheds() {
 		return 0
@@ -129,19 +145,16 @@ func (c *Class) grantRetries() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tokens = min(s.tokens+c.RetryFraction*scale, retryBurst*scale)
-	k := min(c.MaxRetries, int(s.tokens))
-	s.tokens -= float64(k)
-	return k
+	return max(0, min(c.MaxRetries, int(s.tokens)))
 }
 
-// refund returns n unused retries to the budget.
-func (c *Class) refund(n int) {
-	if n <= 0 {
-		return
-	}
+// chargeRetry takes one used retry from the budget. The budget may go into
+// debt (down to −retryBurst) after a burst: requests get no retries until it
+// is earned back.
+func (c *Class) chargeRetry() {
 	s := c.state
 	s.mu.Lock()
-	s.tokens = min(s.tokens+float64(n), retryBurst)
+	s.tokens = max(s.tokens-1, -retryBurst)
 	s.mu.Unlock()
 }
 

@@ -252,7 +252,7 @@ func decide(t testing.TB, s *Server, session, b string) (key string, admitted bo
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.finish(st)
+	defer s.abandon(st.id)
 	if im := r.GetImmediateResponse(); im != nil {
 		if im.GetStatus().GetCode() != 429 {
 			t.Fatalf("status %v: %s", im.GetStatus().GetCode(), im.GetBody())

@@ -5,25 +5,44 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/inferlb/inferlb/api/headers"
 )
 
-// attemptLog is Envoy's gRPC access-log service, fed by the router's
-// upstream_log with one entry per *failed upstream attempt* (5xx, reset,
-// connect failure, timeout). A failure Envoy retried on another engine never
-// reaches ext_proc's response path (the client gets the retry's answer), so
-// failures are counted here, per attempt, and the response path counts only
-// the final successful responses: each attempt is counted once.
+// RequestLogName is the log_name of the bootstrap's request access log (one
+// entry per admitted request, when it ends); any other log on the
+// access-log service is the router's upstream log of failed attempts.
+const RequestLogName = "inferlb_requests"
+
+// attemptLog is Envoy's gRPC access-log service. It takes two logs:
+//
+//   - the router's upstream_log, one entry per *failed upstream attempt*
+//     (5xx, reset, connect failure, timeout). A failure Envoy retried on
+//     another engine never reaches the client (it gets the retry's answer),
+//     so failures are counted here, per attempt; the retry it caused is
+//     charged to the class's retry budget;
+//   - the connection manager's request log (RequestLogName), one entry per
+//     admitted request when it ends: it releases the request's in-flight
+//     slot and counts the final answer when it was a success, with its
+//     timing.
+//
+// Each attempt is so counted once.
 type attemptLog struct {
 	accesslogv3.UnimplementedAccessLogServiceServer
 	s *Server
 }
 
 func (a attemptLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamAccessLogsServer) error {
+	requests := false // the stream's log, from its first message's identifier
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -32,26 +51,87 @@ func (a attemptLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 			}
 			return err
 		}
+		if id := msg.GetIdentifier(); id != nil {
+			requests = id.GetLogName() == RequestLogName
+		}
+		p := a.s.dec.Policy()
 		for _, e := range msg.GetHttpLogs().GetLogEntry() {
-			addr := sockAddr(e.GetCommonProperties().GetUpstreamRemoteAddress())
-			if addr == "" {
-				continue // no engine was reached (e.g. no healthy upstream)
+			if requests {
+				a.s.requestEnded(e, p)
+			} else {
+				a.s.attemptFailed(e, p)
 			}
-			code := int(e.GetResponse().GetResponseCode().GetValue())
-			if code != 0 && code < 500 {
-				continue // not a failure (the bootstrap's filter sends only failures)
-			}
-			engine := a.s.dec.Failed(addr)
-			if engine == "" {
-				engine = addr
-			}
-			cc := "5xx"
-			if code == 0 {
-				cc = "reset"
-			}
-			a.s.m.responses.WithLabelValues(engine, cc).Inc()
 		}
 	}
+}
+
+// attemptFailed counts one entry of the upstream log: a failed attempt.
+func (s *Server) attemptFailed(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) {
+	cp := e.GetCommonProperties()
+	addr := sockAddr(cp.GetUpstreamRemoteAddress())
+	if addr == "" {
+		return // no engine was reached (e.g. no healthy upstream)
+	}
+	code := int(e.GetResponse().GetResponseCode().GetValue())
+	// A 2xx/4xx whose stream the engine then broke (an engine dying
+	// mid-stream) is a failure too.
+	f := cp.GetResponseFlags()
+	if code != 0 && code < 500 && !f.GetUpstreamRemoteReset() && !f.GetUpstreamConnectionTermination() {
+		return // not a failure (the bootstrap's filter sends only failures)
+	}
+	s.reqs.useRetry(s.dec, e.GetRequest().GetRequestHeaders()[headers.RequestID])
+	id := s.dec.Failed(addr)
+	cc := "5xx"
+	if code == 0 || code < 500 {
+		cc = "reset"
+	}
+	s.m.responses.WithLabelValues(engineLabel(id, addr), cc).Inc()
+}
+
+// requestEnded handles one entry of the request log: an admitted request
+// ended.
+func (s *Server) requestEnded(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) {
+	r := s.reqs.take(e.GetRequest().GetRequestHeaders()[headers.RequestID])
+	if r == nil {
+		s.m.unknownLogs.Inc()
+		return
+	}
+	s.release(r)
+	cp := e.GetCommonProperties()
+	addr := sockAddr(cp.GetUpstreamRemoteAddress())
+	code := int(e.GetResponse().GetResponseCode().GetValue())
+	if addr == "" || code == 0 || code >= 500 {
+		return // failures come from the upstream log, per attempt
+	}
+	s.m.responses.WithLabelValues(engineLabel(p.EngineID(addr), addr), codeClass(code)).Inc()
+	// A request cut short (client gone, reset, idle timeout) is answered,
+	// but its time says nothing about the engine's speed.
+	timed := proto.Size(cp.GetResponseFlags()) == 0
+	tx := dur(cp.GetTimeToFirstUpstreamTxByte())
+	header := dur(cp.GetTimeToFirstUpstreamRxByte()) - tx
+	total := dur(cp.GetTimeToLastUpstreamRxByte()) - tx
+	if header < 0 || total < 0 {
+		timed = false
+	}
+	s.dec.Finished(&r.dc, addr, code, header, total, timed)
+	if timed {
+		s.m.headerLatency.Observe(header.Seconds())
+		s.m.completion.Observe(total.Seconds())
+	}
+}
+
+func dur(d *durationpb.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return d.AsDuration()
+}
+
+func engineLabel(id, addr string) string {
+	if id != "" {
+		return id
+	}
+	return addr
 }
 
 func sockAddr(a *corev3.Address) string {

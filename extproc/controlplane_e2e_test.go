@@ -36,10 +36,11 @@ import (
 //
 // Issue 6's done-when, as the user sees it in Envoy's /clusters: an engine
 // that starts failing half its requests loses its weight within a few
-// seconds (below 5% of its class's priority-0 weight, or moved to priority
-// 1), while retries keep client-visible errors under 5%; once it answers
-// normally again it regains at least half its pre-fault share after its
-// penalty decays (half-life 1 s here). Both times are measured by polling
+// seconds (down to its probe share, at most 10% of its class's priority-0
+// weight, or moved to priority 1), while retries keep client-visible errors
+// under 5%; once it answers normally again, its probe traffic shows it, and
+// it regains at least half its pre-fault share as its penalty decays
+// (half-life 1 s here). Both times are measured by polling
 // Envoy's admin and logged ("lost weight after X s, regained after Y s");
 // the deadlines (20 s, 30 s) leave room for a loaded CI machine.
 func TestErrorEvidencePenalizesEngine(t *testing.T) {
@@ -255,9 +256,10 @@ engines:
 		before, cfg.Cycle.PenaltyCostMs, cfg.Cycle.Penalty.HalfLife)
 
 	// 1. The fault: e1 answers half its requests with 500. Its weight in
-	// Envoy must fall below lostShare of the class's priority-0 weight (or
-	// to priority 1) within a few seconds.
-	const lostShare = 0.05
+	// Envoy must fall to its probe share at most (the control plane keeps
+	// up to 10% of a class on a penalized engine, so that its recovery is
+	// judged on traffic) within a few seconds.
+	const lostShare = 0.1 + 0.01
 	sent0, failed0 := sent.Load(), failed.Load()
 	if err := engines[1].SetFaults(enginesim.Faults{ErrorRate: 0.5}); err != nil {
 		t.Fatal(err)

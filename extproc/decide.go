@@ -35,6 +35,21 @@ type Decider struct {
 	// tokenizers are the models' tokenizers by SHA-256 (SetTokenizers),
 	// matched to classes when a policy is installed; guarded by statesMu.
 	tokenizers map[string]*hf.Tokenizer
+
+	clients atomic.Pointer[ClientPriorities] // nil: any client may ask for any priority
+}
+
+// SetClientPriorities installs which priorities each client may use (nil:
+// no restriction).
+func (d *Decider) SetClientPriorities(c *ClientPriorities) { d.clients.Store(c) }
+
+// ClientHeader is the header naming the client ("" without client
+// priorities).
+func (d *Decider) ClientHeader() string {
+	if c := d.clients.Load(); c != nil {
+		return c.Header
+	}
+	return ""
 }
 
 // SetTokenizers gives the tokenizers (by SHA-256) that policies' classes
@@ -93,6 +108,9 @@ type Input struct {
 	// headers.SessionID, headers.Priority and headers.Residency ("" when
 	// absent).
 	Session, Priority, Residency string
+	// Client is the value of the client-identity header (ClientHeader),
+	// set by an authentication layer; "" when absent.
+	Client string
 	// Body is the request body (JSON).
 	Body []byte
 }
@@ -133,13 +151,15 @@ type Decision struct {
 	// 429 and nothing else applies).
 	Outcome Outcome
 	// Retries is how many retries the request may use (Envoy's
-	// x-envoy-max-retries); reserved from the class's budget.
+	// x-envoy-max-retries): an allowance from the class's budget, which is
+	// charged for the retries the request uses (ChargeRetry, Responded).
 	Retries int
 	// Bound says how the request's context need was bounded to pick the
 	// class ("short", "bytes" or "tokenizer"; see routeByContext).
 	Bound string
 
-	held bool // counted in flight: Release must undo it
+	held    bool // counted in flight: Release must undo it
+	charged int  // retries charged to the budget
 }
 
 // AffinityHeader is the value of the affinity-key header for the decision.
@@ -207,6 +227,12 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		}
 		level, prio = l, in.Priority
 	}
+	if cp := d.clients.Load(); cp != nil {
+		var e *apiError
+		if level, prio, e = cp.priorityFor(p, in.Client, in.Priority, level, prio); e != nil {
+			return e
+		}
+	}
 	c, bound, rerr := p.routeByContext(br.Model, in.Residency, in.Body, in.Kind, br)
 	dc.Bound = bound
 	switch rerr {
@@ -270,15 +296,47 @@ func (d *Decider) Release(dc *Decision) {
 // status, attempts the number of upstream attempts Envoy made (0 when
 // unknown), latency the time to response headers. A response below 500
 // from a known upstream is evidence for that engine; the retries the
-// request did not use go back to the budget.
+// request used and were not charged yet are charged to the budget.
 func (d *Decider) Responded(dc *Decision, upstream string, code, attempts int, latency time.Duration) {
 	if upstream != "" && code < 500 {
 		d.obs.Response(upstream, dc.Policy.EngineID(upstream), false, latency)
 	}
-	if attempts > 0 && dc.Retries > 0 {
-		dc.Class.refund(dc.Retries - (attempts - 1))
-		dc.Retries = 0
+	for dc.charged < attempts-1 && d.ChargeRetry(dc) {
 	}
+}
+
+// ChargeRetry charges one retry the request uses (a failed attempt that
+// Envoy retries) to its class's budget, if the request had one left; it
+// reports whether it did.
+func (d *Decider) ChargeRetry(dc *Decision) bool {
+	if dc.Class == nil || dc.charged >= dc.Retries {
+		return false
+	}
+	dc.charged++
+	dc.Class.chargeRetry()
+	return true
+}
+
+// Finished records how an admitted request ended, from Envoy's request
+// log: the engine that served it last, the HTTP status, and (timed) its
+// upstream time to response headers and to the last byte, which with the
+// tokens the request asked for is latency evidence for the engine. An
+// answer below 500 counts as the engine's response; failures are counted
+// per attempt by Failed.
+func (d *Decider) Finished(dc *Decision, upstream string, code int, header, total time.Duration, timed bool) {
+	if upstream == "" || code == 0 || code >= 500 {
+		return
+	}
+	id := dc.Policy.EngineID(upstream)
+	if !timed {
+		d.obs.Answered(upstream, id)
+		return
+	}
+	output := dc.Body.MaxTokens
+	if output < 0 {
+		output = dc.Class.MeanOutputTokens
+	}
+	d.obs.Completed(upstream, id, header, total, dc.Body.PromptTokens, output)
 }
 
 // Failed records one failed upstream attempt at addr (Envoy's upstream log:

@@ -252,6 +252,9 @@ func TestForgedHeadersChangeNothing(t *testing.T) {
 			t.Fatalf("forged headers moved request %d from %s to %s", i, clean.engine, f.engine)
 		}
 		for k, v := range f.seen {
+			if k == "x-inferlb-request-id" {
+				continue // a fresh id per request
+			}
 			if clean.seen[k] != v {
 				t.Fatalf("engine saw %s=%q with forged headers, %q without", k, v, clean.seen[k])
 			}
@@ -265,10 +268,16 @@ func TestForgedHeadersChangeNothing(t *testing.T) {
 			}
 		}
 	}
-	// ext_proc still saw which engine served each response (the header is
-	// stripped for the client only after ext_proc has read it).
-	if n := observedResponses(t, r.ext); n < 60 {
-		t.Fatalf("ext_proc observed %v successful responses by engine, want all 60", n)
+	// ext_proc still learns which engine served each response (from
+	// Envoy's request log, flushed every 200 ms), though no internal header
+	// reaches the client.
+	if err := envoytest.Poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() error {
+		if n := observedResponses(t, r.ext); n < 60 {
+			return fmt.Errorf("ext_proc observed %v successful responses by engine, want all 60", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	// A batch request stays shed even when it claims level 0.
 	res := r.post(chat("sys", "batch forgery"), map[string]string{"x-priority": "batch", "x-inferlb-priority-level": "0"})
@@ -445,9 +454,9 @@ func TestEvidenceReports(t *testing.T) {
 }
 
 // The local in-flight guardrail: with a class limit of 10, the least
-// important priority is refused from 8 in flight (20% reserve), the most
+// important priority is refused from 6 in flight (40% reserve), the most
 // important only at 10; requests in flight include those streaming their
-// response (the ext_proc stream lives as long as the HTTP stream).
+// response (until Envoy's request log reports their end).
 func TestLocalInflightLimit(t *testing.T) {
 	noLeaks(t)
 	r := startRig(t, rigOptions{engines: 1, policy: func(p *policyv1.RoutingPolicy) {

@@ -15,7 +15,13 @@ type metrics struct {
 	policyUpdates  *prometheus.CounterVec // result
 	policyInfo     *prometheus.GaugeVec   // version
 	streams        prometheus.Gauge
-	contextBounds  *prometheus.CounterVec // method
+	// requestsExpired counts admitted requests dropped from the request
+	// table without an access-log entry; unknownLogs access-log entries for
+	// requests this instance does not know.
+	requestsExpired prometheus.Counter
+	unknownLogs     prometheus.Counter
+	completion      prometheus.Histogram
+	contextBounds   *prometheus.CounterVec // method
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -44,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inferlb_extproc_inflight",
-			Help: "Admitted requests of a class whose ext_proc stream is still open at this instance.",
+			Help: "Admitted requests of a class in flight at this instance (until Envoy's access log reports their end).",
 		}, []string{"class"}),
 		retriesGranted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferlb_extproc_retries_granted_total",
@@ -56,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"engine", "code"}),
 		headerLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "inferlb_extproc_response_header_seconds",
-			Help:    "Time from request headers to response headers, as seen by ext_proc.",
+			Help:    "Time from the first upstream byte sent to response headers, per served request (Envoy's access log).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
 		policyUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -76,6 +82,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests routed by their context need, by how the prompt was bounded: short (11× bytes fit the smallest class), bytes (tokens.Bound), tokenizer (the model's tokenizer.json counted the texts).",
 		}, []string{"method"}),
 	}
+	m.requestsExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_requests_expired_total",
+		Help: "Admitted requests whose end Envoy's access log never reported; their in-flight slot was taken back after --max-request-age."})
+	m.unknownLogs = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_unknown_request_logs_total",
+		Help: "Request access-log entries with an id this instance did not issue (a previous process's, or expired)."})
+	m.completion = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_upstream_completion_seconds",
+		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams, m.contextBounds)
 	return m

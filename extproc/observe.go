@@ -67,6 +67,30 @@ func (o *Observer) Response(addr, engineID string, failed bool, headerLatency ti
 	o.mu.Unlock()
 }
 
+// Completed records one request the upstream at addr served to the end
+// (from Envoy's request log): a response, its time to response headers and
+// its whole upstream time, with the prompt and output tokens it asked for.
+func (o *Observer) Completed(addr, engineID string, headerLatency, total time.Duration, promptTokens, outputTokens int) {
+	o.mu.Lock()
+	e := o.engine(addr, engineID)
+	e.Responses++
+	e.HeaderLatencySumSeconds += headerLatency.Seconds()
+	e.HeaderLatencyCount++
+	e.Completed++
+	e.CompletionSecondsSum += total.Seconds()
+	e.CompletionPromptTokens += uint64(max(promptTokens, 0))
+	e.CompletionOutputTokens += uint64(max(outputTokens, 0))
+	o.mu.Unlock()
+}
+
+// Answered records one response without timing (a success whose stream was
+// cut short, whose time says nothing about the engine's speed).
+func (o *Observer) Answered(addr, engineID string) {
+	o.mu.Lock()
+	o.engine(addr, engineID).Responses++
+	o.mu.Unlock()
+}
+
 // Failure records one failed upstream attempt at addr (from Envoy's
 // upstream log): a response and an error, without a latency sample.
 func (o *Observer) Failure(addr, engineID string) {

@@ -87,7 +87,12 @@ func (p *Policy) Level(name string) (uint32, bool) {
 }
 
 // EngineID names the engine at an upstream address ("" if unknown).
-func (p *Policy) EngineID(addr string) string { return p.engines[addr] }
+func (p *Policy) EngineID(addr string) string {
+	if p == nil {
+		return ""
+	}
+	return p.engines[addr]
+}
 
 // PriorityName returns the name of a level ("" if none).
 func (p *Policy) PriorityName(level uint32) string {

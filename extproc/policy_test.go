@@ -153,20 +153,29 @@ func TestRetryBudget(t *testing.T) {
 	tp.Classes[0].MaxRetries = 2
 	p, _ := Compile(tp, newStates())
 	c := p.byModel["m"][0]
-	granted := 0
+	used := 0
 	for i := 0; i < 1000; i++ {
-		granted += c.grantRetries() // never refunded: every retry used
+		for k := c.grantRetries(); k > 0; k-- { // every retry granted is used
+			c.chargeRetry()
+			used++
+		}
 	}
-	if granted > 100+retryBurst+1 || granted < 100 {
-		t.Fatalf("granted %d retries to 1000 requests with a 10%% budget", granted)
+	if used > 100+retryBurst+1 || used < 100 {
+		t.Fatalf("1000 requests with a 10%% budget used %d retries", used)
 	}
-	// Refunds: requests that used no retry give theirs back.
+	// Requests that use no retry cost nothing: the budget refills.
 	for i := 0; i < 100; i++ {
-		k := c.grantRetries()
-		c.refund(k)
+		c.grantRetries()
 	}
 	if k := c.grantRetries(); k != 2 {
-		t.Fatalf("after refunds a request gets %d retries, want 2", k)
+		t.Fatalf("after requests without retries a request gets %d retries, want 2", k)
+	}
+	// A burst of failures puts the budget in debt: no retries until earned.
+	for i := 0; i < 30; i++ {
+		c.chargeRetry()
+	}
+	if k := c.grantRetries(); k != 0 {
+		t.Fatalf("in debt: %d retries", k)
 	}
 	// High utilization: nothing.
 	tp.Classes[0].Utilization = 0.96

@@ -2,9 +2,10 @@
 // frontend Envoy's request path and decides, from local state only, which
 // eligibility class (Envoy cluster) serves a request, the cache-affinity key
 // the route hashes on, whether the request is admitted or shed, and how many
-// retries it may use. On the response path it observes which engine served,
-// the status and the time to response headers, and reports that evidence and
-// the demand it saw to the control plane. See docs/extproc.md.
+// retries it may use. It is not in the response path: once the decision is
+// sent it ends its stream, and learns from Envoy's access logs which engine
+// served, the status and the timing; it reports that evidence and the demand
+// it saw to the control plane. See docs/extproc.md.
 //
 // The hot path reads an immutable Policy through an atomic pointer; a new
 // RoutingPolicy from the control plane (package extproc/cpclient) replaces it
@@ -50,6 +51,12 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// MaxRequestAge bounds how long an admitted request holds its in-flight
+	// slot without Envoy's access log reporting its end (default
+	// DefaultMaxRequestAge).
+	MaxRequestAge time.Duration
+	// ClientPriorities, if set, limits the priorities each client may use.
+	ClientPriorities *ClientPriorities
 	// Tokenizers are the models' tokenizers by SHA-256 (the policy names a
 	// class's by digest); a class whose tokenizer is not here is bounded by
 	// bytes alone.
@@ -66,6 +73,9 @@ type Server struct {
 	// dec makes the per-request decisions (decide.go); the server adds the
 	// ext_proc protocol, the header mutations and the metrics.
 	dec *Decider
+	// reqs holds the admitted requests until Envoy's request log reports
+	// their end (requests.go).
+	reqs *requestTable
 }
 
 // New returns a Server without a policy: until SetPolicy succeeds every
@@ -83,13 +93,15 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now())}
+	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
+		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
+	s.dec.SetClientPriorities(opt.ClientPriorities)
 	s.dec.SetTokenizers(opt.Tokenizers)
 	return s
 }
 
 // Register adds the ext_proc service and the access-log service (Envoy's
-// upstream log of failed attempts) to a gRPC server.
+// upstream log of failed attempts and its request log) to a gRPC server.
 func (s *Server) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
 	accesslogv3.RegisterAccessLogServiceServer(g, attemptLog{s: s})
@@ -121,6 +133,17 @@ func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
 		s.m.policyInfo.DeleteLabelValues(old.Version)
 	}
 	s.m.policyInfo.WithLabelValues(p.Version).Set(1)
+	if cp := s.dec.clients.Load(); cp != nil {
+		var unknown []string
+		for _, n := range cp.Names() {
+			if _, ok := p.priorities[n]; !ok {
+				unknown = append(unknown, n)
+			}
+		}
+		if len(unknown) > 0 {
+			s.log.Warn("the client priorities name priorities this policy does not have", "unknown", unknown, "known", p.priorityNames())
+		}
+	}
 	s.log.Info("routing policy applied", "version", p.Version, "classes", len(p.classes), "node", p.NodeID)
 	for _, c := range p.classes {
 		if c.TokenizerSHA256 != "" && c.tokenizer == nil {
@@ -137,8 +160,8 @@ type phase uint8
 const (
 	phaseRequestHeaders phase = iota // waiting for request headers
 	phaseRequestBody                 // headers seen, waiting for the buffered body
-	phaseRouted                      // decision sent, waiting for response headers
-	phaseObserved                    // response headers seen; nothing more to do
+	phaseRouted                      // decision sent; the stream ends
+	phaseObserved                    // response headers seen (only if Envoy sends them)
 	phaseAnswered                    // an ImmediateResponse ended the request
 )
 
@@ -155,17 +178,24 @@ type stream struct {
 	session string
 	prioHdr string
 	resid   string
-	// dc is the decision; routed is true once the request was admitted.
-	dc     Decision
-	routed bool
+	client  string
+	// dc is the decision; id the request's id once it was admitted (its
+	// entry in the request table holds the decision from then on).
+	dc Decision
+	id string
 }
 
-// Process serves one ext_proc stream: one HTTP request and its response.
+// Process serves one ext_proc stream: one HTTP request's decision.
+//
+// Once the decision is sent (the request routed, or answered with an error)
+// the stream ends with status OK: Envoy then goes on without ext_proc, so
+// nothing that happens to this process afterwards (a crash, a restart) can
+// touch the request, in either failure mode. How the request ended comes
+// from Envoy's request access log (requestTable).
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	st := &stream{}
-	defer s.finish(st)
 	for {
 		req, err := srv.Recv()
 		if err != nil {
@@ -183,17 +213,28 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			continue
 		}
 		if err := srv.Send(resp); err != nil {
+			// Envoy never got the decision (and fails or bypasses the
+			// request): it will not log it as ours.
+			s.abandon(st.id)
 			return err
+		}
+		if st.phase == phaseRouted || st.phase == phaseAnswered {
+			return nil
 		}
 	}
 }
 
-// finish releases what an admitted request held.
-func (s *Server) finish(st *stream) {
-	if st.routed {
-		s.dec.Release(&st.dc)
-		s.m.inflight.WithLabelValues(st.dc.Class.Name).Dec()
+// abandon forgets an admitted request whose end will not be logged.
+func (s *Server) abandon(id string) {
+	if r := s.reqs.take(id); r != nil {
+		s.release(r)
 	}
+}
+
+// release gives back what an admitted request held.
+func (s *Server) release(r *tracked) {
+	s.dec.Release(&r.dc)
+	s.m.inflight.WithLabelValues(r.dc.Class.Name).Dec()
 }
 
 // step advances the state machine by one message.
@@ -216,11 +257,10 @@ func (s *Server) step(st *stream, req *extprocv3.ProcessingRequest) (*extprocv3.
 		}
 		return s.onRequestBody(st, v.RequestBody.GetBody()), nil
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		if st.phase == phaseRequestHeaders {
-			return nil, fmt.Errorf("response headers in phase %s", st.phase)
-		}
-		// Also after an Envoy local reply (e.g. its own 413) in phase
-		// request_body; only routed requests are observed.
+		// In any phase: Envoy's own local replies (its 413, its 431 for
+		// oversized headers) pass through the filter before any request
+		// message did. Refusing them made Envoy reset the connection
+		// instead of answering.
 		return s.onResponseHeaders(st, v.ResponseHeaders), nil
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}, nil
@@ -250,9 +290,14 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	st.start = s.opt.Now()
 	var method, path string
 	contentLength := -1
+	clientHdr := s.dec.ClientHeader()
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		k := hv.Key
 		switch {
+		case clientHdr != "" && k == clientHdr:
+			// Set by the authentication layer (the bootstrap strips a
+			// client's own before any filter runs).
+			st.client = headerValue(hv)
 		case k == ":method":
 			method = headerValue(hv)
 		case k == ":path":
@@ -318,7 +363,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
 	dc := &st.dc
-	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Body: b}, dc)
+	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b}, dc)
 	if dc.Bound != "" {
 		s.m.contextBounds.WithLabelValues(dc.Bound).Inc()
 	}
@@ -332,18 +377,23 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	c, level := dc.Class, dc.Level
 	s.m.decisions.WithLabelValues(c.Name, dc.Priority, dc.Outcome.String()).Inc()
 	s.m.keys.WithLabelValues(c.Name, dc.Key.label()).Inc()
-	st.routed = true
 	s.m.inflight.WithLabelValues(c.Name).Inc()
 	if dc.Retries > 0 {
 		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(dc.Retries))
 	}
 	st.phase = phaseRouted
+	id, expired := s.reqs.add(&tracked{dc: *dc, start: st.start}, st.start)
+	st.id = id
+	for _, r := range expired {
+		s.release(r)
+		s.m.requestsExpired.Inc()
+	}
 	p := dc.Policy
 
-	// Only the affinity key is new per request; the other headers are
-	// built once and shared.
-	set := make([]*corev3.HeaderValueOption, 0, 6)
-	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, dc.AffinityHeader()), c.classHdr,
+	// Only the affinity key and the request id are new per request; the
+	// other headers are built once and shared.
+	set := make([]*corev3.HeaderValueOption, 0, 7)
+	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, dc.AffinityHeader()), setHeader(headers.RequestID, id), c.classHdr,
 		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, dc.Retries))
 	if p.regionHdr != nil {
 		set = append(set, p.regionHdr)
@@ -362,7 +412,7 @@ func removeUnset(rm []string) []string {
 	out := rm[:0]
 	for _, k := range rm {
 		switch k {
-		case headers.Cluster, headers.AffinityKey, headers.Class, headers.PriorityLevel, headers.EnvoyMaxRetries, headers.SourceRegion:
+		case headers.Cluster, headers.AffinityKey, headers.RequestID, headers.Class, headers.PriorityLevel, headers.EnvoyMaxRetries, headers.SourceRegion:
 			continue
 		}
 		out = append(out, k)
@@ -432,42 +482,14 @@ func (s *Server) reject(st *stream, e *apiError) *extprocv3.ProcessingResponse {
 	}}}
 }
 
-// onResponseHeaders records evidence and strips the internal response
-// headers (which engine served; how many attempts it took).
-// attemptCount is the header Envoy adds to responses with the number of
-// upstream attempts (route's include_attempt_count_in_response).
-const attemptCount = "x-envoy-attempt-count"
-
-func (s *Server) onResponseHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	var upstream string
-	code, attempts := 0, 0
-	for _, hv := range h.GetHeaders().GetHeaders() {
-		switch hv.Key {
-		case ":status":
-			code, _ = strconv.Atoi(headerValue(hv))
-		case headers.UpstreamHost:
-			upstream = headerValue(hv)
-		case attemptCount:
-			attempts, _ = strconv.Atoi(headerValue(hv))
-		}
-	}
+// onResponseHeaders answers "continue": the bootstrap does not send
+// response headers (ext_proc has left the stream by then), but a
+// configuration that does gets a harmless answer. Evidence comes from
+// Envoy's access logs (attemptlog.go).
+func (s *Server) onResponseHeaders(st *stream, _ *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	if st.phase == phaseRouted {
 		st.phase = phaseObserved
-		lat := s.opt.Now().Sub(st.start)
-		// Failures are counted per attempt from Envoy's upstream log
-		// (attemptlog.go), retried ones included; here only what succeeded.
-		s.dec.Responded(&st.dc, upstream, code, attempts, lat)
-		if upstream != "" && code < 500 {
-			engine := st.dc.Policy.EngineID(upstream)
-			if engine == "" {
-				engine = upstream
-			}
-			s.m.responses.WithLabelValues(engine, codeClass(code)).Inc()
-		}
-		s.m.headerLatency.Observe(lat.Seconds())
 	}
-	// Nothing to change: the bootstrap's header-mutation filter, which
-	// sees the response after ext_proc, strips the two headers read here.
 	return respContinueResponseHeaders
 }
 

@@ -99,7 +99,7 @@ func benchDecision(b *testing.B, server func(*testing.B) *Server) {
 				if _, err := s.step(st, rh); err != nil {
 					b.Fatal(err)
 				}
-				s.finish(st)
+				s.abandon(st.id)
 			}
 		})
 	}

@@ -102,7 +102,7 @@ func TestDemandOutputTokens(t *testing.T) {
 		if err != nil || r.GetRequestBody() == nil {
 			t.Fatalf("%s: %v %v", body, r, err)
 		}
-		s.finish(st)
+		s.abandon(st.id)
 	}
 	rep := s.Observer().Flush(time.Now())
 	if len(rep.GetDemand()) != 1 || rep.GetDemand()[0].GetRequests() != 3 || rep.GetDemand()[0].GetOutputTokens() != 340 {
@@ -160,6 +160,6 @@ func TestContextBoundMethods(t *testing.T) {
 			t.Errorf("%s: class %s, want %s by %s", c.name, st.dc.Class.Name, c.class, c.method)
 		}
 		t.Logf("%s: %d bytes, %v", c.name, len(c.body), took)
-		s.finish(st)
+		s.abandon(st.id)
 	}
 }

@@ -220,6 +220,12 @@ type Frontend struct {
 	Name   string `yaml:"name"`
 	Region string `yaml:"region"`
 	NodeID string `yaml:"node_id"`
+	// MaxRequestsPerS is the most requests per second the frontend can
+	// physically carry (its Envoys and ext_proc instances together). The
+	// control plane refuses demand reports above it and caps the node's
+	// demand at it, so a faulty or forged reporter cannot claim more. 0
+	// (omitted): twice the fleet's capacity at the reference request.
+	MaxRequestsPerS float64 `yaml:"max_requests_per_s,omitempty"`
 }
 
 // Engine is one inference engine (a vLLM server, or a group of identical

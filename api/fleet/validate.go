@@ -479,6 +479,7 @@ func (v *validator) checkFrontends() {
 			}
 		}
 		v.region(p+".region", f.Region)
+		v.number(p+".max_requests_per_s", &f.MaxRequestsPerS, 0, maxRate, false)
 		switch {
 		case f.NodeID == "":
 			// name was empty too; reported there

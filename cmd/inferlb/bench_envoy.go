@@ -100,7 +100,8 @@ func envoyAlone(port, upstreamPort, bodyLimit int) string {
 
 // nullProcessor is the cheapest ext_proc service Envoy can have under the
 // same bootstrap: it names the cluster from the request headers and answers
-// every message with "continue", reading nothing. Envoy + nullProcessor is
+// every message with "continue", reading nothing, and ends the stream after
+// the body as inferlb's service does. Envoy + nullProcessor is
 // Envoy's own cost of the ext_proc protocol (buffering the body, sending it
 // over gRPC, the extra round trips); inferlb's service adds its decisions
 // on top of that.
@@ -132,6 +133,9 @@ func (n nullProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer)
 		}
 		if err := stream.Send(resp); err != nil {
 			return err
+		}
+		if _, ok := req.Request.(*extprocv3.ProcessingRequest_RequestBody); ok {
+			return nil // like inferlb's: the stream ends with the decision
 		}
 	}
 }

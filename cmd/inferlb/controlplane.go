@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -40,6 +41,14 @@ Envoy keeps its last config while the control plane is away. --state-file
 keeps the published weights across restarts so a restarted control plane
 republishes the same weights instead of starting cold.
 
+The xDS/Reports port is authenticated: mutual TLS (--tls-cert, --tls-key,
+--tls-client-ca), a shared bearer token (--token-file), or both. Without
+either it refuses to start unless --insecure is given (local demos only):
+whoever reaches an unauthenticated port reads every node's configuration and
+can steer the optimizer with forged reports. Reports are also checked for
+plausibility (rates within the frontend's max_requests_per_s, evidence within
+the requests reported, timestamps within --max-clock-skew of this clock).
+
 The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 /explain, /signals, /xds (ACK/NACK per node), /metrics, /healthz and /readyz.`,
 		Args: cobra.NoArgs,
@@ -75,6 +84,17 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 			default:
 				return fmt.Errorf("--allocator: want optimizer or proportional, got %q", allocator)
 			}
+			if err := d.Auth.Validate(); err != nil {
+				return err
+			}
+			for name, v := range map[string]time.Duration{"--evidence-window": d.EvidenceWindow, "--idle-reset": d.IdleReset, "--max-clock-skew": d.MaxClockSkew} {
+				if v <= 0 {
+					return fmt.Errorf("%s: must be positive, got %v", name, v)
+				}
+			}
+			if d.Auth.TokenFile != "" && d.Auth.CertFile == "" {
+				log.Warn("the xDS token travels without TLS: use it only on the same host or a trusted network (add --tls-cert/--tls-key)")
+			}
 			r, err := controlplane.NewRunner(d)
 			if err != nil {
 				return err
@@ -85,6 +105,11 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f := cmd.Flags()
 	f.StringVar(&fleetPath, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml")
 	f.StringVar(&d.XDSListen, "xds-listen", d.XDSListen, "gRPC address for ADS and Reports")
+	f.BoolVar(&d.Auth.Insecure, "insecure", false, "serve ADS and Reports without authentication (local demos only)")
+	f.StringVar(&d.Auth.CertFile, "tls-cert", "", "server certificate (PEM): TLS on the xDS/Reports port")
+	f.StringVar(&d.Auth.KeyFile, "tls-key", "", "the key (PEM) of --tls-cert")
+	f.StringVar(&d.Auth.ClientCAFile, "tls-client-ca", "", "CA (PEM) that client certificates must chain to: mutual TLS")
+	f.StringVar(&d.Auth.TokenFile, "token-file", "", "file of accepted bearer tokens, one per line (re-read when it changes)")
 	f.StringVar(&d.AdminListen, "admin-listen", d.AdminListen, "admin HTTP address (keep it on localhost)")
 	f.DurationVar(&d.Interval, "interval", d.Interval, "control cycle period")
 	f.DurationVar(&d.ScrapeInterval, "scrape-interval", d.ScrapeInterval, "engine /metrics and /health scrape period")
@@ -94,6 +119,7 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.DurationVar(&d.DemandWindow, "demand-window", d.DemandWindow, "window over which reported demand is averaged")
 	f.DurationVar(&d.Warmup, "warmup", d.Warmup, "wait this long (scrapes and reports) before the first publication")
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
+	f.DurationVar(&d.MaxClockSkew, "max-clock-skew", 10*time.Second, "reports whose interval ends further than this from this clock are refused")
 	f.StringVar(&allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
 	f.Float64Var(&solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
 	f.StringVar(&lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")
@@ -104,10 +130,15 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 	f.DurationVar(&d.Cycle.Translate.HealthCheck.Timeout, "health-check-timeout", d.Cycle.Translate.HealthCheck.Timeout, "Envoy active health check timeout")
 	f.Uint32Var(&d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "health-check-unhealthy-threshold", d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "failed checks before Envoy marks a host unhealthy")
 	f.Float64Var(&d.Cycle.Headroom, "headroom", d.Cycle.Headroom, "planned utilization cap of available capacity, in (0, 1)")
+	f.Float64Var(&d.Cycle.OverloadHeadroom, "overload-headroom", d.Cycle.OverloadHeadroom, "utilization cap when demand does not fit under --headroom (the rest is shed), in [headroom, 1)")
 	f.Float64Var(&d.Cycle.StabilityMs, "stability-ms", d.Cycle.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
 	f.Float64Var(&d.Cycle.PenaltyCostMs, "penalty-cost-ms", d.Cycle.PenaltyCostMs, "optimizer cost per request per unit of an engine's outlier penalty (failures, slowness), ms")
 	f.Float64Var(&d.Cycle.DeadbandTV, "deadband", d.Cycle.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
-	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of outlier penalties after recovery")
+	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of an outlier penalty while the engine's traffic looks normal again")
+	f.Float64Var(&d.Cycle.Penalty.ProbeRPS, "probe-rps", d.Cycle.Penalty.ProbeRPS, "requests/s a penalized engine keeps of each class, to judge its recovery")
+	f.Float64Var(&d.Cycle.Penalty.MaxProbeShare, "max-probe-share", d.Cycle.Penalty.MaxProbeShare, "largest share of a class a penalized engine keeps for probing")
+	f.DurationVar(&d.EvidenceWindow, "evidence-window", 10*time.Second, "how far back the latency evidence of outlier penalties reaches")
+	f.DurationVar(&d.IdleReset, "idle-reset", time.Minute, "an engine without a first token this long forgets its measured latency")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	rootCmd.AddCommand(cmd)
 }

@@ -44,11 +44,13 @@ type docCmd struct {
 type fixture struct{ cmd, ready string }
 
 var fixtures = map[string]fixture{
-	"demo":          {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
-	"engine-18100":  {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
-	"h100-18100":    {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
-	"control-plane": {"inferlb control-plane --fleet examples/fleet-3region.yaml", "http://127.0.0.1:18080/healthz"},
-	"engines":       {"inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", "http://127.0.0.1:18402/health_generate"},
+	"demo":                {"inferlb demo --plain --out demo-fixture", "(Ctrl-C stops the demo)"},
+	"engine-18100":        {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
+	"h100-18100":          {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
+	"control-plane":       {"inferlb control-plane --fleet examples/fleet-3region.yaml --insecure", "http://127.0.0.1:18080/healthz"},
+	"control-plane-token": {"inferlb control-plane --fleet examples/fleet-3region.yaml --token-file xds-token", "http://127.0.0.1:18080/healthz"},
+	"fleet-admin-18090":   {"inferlb engine-sim --fleet examples/fleet-3region.yaml --admin-listen 127.0.0.1:18090", "http://127.0.0.1:18090/admin/engines"},
+	"engines":             {"inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", "http://127.0.0.1:18402/health_generate"},
 }
 
 const (
@@ -81,11 +83,13 @@ var docCommands = []docCmd{
 	{cmd: solve3 + " --explain frontend-us-east us-west-h100-1", want: "= marginal price of the flow"},
 	{cmd: "inferlb solve --explain FRONTEND ENGINE", skip: "synopsis; the concrete command is the entry above"},
 	// Components as servers.
-	{cmd: "inferlb control-plane --fleet " + fleet3, serve: "http://127.0.0.1:18080/healthz"},
-	{cmd: "inferlb control-plane --fleet " + fleet3 + " --xds-listen 127.0.0.1:18000 --admin-listen 127.0.0.1:18080 --interval 5s --state-file cp-state.json", serve: "http://127.0.0.1:18080/healthz"},
+	{cmd: "inferlb control-plane --fleet " + fleet3 + " --insecure", serve: "http://127.0.0.1:18080/healthz"},
+	{cmd: "inferlb control-plane --fleet " + fleet3 + " --xds-listen 127.0.0.1:18000 --admin-listen 127.0.0.1:18080 --interval 5s --state-file cp-state.json --insecure", serve: "http://127.0.0.1:18080/healthz"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3, serve: "http://127.0.0.1:18012/health"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --time-scale 0.1", serve: "http://127.0.0.1:18012/health"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --engines us-east-h100-1,eu-west-a100-1 --time-scale 0.1", serve: "http://127.0.0.1:18011/health"},
+	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --admin-listen 127.0.0.1:18090", serve: "http://127.0.0.1:18090/admin/engines"},
+	{cmd: `curl -s -X POST -d '{"slowdown": 5}' http://127.0.0.1:18090/admin/engines/us-east-h100-1/faults`, with: "fleet-admin-18090", want: `"slowdown":5`},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3, serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3 + " --time-scale 2", serve: "http://127.0.0.1:18100/health"},
 	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},
@@ -97,10 +101,18 @@ var docCommands = []docCmd{
 	{cmd: "inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", serve: "http://127.0.0.1:18404/health"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18402 --model Qwen/Qwen3-8B --server sglang --gpu H100 --max-rate 40 --time-scale 0.1 --points 4 --requests 40", with: "engines", want: "kv_capacity_tokens: 450000"},
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west --tokenizer internal/tokens/hf/testdata/qwen3.tokenizer.json.gz", serve: "tokenizer loaded"},
-	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
+	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west", serve: "routing policy applied"},
-	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000", want: "node:"},
-	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 > envoy.yaml"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure", want: "node:"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure > envoy.yaml"},
+	// Securing the control plane's port (docs/operations.md).
+	{cmd: "inferlb token > xds-token"},
+	{cmd: "inferlb control-plane --fleet " + fleet3 + " --token-file xds-token", serve: "http://127.0.0.1:18080/healthz"},
+	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-us-east --region us-east --control-plane-token-file xds-token", with: "control-plane-token", serve: "http://127.0.0.1:9102/healthz"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-us-east --region us-east --control-plane 127.0.0.1:18000 --control-plane-token-file xds-token > envoy.yaml"},
+	{cmd: "inferlb control-plane --fleet " + fleet3 + " --tls-cert /etc/inferlb/cp.crt --tls-key /etc/inferlb/cp.key --tls-client-ca /etc/inferlb/clients-ca.crt", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
+	{cmd: "inferlb extproc --control-plane cp.inferlb.internal:18000 --node-id frontend-us-east --region us-east --control-plane-ca /etc/inferlb/cp-ca.crt --control-plane-cert /etc/inferlb/fe.crt --control-plane-key /etc/inferlb/fe.key --control-plane-server-name cp.inferlb.internal", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-us-east --region us-east --control-plane 127.0.0.1:18000 --insecure --client-priorities examples/auth/client-priorities.yaml --auth-filters examples/auth/envoy-jwt-auth.yaml", want: "envoy.filters.http.jwt_authn"},
 	// Load against one engine.
 	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace internal/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
 	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
@@ -132,7 +144,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
-	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},
+	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},
 	{cmd: "curl -s http://127.0.0.1:18080/affinity", with: "control-plane", want: `"hot_share_of_class"`},
 	{cmd: "inferlb bench extproc --envoy-only --concurrency 150 --sizes 225280,8192", skip: "the measurement behind docs/extproc.md's Envoy table (minutes); the bench extproc entry above covers the command"},
 }

@@ -22,6 +22,7 @@ var profileFlags = []string{"prefill-tokens-per-s", "overhead-ms", "decode-step-
 func newEngineSimCmd() *cobra.Command {
 	var (
 		fleetPath, engines, listen, gpu, modelName, region string
+		adminListen                                        string
 		timeScale                                          float64
 		seed                                               uint64
 		defaultMaxTokens                                   int
@@ -36,9 +37,10 @@ func newEngineSimCmd() *cobra.Command {
 		Long: `engine-sim serves simulated LLM inference engines that look like vLLM's
 OpenAI-compatible server to a load balancer: /v1/chat/completions and
 /v1/completions (streaming or not), /v1/models, /health, /metrics (vLLM's
-metric names), and /admin/faults for run-time faults. Latency follows the
-GPU profile: continuous batching, chunked prefill, a block prefix cache.
-See docs/engine-sim.md.
+metric names). Latency follows the GPU profile: continuous batching, chunked
+prefill, a block prefix cache. Run-time faults (errors, slowdown, hang,
+health failure, crash) are set on a separate admin listener (--admin-listen),
+never on an engine's API port. See docs/engine-sim.md.
 
 Fleet mode serves every engine of a fleet spec (or those named by --engines),
 each on its own address. Standalone mode (--listen) serves one engine; its
@@ -118,6 +120,10 @@ while after they start, as a server loading its model does.`,
 				for _, s := range fl.Servers() {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
 				}
+				if err := serveAdmin(cmd, adminListen, fl.Servers()); err != nil {
+					fl.Close()
+					return err
+				}
 				<-ctx.Done()
 				fl.Close()
 				return nil
@@ -155,6 +161,10 @@ while after they start, as a server loading its model does.`,
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
+			if err := serveAdmin(cmd, adminListen, []*enginesim.Server{s}); err != nil {
+				s.Close()
+				return err
+			}
 			<-ctx.Done()
 			return s.Close()
 		},
@@ -166,6 +176,7 @@ while after they start, as a server loading its model does.`,
 	f.StringVar(&gpu, "gpu", "", "standalone mode: GPU type (selects the fleet's profile with --fleet)")
 	f.StringVar(&modelName, "model", "", "standalone mode: served model name")
 	f.StringVar(&region, "region", "", "standalone mode: the engine's region (network delay with --fleet)")
+	f.StringVar(&adminListen, "admin-listen", "", "address of the faults admin API (/admin/engines/{id}/faults); empty: none")
 	f.Float64Var(&timeScale, "time-scale", 1, "real seconds per simulated second (0.1 runs 10x faster)")
 	f.Uint64Var(&seed, "seed", 1, "seed of the error-rate fault's random choices")
 	f.IntVar(&defaultMaxTokens, "default-max-tokens", 128, "output tokens when a request sets no max_tokens")
@@ -183,4 +194,18 @@ while after they start, as a server loading its model does.`,
 	f.IntVar(&prof.BlockSize, "block-size", d.BlockSize, "standalone profile: KV block size in tokens")
 	f.IntVar(&prof.MaxContextTokens, "max-context-tokens", d.MaxContextTokens, "standalone profile: context limit (vLLM max_model_len)")
 	return cmd
+}
+
+// serveAdmin starts the faults admin listener until the command's context
+// ends ("" = none) and prints its address.
+func serveAdmin(cmd *cobra.Command, addr string, engines []*enginesim.Server) error {
+	if addr == "" {
+		return nil
+	}
+	bound, _, err := enginesim.ServeAdmin(cmd.Context(), addr, engines)
+	if err != nil {
+		return fmt.Errorf("--admin-listen: %w", err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "admin http://%s/admin/engines\n", bound)
+	return nil
 }

@@ -14,12 +14,12 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 func init() { rootCmd.AddCommand(newExplainKeyCmd()) }
@@ -30,6 +30,7 @@ func newExplainKeyCmd() *cobra.Command {
 		policyFile, controlPlane, nodeID, path, session, residency string
 		asJSON                                                     bool
 		timeout                                                    time.Duration
+		cpAuth                                                     auth.Client
 	)
 	cmd := &cobra.Command{
 		Use:   "explain-key [BODY_FILE]",
@@ -47,7 +48,7 @@ The policy comes from a file (--policy-file, protobuf JSON, as
 control plane over ADS (--control-plane with --node-id).
 
   inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json
-  inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --session s-42 < examples/request-shared-preamble.json`,
+  inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (policyFile == "") == (controlPlane == "") {
@@ -62,7 +63,7 @@ control plane over ADS (--control-plane with --node-id).
 				if rp, err = service.LoadPolicyFile(policyFile); err != nil {
 					return err
 				}
-			} else if rp, err = fetchPolicy(cmd.Context(), controlPlane, nodeID, timeout); err != nil {
+			} else if rp, err = fetchPolicy(cmd.Context(), controlPlane, nodeID, cpAuth, timeout); err != nil {
 				return err
 			}
 			p, err := extproc.Compile(rp, nil)
@@ -102,6 +103,7 @@ control plane over ADS (--control-plane with --node-id).
 	f := cmd.Flags()
 	f.StringVar(&policyFile, "policy-file", "", "RoutingPolicy in protobuf JSON")
 	f.StringVar(&controlPlane, "control-plane", "", "read the node's policy from this control plane's ADS address")
+	controlPlaneAuthFlags(f, &cpAuth)
 	f.StringVar(&nodeID, "node-id", "", "the frontend node whose policy to read (with --control-plane)")
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the control plane's policy (a control plane that just started publishes after its warm-up)")
 	f.StringVar(&path, "path", "/v1/chat/completions", "the request's path: /v1/chat/completions or /v1/completions")
@@ -113,8 +115,12 @@ control plane over ADS (--control-plane with --node-id).
 
 // fetchPolicy subscribes to a node's RoutingPolicy over ADS and returns the
 // first one received.
-func fetchPolicy(ctx context.Context, addr, node string, timeout time.Duration) (*policyv1.RoutingPolicy, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func fetchPolicy(ctx context.Context, addr, node string, creds auth.Client, timeout time.Duration) (*policyv1.RoutingPolicy, error) {
+	dial, err := creds.DialOptions()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("--control-plane %s: %w", addr, err)
 	}

@@ -20,6 +20,7 @@ func init() {
 	var (
 		cfg                                service.Config
 		logLevel, printBootstrap, fallback string
+		authFilters                        string
 		cpuProfile                         string
 		gcPercent                          int
 		envoyPort                          int
@@ -41,12 +42,20 @@ from the control plane over ADS (--control-plane, --node-id); --policy-file
 gives one (protobuf JSON RoutingPolicy) to use until the first arrives, or
 alone without a control plane.
 
+The control plane's port is authenticated: give this instance its
+credentials (mutual TLS: --control-plane-ca, --control-plane-cert,
+--control-plane-key; or its shared token: --control-plane-token-file; or
+both), or --insecure for a local demo. --control-plane may list several
+replicas, separated by commas: the policy comes from one at a time, reports
+go to all.
+
 --print-bootstrap prints a frontend Envoy bootstrap that uses this service
-and the control plane, for --node-id in --region, and exits.`,
-		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west
+and the control plane, for --node-id in --region, with the same
+control-plane credentials for Envoy's ADS connection, and exits.`,
+		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure
   inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
   inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west \
-      --control-plane 127.0.0.1:18000 --envoy-port 10000`,
+      --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel)
@@ -65,8 +74,13 @@ and the control plane, for --node-id in --region, and exits.`,
 			if cfg.ShutdownGrace <= 0 {
 				return fmt.Errorf("--shutdown-grace must be positive, got %v", cfg.ShutdownGrace)
 			}
+			if cfg.ControlPlane != "" {
+				if err := cfg.Auth.Validate(); err != nil {
+					return err
+				}
+			}
 			if printBootstrap != "" {
-				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, envoyPort)
+				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, authFilters, envoyPort)
 			}
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
@@ -97,7 +111,11 @@ and the control plane, for --node-id in --region, and exits.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:9002", "ext_proc gRPC address (Envoy connects here)")
 	f.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:9102", "address for /metrics, /healthz and /policy (empty: off)")
-	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports); empty: none")
+	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports), or its replicas' separated by commas; empty: none")
+	controlPlaneAuthFlags(f, &cfg.Auth)
+	f.StringVar(&cfg.ClientPriorities, "client-priorities", "", "YAML file of the priorities each client may use, by a header your authentication layer sets (docs/operations.md)")
+	f.StringVar(&authFilters, "auth-filters", "", "with --print-bootstrap: YAML list of HTTP filters (your authentication) put before ext_proc; they set the --client-priorities header")
+	f.DurationVar(&cfg.MaxRequestAge, "max-request-age", extproc.DefaultMaxRequestAge, "an admitted request whose end Envoy's access log never reports gives back its in-flight slot after this long")
 	f.StringVar(&cfg.NodeID, "node-id", "", "frontend node id (the RoutingPolicy resource name)")
 	f.StringVar(&cfg.Region, "region", "", "frontend region (sent as node locality)")
 	f.StringVar(&cfg.Instance, "instance", "", "instance name in reports (default host-pid)")
@@ -116,7 +134,7 @@ and the control plane, for --node-id in --region, and exits.`,
 	rootCmd.AddCommand(cmd)
 }
 
-func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback string, envoyPort int) error {
+func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters string, envoyPort int) error {
 	eh, ep, err := splitHostPort(cfg.Listen, "--listen")
 	if err != nil {
 		return err
@@ -129,13 +147,42 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	if cfg.NodeID == "" || cfg.Region == "" {
 		return fmt.Errorf("--print-bootstrap needs --node-id and --region (the Envoy node's id and locality), got %q and %q", cfg.NodeID, cfg.Region)
 	}
-	xh, xp, err := splitHostPort(cfg.ControlPlane, "--control-plane")
+	cps, err := service.SplitAddresses(cfg.ControlPlane)
 	if err != nil {
 		return err
 	}
+	xh, xp, err := splitHostPort(cps[0], "--control-plane")
+	if err != nil {
+		return err
+	}
+	token, err := cfg.Auth.Token()
+	if err != nil {
+		return err
+	}
+	var clientHeader, filters string
+	if cfg.ClientPriorities != "" {
+		cp, err := extproc.LoadClientPriorities(cfg.ClientPriorities)
+		if err != nil {
+			return err
+		}
+		clientHeader = cp.Header
+	}
+	if authFilters != "" {
+		if clientHeader == "" {
+			return fmt.Errorf("--auth-filters: give --client-priorities too (the filters set its header)")
+		}
+		b, err := os.ReadFile(authFilters)
+		if err != nil {
+			return fmt.Errorf("--auth-filters: %w", err)
+		}
+		filters = string(b)
+	}
 	y, err := envoyconfigs.Render(envoyconfigs.Params{
 		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
-		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
+		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
+		XDSAuth: envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
+			ServerName: cfg.Auth.ServerName},
+		ClientHeader: clientHeader, AuthFilters: filters,
 	})
 	if err != nil {
 		return err

@@ -176,6 +176,61 @@ func TestReporter(t *testing.T) {
 	}
 }
 
+// With replicas, every report goes to each of them: one that is down does
+// not delay the other, and gets what it missed (merged) when it is back.
+func TestReporterReplicas(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	a, b := cpfake.Start(t, ""), cpfake.Start(t, "")
+	var conns []grpc.ClientConnInterface
+	for _, cp := range []*cpfake.ControlPlane{a, b} {
+		c, err := grpc.NewClient(cp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	var mu sync.Mutex
+	n := 0
+	flush := func(now time.Time) *policyv1.ReportRequest {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		return &policyv1.ReportRequest{IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
+			Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 1}}}
+	}
+	r := &cpclient.Reporter{Conns: conns, NodeID: "n1", Instance: "i1", Interval: 20 * time.Millisecond, Flush: flush, Logger: quiet}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	poll(t, 5*time.Second, "reports at both", func() bool { return len(a.Reports()) >= 2 && len(b.Reports()) >= 2 })
+	bAddr := b.Addr
+	b.Stop()
+	got := len(a.Reports())
+	poll(t, 5*time.Second, "reports at a while b is down", func() bool { return len(a.Reports()) >= got+5 })
+	b2 := cpfake.Start(t, bAddr)
+	poll(t, 10*time.Second, "reports at b after its restart", func() bool { return len(b2.Reports()) >= 1 })
+	cancel()
+	<-done
+	b2.Stop()
+	a.Stop()
+	sum := func(reps []*policyv1.ReportRequest) (s uint64) {
+		for _, rep := range reps {
+			for _, d := range rep.Demand {
+				s += d.Requests
+			}
+		}
+		return s
+	}
+	mu.Lock()
+	flushed := uint64(n)
+	mu.Unlock()
+	// Each replica heard every interval (but perhaps the last, at shutdown).
+	if ta, tb := sum(a.Reports()), sum(b.Reports())+sum(b2.Reports()); ta+1 < flushed || tb+1 < flushed {
+		t.Fatalf("flushed %d intervals; replica a heard %d, b %d", flushed, ta, tb)
+	}
+}
+
 func TestMerge(t *testing.T) {
 	a := &policyv1.ReportRequest{IntervalStart: timestamppb.New(time.Unix(1, 0)),
 		Demand:  []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 1, Shed: 1}},

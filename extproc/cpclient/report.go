@@ -5,18 +5,27 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 )
 
-// Reporter sends one ReportRequest per interval. A report that could not be
-// sent is merged into the next one (counts add up), for at most MaxBacklog;
-// older evidence is dropped as stale.
+// Reporter sends one ReportRequest per interval, to every control-plane
+// replica: each computes the weights from the demand it hears, so each must
+// hear all of it. A report that could not be sent to a replica is merged
+// into the next one for that replica (counts add up), for at most
+// MaxBacklog; older evidence is dropped as stale.
 type Reporter struct {
+	// Conn is the control plane; Conns, if set, are its replicas (Conn is
+	// then ignored).
 	Conn             grpc.ClientConnInterface
+	Conns            []grpc.ClientConnInterface
 	NodeID, Instance string
 	// Interval between reports (default 1 s).
 	Interval time.Duration
@@ -27,9 +36,14 @@ type Reporter struct {
 	Flush func(now time.Time) *policyv1.ReportRequest
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
-	// Sent, if set, is called after each successful report (tests, metrics).
+	// Sent, if set, is called after each successful report to a replica
+	// (concurrently, one call per replica reached).
 	Sent func(*policyv1.ReportRequest)
+}
 
+// target is one replica and its unsent backlog.
+type target struct {
+	client  policyv1.ReportsClient
 	pending *policyv1.ReportRequest
 }
 
@@ -44,41 +58,67 @@ func (r *Reporter) Run(ctx context.Context) error {
 	if r.MaxBacklog <= 0 {
 		r.MaxBacklog = 30 * time.Second
 	}
-	client := policyv1.NewReportsClient(r.Conn)
+	conns := r.Conns
+	if len(conns) == 0 {
+		conns = []grpc.ClientConnInterface{r.Conn}
+	}
+	targets := make([]*target, len(conns))
+	for i, c := range conns {
+		targets[i] = &target{client: policyv1.NewReportsClient(c)}
+	}
 	t := time.NewTicker(r.Interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			fctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			r.once(fctx, client, time.Now())
+			r.once(fctx, targets, time.Now())
 			cancel()
 			return nil
 		case now := <-t.C:
 			cctx, cancel := context.WithTimeout(ctx, r.Interval)
-			r.once(cctx, client, now)
+			r.once(cctx, targets, now)
 			cancel()
 		}
 	}
 }
 
-func (r *Reporter) once(ctx context.Context, client policyv1.ReportsClient, now time.Time) {
+// once flushes one interval and sends it to every replica at once (a
+// replica that does not answer does not delay the others).
+func (r *Reporter) once(ctx context.Context, targets []*target, now time.Time) {
 	rep := r.Flush(now)
 	rep.NodeId, rep.Instance = r.NodeID, r.Instance
-	if r.pending != nil {
-		if now.Sub(r.pending.GetIntervalStart().AsTime()) > r.MaxBacklog {
-			r.Logger.Warn("dropping unsent report backlog", "since", r.pending.GetIntervalStart().AsTime())
+	var wg sync.WaitGroup
+	for i, tg := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.send(ctx, i, tg, rep, now)
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Reporter) send(ctx context.Context, i int, tg *target, rep *policyv1.ReportRequest, now time.Time) {
+	if tg.pending != nil {
+		if now.Sub(tg.pending.GetIntervalStart().AsTime()) > r.MaxBacklog {
+			r.Logger.Warn("dropping unsent report backlog", "replica", i, "since", tg.pending.GetIntervalStart().AsTime())
 		} else {
-			rep = Merge(r.pending, rep)
+			rep = Merge(tg.pending, rep)
 		}
-		r.pending = nil
+		tg.pending = nil
 	}
 	if len(rep.Demand) == 0 && len(rep.Engines) == 0 && len(rep.Prefixes) == 0 {
 		return // nothing seen: a heartbeat would carry no information
 	}
-	if _, err := client.Report(ctx, rep); err != nil {
-		r.Logger.Warn("report failed; will merge into the next", "err", err)
-		r.pending = rep
+	if _, err := tg.client.Report(ctx, rep); err != nil {
+		if status.Code(err) == codes.InvalidArgument || status.Code(err) == codes.Unauthenticated {
+			// Refused, not lost: sending it again would be refused again.
+			r.Logger.Error("report refused by the control plane", "replica", i, "err", err)
+			return
+		}
+		r.Logger.Warn("report failed; will merge into the next", "replica", i, "err", err)
+		tg.pending = rep
 		return
 	}
 	if r.Sent != nil {
@@ -111,10 +151,13 @@ func Merge(a, b *policyv1.ReportRequest) *policyv1.ReportRequest {
 			x.Errors += e.Errors
 			x.HeaderLatencySumSeconds += e.HeaderLatencySumSeconds
 			x.HeaderLatencyCount += e.HeaderLatencyCount
+			x.Completed += e.Completed
+			x.CompletionSecondsSum += e.CompletionSecondsSum
+			x.CompletionPromptTokens += e.CompletionPromptTokens
+			x.CompletionOutputTokens += e.CompletionOutputTokens
 			continue
 		}
-		c := &policyv1.EngineEvidence{Address: e.Address, EngineId: e.EngineId, Responses: e.Responses, Errors: e.Errors,
-			HeaderLatencySumSeconds: e.HeaderLatencySumSeconds, HeaderLatencyCount: e.HeaderLatencyCount}
+		c := proto.Clone(e).(*policyv1.EngineEvidence)
 		em[e.Address] = c
 		out.Engines = append(out.Engines, c)
 	}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,14 +21,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 // streamWorkers is the size of the gRPC server's stream worker pool: above
@@ -65,9 +68,20 @@ type Config struct {
 	Listen string
 	// HTTPListen serves /metrics, /healthz and /policy ("" = off).
 	HTTPListen string
-	// ControlPlane is the control plane's gRPC address ("" = none: the
-	// policy file is all there is).
+	// ControlPlane is the control plane's gRPC address, or its replicas'
+	// addresses separated by commas ("" = none: the policy file is all
+	// there is). The policy comes from one replica at a time (another when
+	// it goes away); reports go to all of them.
 	ControlPlane string
+	// Auth is this instance's credential for the control plane's port. It
+	// must be set, or say Insecure explicitly.
+	Auth auth.Client
+	// MaxRequestAge bounds how long an admitted request holds its in-flight
+	// slot without Envoy's access log reporting its end (0: the default).
+	MaxRequestAge time.Duration
+	// ClientPriorities is a file of the priorities each client may use
+	// (extproc.ClientPriorities; "" = no restriction).
+	ClientPriorities string
 	// NodeID and Region: the frontend node this instance serves.
 	NodeID, Region string
 	// Instance names this process in reports (default host-pid).
@@ -119,6 +133,20 @@ func LoadPolicyFile(path string) (*policyv1.RoutingPolicy, error) {
 	return p, nil
 }
 
+// SplitAddresses splits a comma-separated list of control-plane addresses
+// (host:port each).
+func SplitAddresses(list string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(list, ",") {
+		a = strings.TrimSpace(a)
+		if _, p, err := net.SplitHostPort(a); err != nil || p == "" {
+			return nil, fmt.Errorf("--control-plane %q: %q is not host:port", list, a)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
 // Run serves until ctx is cancelled, then stops gracefully.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
@@ -153,11 +181,33 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var cps []string
+	var dial []grpc.DialOption
+	if cfg.ControlPlane != "" {
+		var err error
+		if cps, err = SplitAddresses(cfg.ControlPlane); err != nil {
+			return err
+		}
+		if dial, err = cfg.Auth.DialOptions(); err != nil {
+			return err
+		}
+		if cfg.Auth.TokenFile != "" && !cfg.Auth.TLS() {
+			log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
+		}
+	}
+	var clients *extproc.ClientPriorities
+	if cfg.ClientPriorities != "" {
+		var err error
+		if clients, err = extproc.LoadClientPriorities(cfg.ClientPriorities); err != nil {
+			return err
+		}
+	}
 	toks, err := LoadTokenizers(cfg.Tokenizers, log)
 	if err != nil {
 		return err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, Tokenizers: toks})
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+		ClientPriorities: clients, Tokenizers: toks})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
 		if err != nil {
@@ -188,16 +238,37 @@ func Run(ctx context.Context, cfg Config) error {
 	}()
 
 	var sub *cpclient.Subscriber
-	if cfg.ControlPlane != "" {
-		conn, err := grpc.NewClient(cfg.ControlPlane, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if len(cps) > 0 {
+		// The policy: one connection over every replica (pick-first: when
+		// the replica in use goes away, the resubscription goes to the
+		// next). Reports: one connection per replica.
+		res := manual.NewBuilderWithScheme("inferlb-cp")
+		var rs resolver.State
+		for _, a := range cps {
+			host, _, _ := net.SplitHostPort(a)
+			rs.Addresses = append(rs.Addresses, resolver.Address{Addr: a, ServerName: host})
+		}
+		res.InitialState(rs)
+		conn, err := grpc.NewClient(res.Scheme()+":///control-plane", append(dial, grpc.WithResolvers(res))...)
 		if err != nil {
 			g.Stop()
 			wg.Wait()
 			return err
 		}
 		defer conn.Close()
+		var repConns []grpc.ClientConnInterface
+		for _, a := range cps {
+			c, err := grpc.NewClient(a, dial...)
+			if err != nil {
+				g.Stop()
+				wg.Wait()
+				return err
+			}
+			defer c.Close()
+			repConns = append(repConns, c)
+		}
 		sub = &cpclient.Subscriber{Conn: conn, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
-		rep := &cpclient.Reporter{Conn: conn, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
+		rep := &cpclient.Reporter{Conns: repConns, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
 			Flush: srv.Observer().Flush, Logger: log}
 		wg.Add(2)
 		go func() { defer wg.Done(); _ = sub.Run(ctx) }()
@@ -216,15 +287,16 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		httpAddr = hl.Addr().String()
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		// Read-only: GET (and HEAD) only; anything else is 405.
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if srv.Policy() == nil {
 				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
 				return
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		mux.HandleFunc("/policy", func(w http.ResponseWriter, _ *http.Request) {
+		mux.HandleFunc("GET /policy", func(w http.ResponseWriter, _ *http.Request) {
 			p := srv.Policy()
 			if p == nil {
 				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)

@@ -24,6 +24,7 @@ import (
 	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -79,7 +80,7 @@ func TestRun(t *testing.T) {
 	_, h, stop := startService(t, &policyv1.RoutingPolicy{NodeId: "n1", Version: "file",
 		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}},
 		service.Config{HTTPListen: "127.0.0.1:0", ControlPlane: cp.Addr, NodeID: "n1", BodyLimit: 1 << 20,
-			ReportInterval: 50 * time.Millisecond})
+			ReportInterval: 50 * time.Millisecond, Auth: auth.Client{Insecure: true}})
 	if code, body := get(t, "http://"+h+"/policy"); code != 200 || !strings.Contains(body, `"version":"file"`) {
 		t.Fatalf("policy: %d %s", code, body)
 	}
@@ -100,6 +101,17 @@ func TestRun(t *testing.T) {
 	}
 	if _, m := get(t, "http://"+h+"/metrics"); !strings.Contains(m, `inferlb_extproc_policy_info{version="cp-7"} 1`) {
 		t.Fatalf("metrics lack the policy version")
+	}
+	// The admin port is read-only: POST and friends are 405, not GET.
+	for _, path := range []string{"/healthz", "/metrics", "/policy"} {
+		resp, err := http.Post("http://"+h+path, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Errorf("POST %s: %d, want 405", path, resp.StatusCode)
+		}
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)

@@ -77,6 +77,7 @@ type Options struct {
 // ports lays out the demo's listeners from a base port.
 type ports struct {
 	xds, cpAdmin int
+	simAdmin     int   // the engine simulator's faults admin API
 	envoy        []int // per frontend, client-facing
 	envoyAdmin   []int
 	extproc      []int
@@ -84,7 +85,7 @@ type ports struct {
 }
 
 func layout(base, frontends int) ports {
-	p := ports{xds: base, cpAdmin: base + 1}
+	p := ports{xds: base, cpAdmin: base + 1, simAdmin: base + 2}
 	for k := 0; k < frontends; k++ {
 		p.envoy = append(p.envoy, base+10+k)
 		p.envoyAdmin = append(p.envoyAdmin, base+20+k)
@@ -95,7 +96,7 @@ func layout(base, frontends int) ports {
 }
 
 func (p ports) all() []int {
-	out := []int{p.xds, p.cpAdmin}
+	out := []int{p.xds, p.cpAdmin, p.simAdmin}
 	out = append(out, p.envoy...)
 	out = append(out, p.envoyAdmin...)
 	out = append(out, p.extproc...)
@@ -188,7 +189,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	// 1. Engines (one process serves all of them).
 	if err := sup.start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
-		"--time-scale", fmt.Sprint(o.TimeScale)); err != nil {
+		"--time-scale", fmt.Sprint(o.TimeScale), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.simAdmin)); err != nil {
 		return nil, err
 	}
 	// 2. Control plane.
@@ -196,7 +197,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
 		"--xds-listen", fmt.Sprintf("127.0.0.1:%d", pt.xds),
 		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.cpAdmin),
-		"--interval", o.ControlInterval.String(),
+		"--interval", o.ControlInterval.String(), "--insecure",
 		"--state-file", filepath.Join(o.OutDir, "control-plane-state.json")); err != nil {
 		return nil, err
 	}
@@ -208,7 +209,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			"--listen", fmt.Sprintf("127.0.0.1:%d", pt.extproc[k]),
 			"--http-listen", fmt.Sprintf("127.0.0.1:%d", pt.extprocHTTP[k]),
 			"--control-plane", fmt.Sprintf("127.0.0.1:%d", pt.xds),
-			"--node-id", f.NodeID, "--region", f.Region, "--instance", "demo-"+f.Name); err != nil {
+			"--node-id", f.NodeID, "--region", f.Region, "--instance", "demo-"+f.Name, "--insecure"); err != nil {
 			return nil, err
 		}
 		boot, err := envoyconfigs.Render(envoyconfigs.Params{
@@ -307,7 +308,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			failEngine(viewCtx, log, o, failAddr, start)
+			failEngine(viewCtx, log, o, fmt.Sprintf("127.0.0.1:%d", pt.simAdmin), start)
 		}()
 	}
 	if o.View != nil {
@@ -365,8 +366,8 @@ func priorityMix(spec *fleet.Spec) string {
 func (o Options) wall(d time.Duration) time.Duration { return time.Duration(float64(d) * o.TimeScale) }
 
 // failEngine crashes the engine at o.FailAfter (engines' time) through the
-// simulator's admin API, to come back o.FailFor later.
-func failEngine(ctx context.Context, log *slog.Logger, o Options, addr string, start time.Time) {
+// simulator's admin API (its own listener), to come back o.FailFor later.
+func failEngine(ctx context.Context, log *slog.Logger, o Options, admin string, start time.Time) {
 	t := time.NewTimer(time.Until(start.Add(o.wall(o.FailAfter))))
 	defer t.Stop()
 	select {
@@ -375,7 +376,7 @@ func failEngine(ctx context.Context, log *slog.Logger, o Options, addr string, s
 	case <-t.C:
 	}
 	body := fmt.Sprintf(`{"crash": true, "restart_after_s": %g}`, o.FailFor.Seconds())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/admin/faults", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+admin+"/admin/engines/"+o.FailEngine+"/faults", strings.NewReader(body))
 	if err != nil {
 		log.Error("demo: engine failure", "err", err)
 		return

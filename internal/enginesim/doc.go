@@ -24,14 +24,18 @@
 //	defer fl.Close()
 //	url := fl.Server("h100-us-east-0").URL()
 //
-// Faults are set with Server.SetFaults (or POST /admin/faults); Server.Restart
-// brings a crashed engine back. Servers stop when ctx is cancelled or on Close.
+// Faults are set with Server.SetFaults, or over HTTP on an admin listener of
+// their own (AdminHandler, ServeAdmin; never on an engine's API port);
+// Server.Restart brings a crashed engine back. Servers stop when ctx is cancelled or on Close.
 //
 // # Endpoints
 //
 //	POST /v1/chat/completions, /v1/completions   streaming (SSE) or not
 //	GET  /v1/models, /health, /metrics
-//	GET|POST|DELETE /admin/faults                 {error_rate, slowdown, hang, health_fail, crash, restart_after_s}
+//
+// and on the admin listener:
+//
+//	GET|POST|DELETE /admin/engines/{id}/faults    {error_rate, slowdown, hang, health_fail, crash, restart_after_s}
 //
 // # Simulation rules
 //

@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -231,20 +232,72 @@ func (s *Server) postFaults(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("%v", err))
 		return
 	}
-	if f.Crash {
-		// Answer first; the connection drops with the crash.
-		writeJSON(w, 200, f)
-		if fl, ok := w.(http.Flusher); ok {
-			fl.Flush()
-		}
-	}
 	if err := s.SetFaults(f); err != nil {
-		if !f.Crash {
-			writeError(w, &apiError{status: 500, typ: "InternalServerError", message: err.Error()})
-		}
+		writeError(w, &apiError{status: 500, typ: "InternalServerError", message: err.Error()})
 		return
 	}
-	if !f.Crash {
-		writeJSON(w, 200, s.Faults())
+	writeJSON(w, 200, s.Faults())
+}
+
+// AdminHandler serves the engines' faults on an admin listener of its own,
+// apart from the OpenAI API: a client of the API (or anyone who can reach
+// an engine's port) must not be able to crash or slow it.
+//
+//	GET                  /admin/engines               the engines, by id, with their URLs
+//	GET | POST | DELETE  /admin/engines/{id}/faults   one engine's faults (body: Faults JSON)
+//	GET | POST | DELETE  /admin/faults                the same, when there is one engine
+func AdminHandler(engines []*Server) http.Handler {
+	byID := map[string]*Server{}
+	for _, e := range engines {
+		byID[e.ID()] = e
 	}
+	mux := http.NewServeMux()
+	one := func(h func(*Server, http.ResponseWriter, *http.Request)) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			id := r.PathValue("id")
+			e, ok := byID[id]
+			if id == "" && len(engines) == 1 {
+				e, ok = engines[0], true
+			}
+			if !ok {
+				writeError(w, &apiError{status: 404, typ: "NotFoundError", message: fmt.Sprintf("no engine %q here", id)})
+				return
+			}
+			h(e, w, r)
+		}
+	}
+	for _, p := range []string{"/admin/engines/{id}/faults", "/admin/faults"} {
+		if p == "/admin/faults" && len(engines) != 1 {
+			continue
+		}
+		mux.Handle("GET "+p, one((*Server).getFaults))
+		mux.Handle("POST "+p, one((*Server).postFaults))
+		mux.Handle("DELETE "+p, one((*Server).deleteFaults))
+	}
+	mux.HandleFunc("GET /admin/engines", func(w http.ResponseWriter, _ *http.Request) {
+		type eng struct {
+			ID  string `json:"id"`
+			URL string `json:"url"`
+		}
+		out := []eng{}
+		for _, e := range engines {
+			out = append(out, eng{e.ID(), e.URL()})
+		}
+		writeJSON(w, 200, out)
+	})
+	return mux
+}
+
+// ServeAdmin serves AdminHandler on addr until ctx ends; it returns the
+// bound address and a function that waits for the server to stop.
+func ServeAdmin(ctx context.Context, addr string, engines []*Server) (string, func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("enginesim: admin listener: %w", err)
+	}
+	srv := &http.Server{Handler: AdminHandler(engines), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	stop := context.AfterFunc(ctx, func() { _ = srv.Close() })
+	return ln.Addr().String(), func() { stop(); _ = srv.Close(); <-done }, nil
 }

@@ -24,9 +24,6 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("GET /health_generate", s.health)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer(), promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /admin/faults", s.getFaults)
-	mux.HandleFunc("POST /admin/faults", s.postFaults)
-	mux.HandleFunc("DELETE /admin/faults", s.deleteFaults)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: 404, typ: "NotFoundError", message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
 	})

@@ -416,8 +416,26 @@ func TestFaults(t *testing.T) {
 	defer leaktest.AfterTest(t)()
 	s := start(t, Options{TimeScale: 0.2, Seed: 7})
 	defer s.Close()
+	// Faults are on an admin listener of their own, not on the API port.
+	adminURL, stopAdmin, err := ServeAdmin(context.Background(), "127.0.0.1:0", []*Server{s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAdmin()
+	adminURL = "http://" + adminURL
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		req, _ := http.NewRequest(m, s.URL()+"/admin/faults", strings.NewReader(`{"crash":true}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 404 {
+			t.Fatalf("%s /admin/faults on the API port: %d, want 404", m, resp.StatusCode)
+		}
+	}
 	admin := func(body string) (int, string) {
-		resp, err := http.Post(s.URL()+"/admin/faults", "application/json", strings.NewReader(body))
+		resp, err := http.Post(adminURL+"/admin/faults", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -453,7 +471,7 @@ func TestFaults(t *testing.T) {
 		if fails < 10 || fails > 30 {
 			t.Errorf("%d of 40 failed at error_rate 0.5", fails)
 		}
-		resp, _ := http.Get(s.URL() + "/admin/faults")
+		resp, _ := http.Get(adminURL + "/admin/engines/" + s.ID() + "/faults")
 		var f Faults
 		decode(t, resp, 200, &f)
 		if f.ErrorRate != 0.5 || f.Slowdown != 1 {

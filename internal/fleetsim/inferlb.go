@@ -357,8 +357,12 @@ func (x *inferlb) Attempted(p *request, failed bool) {
 	st := p.state.(*decided)
 	st.cl.release(p)
 	if failed {
-		// Envoy's upstream log reaches ext_proc's access-log service.
-		x.dec[p.front.ix].Failed(x.s.spec.Engines[p.engine].Address)
+		// Envoy's upstream log reaches ext_proc's access-log service: a
+		// failed attempt, charged as a retry if the request has one left
+		// (Envoy then retries), and evidence against the engine.
+		d := x.dec[p.front.ix]
+		d.ChargeRetry(&st.dc)
+		d.Failed(x.s.spec.Engines[p.engine].Address)
 	}
 }
 
@@ -367,15 +371,16 @@ func (x *inferlb) Done(p *request, out outcome) {
 	if !ok {
 		return
 	}
+	// Envoy's request log reports the end: the in-flight slot is freed,
+	// and a served request is evidence with its upstream timing (response
+	// headers come back a round trip after sending, as engines stream at
+	// once; the last byte a one-way delay after the last token).
 	d := x.dec[p.front.ix]
-	code := 200
-	if out != outcomeServed {
-		code = 503
-	}
-	if p.engine >= 0 {
-		d.Responded(&st.dc, x.s.spec.Engines[p.engine].Address, code, p.attempt, 2*p.front.owd[p.engine])
-	}
 	d.Release(&st.dc)
+	if out == outcomeServed && p.engine >= 0 {
+		owd := p.front.owd[p.engine]
+		d.Finished(&st.dc, x.s.spec.Engines[p.engine].Address, 200, 2*owd, p.mr.LastToken-p.mr.Arrival+2*owd, true)
+	}
 }
 
 func (x *inferlb) HealthChanged(int) {

@@ -41,9 +41,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/xds/auth"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
@@ -62,6 +64,10 @@ type Config struct {
 	// VersionPrefix distinguishes this process's RoutingPolicy cache
 	// versions from a previous process's (the LinearCache counts from 0).
 	VersionPrefix string
+	// Auth secures the port (mutual TLS and/or a bearer token); it must be
+	// set, or say Insecure explicitly. Refused calls and handshakes are
+	// logged and counted in inferlb_xds_auth_failures_total{method}.
+	Auth auth.Server
 }
 
 // Server is the xDS + Reports gRPC server.
@@ -136,6 +142,9 @@ type metrics struct {
 	streams   prometheus.Gauge
 	publishes *prometheus.CounterVec
 	reports   prometheus.Counter
+	// rejected reports by reason; refused calls by method.
+	reportsRejected *prometheus.CounterVec
+	authFailures    *prometheus.CounterVec
 }
 
 // New builds a server; call Serve to run it.
@@ -179,18 +188,34 @@ func New(cfg Config) (*Server, error) {
 			Help: "Resource sets published, by what changed (cds, eds, policy)."}, []string{"what"}),
 		reports: prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_reports_total",
 			Help: "Reports calls received from ext_proc instances."}),
+		reportsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_reports_rejected_total",
+			Help: "Reports refused as implausible or malformed (InvalidArgument), by reason."}, []string{"reason"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_xds_auth_failures_total",
+			Help: "Calls and TLS handshakes refused for missing or wrong credentials, by gRPC method (tls-handshake for the handshake)."}, []string{"method"}),
 	}
-	for _, c := range []prometheus.Collector{s.m.nacks, s.m.acks, s.m.streams, s.m.publishes, s.m.reports} {
+	for _, c := range []prometheus.Collector{s.m.nacks, s.m.acks, s.m.streams, s.m.publishes, s.m.reports, s.m.reportsRejected, s.m.authFailures} {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("xds server metrics: %w", err)
 		}
 	}
 	s.xds = serverv3.NewServer(context.Background(), mux, s.callbacks())
-	s.grpc = grpc.NewServer(
-		grpc.MaxConcurrentStreams(1<<20),
+	a := cfg.Auth
+	a.Reject = func(peer, method, reason string) {
+		s.m.authFailures.WithLabelValues(method).Inc()
+		lg.Warn("xds: unauthenticated call refused", "peer", peer, "method", method, "reason", reason)
+		if cfg.Auth.Reject != nil {
+			cfg.Auth.Reject(peer, method, reason)
+		}
+	}
+	authOpts, err := a.Options()
+	if err != nil {
+		return nil, fmt.Errorf("xds server: %w", err)
+	}
+	s.grpc = grpc.NewServer(append([]grpc.ServerOption{
+		grpc.MaxConcurrentStreams(1 << 20),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	}, authOpts...)...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, s.xds)
 	clusterservice.RegisterClusterDiscoveryServiceServer(s.grpc, s.xds)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(s.grpc, s.xds)
@@ -340,6 +365,18 @@ func (s *Server) Report(ctx context.Context, req *policyv1.ReportRequest) (*poli
 		return nil, status.Error(codes.InvalidArgument, "report: node_id is empty")
 	}
 	if err := s.reports.Report(ctx, req); err != nil {
+		reason := "invalid"
+		var re interface{ RejectReason() string }
+		if errors.As(err, &re) {
+			reason = re.RejectReason()
+		}
+		s.m.reportsRejected.WithLabelValues(reason).Inc()
+		addr := ""
+		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+			addr = p.Addr.String()
+		}
+		s.log.Warn("report rejected", "node", req.GetNodeId(), "instance", req.GetInstance(), "peer", addr,
+			"reason", reason, "err", err.Error())
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return &policyv1.ReportResponse{PolicyVersion: s.PolicyVersion(req.GetNodeId())}, nil

@@ -282,3 +282,191 @@ func TestIntake(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 }
+
+// Implausible reports are refused whole, with the bound they break named
+// (the forgeries: 2^64−1 requests, 10^9/s, timestamps in 1970 and a
+// century ahead, 1000 errors per engine without requests); plausible but
+// large ones are capped at the frontend's bound in the demand, per instance
+// and per node.
+func TestIntakePlausibility(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	in, err := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
+		Priorities: []string{"p"}, Now: func() time.Time { return now },
+		MaxRequestsPerS: map[string]float64{"fe": 100}, MaxInflight: map[string]float64{"fe": 10},
+		MaxAttempts: 3, MaxTokensPerRequest: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := func(inst string, req uint64, resp uint64) *policyv1.ReportRequest {
+		return &policyv1.ReportRequest{NodeId: "fe", Instance: inst,
+			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
+			Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: req, PromptTokens: req * 100, OutputTokens: req * 50}},
+			Engines: []*policyv1.EngineEvidence{{Address: "10.0.0.1:8000", Responses: resp, Errors: resp,
+				Completed: 0}}}
+	}
+	for name, tc := range map[string]struct {
+		r      *policyv1.ReportRequest
+		reason string
+		want   string
+	}{
+		"2^64-1 requests": {rep("a", math.MaxUint64, 0), "rate", "exceed the 100/s frontend fe can carry"},
+		"1e9 per second":  {rep("a", 1_000_000_000, 0), "rate", "exceed the 100/s"},
+		"1970": {func() *policyv1.ReportRequest {
+			r := rep("a", 1, 0)
+			r.IntervalStart, r.IntervalEnd = timestamppb.New(time.Unix(0, 0)), timestamppb.New(time.Unix(1, 0))
+			return r
+		}(), "clock", "from the control plane's clock"},
+		"a century ahead": {func() *policyv1.ReportRequest {
+			r := rep("a", 1, 0)
+			r.IntervalStart, r.IntervalEnd = timestamppb.New(now.AddDate(100, 0, 0)), timestamppb.New(now.AddDate(100, 0, 0).Add(time.Second))
+			return r
+		}(), "clock", "at most 10s is accepted"},
+		"interval from 1970 to now": {func() *policyv1.ReportRequest {
+			r := rep("a", 1, 0)
+			r.IntervalStart = timestamppb.New(time.Unix(0, 0))
+			return r
+		}(), "clock", "more than the 1m0s accepted"},
+		"tokens": {func() *policyv1.ReportRequest {
+			r := rep("a", 2, 0)
+			r.Demand[0].PromptTokens = 1 << 40
+			return r
+		}(), "tokens", "a request has at most 8192"},
+		// Credit: 3 attempts × 10 in flight = 30 responses without requests.
+		"1000 errors without requests": {rep("b", 0, 1000), "evidence", "1000 engine responses, more than its 0 admitted requests"},
+		"latency count": {func() *policyv1.ReportRequest {
+			r := rep("a", 2, 2)
+			r.Engines[0].HeaderLatencyCount = 3
+			return r
+		}(), "malformed", "may not exceed responses 2"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := in.Report(context.Background(), tc.r)
+			var rj *Rejection
+			if !errors.As(err, &rj) || rj.Reason != tc.reason || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want a %q rejection containing %q", err, tc.reason, tc.want)
+			}
+		})
+	}
+	// The credit carries: 30 responses in flight at start, then 3 per
+	// admitted request; beyond, refused.
+	if err := in.Report(context.Background(), rep("c", 0, 30)); err != nil {
+		t.Fatalf("responses of the requests in flight at start: %v", err)
+	}
+	if err := in.Report(context.Background(), rep("c", 5, 15)); err != nil {
+		t.Fatalf("3 responses per admitted request: %v", err)
+	}
+	if err := in.Report(context.Background(), rep("c", 0, 1)); err == nil {
+		t.Fatal("a response beyond the credit was accepted")
+	}
+	// Caps: two instances at 90/s each (each plausible) make 180/s: the
+	// node's demand counts its bound, 100/s.
+	for k := 0; k < 10; k++ {
+		now = now.Add(time.Second)
+		for _, inst := range []string{"x", "y"} {
+			if err := in.Report(context.Background(), rep(inst, 90, 0)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	d, _ := in.Snapshot(now)
+	if got := d[DemandKey{"fe", "c", "p"}].RequestsPerS; math.Abs(got-100) > 1e-6 {
+		t.Fatalf("node demand %.2f/s from two instances at 90/s each, want the bound 100/s", got)
+	}
+}
+
+// The evidence window accumulates first tokens across scrapes (one a
+// second makes 3 in 3 s, where one scrape never holds 3), forgets what is
+// older than the window, and the latency memory is cleared when the engine
+// restarts (counters go down, or it comes back from down) or has been idle
+// for IdleReset: a restarted engine is judged on what it does now.
+func TestTrackerEvidenceWindowAndResets(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tr := NewTracker(TrackerOptions{Smoothing: time.Second, StaleAfter: 3 * time.Second, EvidenceWindow: 5 * time.Second, IdleReset: 20 * time.Second}, []string{"e"})
+	// m: n first tokens so far, each 100 ms (slow), n·10 gaps of 50 ms.
+	m := func(n float64, running, waiting float64) Metrics {
+		return Metrics{Running: running, Waiting: waiting, TTFTSum: 0.1 * n, TTFTCount: n, ITLSum: 0.5 * n, ITLCount: 10 * n,
+			Success: n, PromptTokens: 100 * n, PrefixHits: 40 * n, GenTokens: 10 * n, PrefixQueries: 100 * n}
+	}
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for s := 0; s <= 3; s++ {
+		tr.Observe(Sample{ID: "e", At: at(s), Healthy: true, Metrics: m(float64(s), 2, 1)})
+	}
+	w := tr.Engines(at(3))[0].Window
+	if w.TTFTCount != 3 || math.Abs(w.TTFTMeanMs-100) > 1e-9 || w.ITLCount != 30 || math.Abs(w.TBOTMeanMs-50) > 1e-9 ||
+		w.Running != 2 || w.Waiting != 1 || math.Abs(w.CompletionsPerS-1) > 1e-9 || math.Abs(w.UncachedPromptPerS-60) > 1e-9 {
+		t.Fatalf("window after 3 s at one request a second: %+v", w)
+	}
+	// Ten seconds without traffic: the window is empty again.
+	for s := 4; s <= 13; s++ {
+		tr.Observe(Sample{ID: "e", At: at(s), Healthy: true, Metrics: m(3, 0, 0)})
+	}
+	if w := tr.Engines(at(13))[0].Window; w.TTFTCount != 0 {
+		t.Fatalf("window after 10 quiet seconds: %+v", w)
+	}
+	e := tr.Engines(at(13))[0]
+	if math.IsNaN(e.TTFTMs) {
+		t.Fatal("smoothed TTFT forgotten before the idle reset")
+	}
+	// Idle for more than 20 s: forgotten.
+	for s := 14; s <= 25; s++ {
+		tr.Observe(Sample{ID: "e", At: at(s), Healthy: true, Metrics: m(3, 0, 0)})
+	}
+	if e := tr.Engines(at(25))[0]; !math.IsNaN(e.TTFTMs) || !math.IsNaN(e.TBOTMs) || e.Resets != 1 || !strings.Contains(e.LastReset, "no first token") {
+		t.Fatalf("after 22 s idle: TTFT %v TBOT %v resets %d (%s)", e.TTFTMs, e.TBOTMs, e.Resets, e.LastReset)
+	}
+	// Traffic again, then a restart: counters start over.
+	tr.Observe(Sample{ID: "e", At: at(26), Healthy: true, Metrics: m(6, 1, 0)})
+	tr.Observe(Sample{ID: "e", At: at(27), Healthy: true, Metrics: m(8, 1, 0)})
+	if e := tr.Engines(at(27))[0]; math.IsNaN(e.TTFTMs) || e.Window.TTFTCount != 5 {
+		t.Fatalf("traffic after the idle reset: %+v", e)
+	}
+	tr.Observe(Sample{ID: "e", At: at(28), Healthy: true, Metrics: m(1, 1, 0)})
+	if e := tr.Engines(at(28))[0]; !math.IsNaN(e.TTFTMs) || e.Window.TTFTCount != 0 || e.Resets != 2 || !strings.Contains(e.LastReset, "counters reset") {
+		t.Fatalf("after a counter reset: %+v", e)
+	}
+	// Down, then up again (a restart whose counters happen to be higher).
+	tr.Observe(Sample{ID: "e", At: at(29), Healthy: true, Metrics: m(3, 1, 0)})
+	tr.Observe(Sample{ID: "e", At: at(30), HealthErr: errors.New("connection refused"), MetricsErr: errors.New("connection refused")})
+	tr.Observe(Sample{ID: "e", At: at(31), Healthy: true, Metrics: m(9, 1, 0)})
+	if e := tr.Engines(at(31))[0]; e.Status() != Up || !math.IsNaN(e.TTFTMs) || e.Resets != 3 || !strings.Contains(e.LastReset, "from down") {
+		t.Fatalf("back from down: %+v", e)
+	}
+}
+
+// Whatever a reporter sends, the intake neither panics nor lets a number
+// through that is not finite or that exceeds the frontend's bound.
+func FuzzIntakeReport(f *testing.F) {
+	f.Add(uint64(10), uint64(1), uint64(1000), uint64(500), uint64(8), uint64(1), 0.5, int64(-1), int64(0), uint64(3), 1.5)
+	f.Add(uint64(math.MaxUint64), uint64(0), uint64(0), uint64(0), uint64(1000), uint64(1000), math.Inf(1), int64(-1<<40), int64(1<<40), uint64(0), math.NaN())
+	f.Fuzz(func(t *testing.T, req, shed, pt, ot, resp, errs uint64, lat float64, startS, endS int64, completed uint64, compSec float64) {
+		now := time.Unix(1_800_000_000, 0)
+		in, err := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"}, Priorities: []string{"p"},
+			Now: func() time.Time { return now }, MaxRequestsPerS: map[string]float64{"fe": 100}, MaxInflight: map[string]float64{"fe": 10},
+			MaxTokensPerRequest: 8192})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &policyv1.ReportRequest{NodeId: "fe", Instance: "i",
+			IntervalStart: &timestamppb.Timestamp{Seconds: now.Unix() + startS}, IntervalEnd: &timestamppb.Timestamp{Seconds: now.Unix() + endS},
+			Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: req, Shed: shed, PromptTokens: pt, OutputTokens: ot}},
+			Engines: []*policyv1.EngineEvidence{{Address: "a:1", Responses: resp, Errors: errs, HeaderLatencySumSeconds: lat, HeaderLatencyCount: resp,
+				Completed: completed, CompletionSecondsSum: compSec}}}
+		_ = in.Report(context.Background(), r)
+		d, ev := in.Snapshot(now)
+		for k, x := range d {
+			for _, v := range []float64{x.RequestsPerS, x.ShedPerS, x.PromptTokens, x.OutputTokens} {
+				if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+					t.Fatalf("%v: %+v", k, x)
+				}
+			}
+			if x.RequestsPerS > 100+1e-9 {
+				t.Fatalf("%v: %.1f requests/s above the bound", k, x.RequestsPerS)
+			}
+		}
+		for a, e := range ev {
+			if math.IsNaN(e.Responses+e.Errors+e.HeaderLatencyMs+e.CompletionSeconds) || e.Errors > e.Responses {
+				t.Fatalf("%s: %+v", a, e)
+			}
+		}
+	})
+}

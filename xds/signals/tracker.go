@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"sort"
@@ -18,6 +19,15 @@ type TrackerOptions struct {
 	// StaleAfter: an engine without a successful metrics scrape for this
 	// long is Stale (its load is unknown, not zero).
 	StaleAfter time.Duration
+	// EvidenceWindow is how far back Engine.Window looks: the latency
+	// evidence penalties are judged on accumulates over this many seconds
+	// of scrapes (at 1 request/s, a 1-s scrape rarely holds 3 first
+	// tokens). 0 means 10 s.
+	EvidenceWindow time.Duration
+	// IdleReset: an engine that produced no first token for this long
+	// forgets its smoothed TTFT and TBOT (they describe a load long gone).
+	// 0 means 60 s.
+	IdleReset time.Duration
 }
 
 // State is the control plane's verdict on an engine.
@@ -66,6 +76,13 @@ type Engine struct {
 	// TTFTSamples counts first tokens seen in the last interval (evidence
 	// weight for the residual).
 	TTFTSamples float64 `json:"ttft_samples"`
+	// Window is the evidence of the last EvidenceWindow: histogram and
+	// counter deltas summed over the scrapes in it, gauges averaged.
+	Window Window `json:"window"`
+	// Resets counts the times the latency memory was cleared (restart,
+	// counter reset, long idle); LastReset says why the last one was.
+	Resets    int    `json:"latency_resets"`
+	LastReset string `json:"last_reset,omitempty"`
 	// QueueMs and E2EMs are the mean time requests waited to be scheduled
 	// and their mean end-to-end latency over recent intervals (NaN until
 	// seen). TTFTExcludesQueue is set once the engine's mean queue time
@@ -85,6 +102,36 @@ type Engine struct {
 	state State
 }
 
+// Window is an engine's evidence over the tracker's evidence window, from
+// the scrapes since the engine's last reset.
+type Window struct {
+	Seconds float64 `json:"seconds"`
+	// First tokens and inter-token gaps observed, with their means (ms;
+	// 0 without samples).
+	TTFTCount  float64 `json:"ttft_count"`
+	TTFTMeanMs float64 `json:"ttft_mean_ms"`
+	ITLCount   float64 `json:"itl_count"`
+	TBOTMeanMs float64 `json:"tbot_mean_ms"`
+	// Mean running and waiting requests over the scrapes.
+	Running float64 `json:"running"`
+	Waiting float64 `json:"waiting"`
+	// Rates over the window: requests finished, prompt tokens not served
+	// from the prefix cache, generated tokens.
+	CompletionsPerS    float64 `json:"completions_per_s"`
+	UncachedPromptPerS float64 `json:"uncached_prompt_tokens_per_s"`
+	GenerationPerS     float64 `json:"generation_tokens_per_s"`
+}
+
+// delta is one scrape's contribution to the evidence window.
+type delta struct {
+	at                                 time.Time
+	dt                                 float64 // seconds since the previous scrape
+	ttftSum, ttftCount, itlSum, itlCnt float64
+	queueSum, queueCount               float64
+	success, uncached, gen             float64
+	running, waiting                   float64
+}
+
 // Status is the engine's verdict.
 func (e Engine) Status() State { return e.state }
 
@@ -101,6 +148,8 @@ type track struct {
 	hasTBOT     bool
 	hasGauges   bool
 	hasRates    bool
+	deltas      []delta   // evidence window, oldest first
+	lastTTFT    time.Time // last scrape that saw a first token
 }
 
 // Tracker turns samples into smoothed signals. Not safe for concurrent
@@ -142,6 +191,7 @@ func (t *Tracker) Observe(s Sample) (changed bool) {
 		return false
 	}
 	before := t.state(tr, tr.e.LastScrape) // as last seen
+	wasScraped := tr.scraped
 	tr.scraped = true
 	tr.e.LastScrape = s.At
 	// A /health that timed out says nothing (an overloaded engine answers
@@ -161,7 +211,41 @@ func (t *Tracker) Observe(s Sample) (changed bool) {
 	} else {
 		t.fold(tr, s.Metrics, s.At)
 	}
-	return before != t.state(tr, s.At)
+	after := t.state(tr, s.At)
+	if wasScraped && after == Up && (before == Down || before == Stale) {
+		// Back from down (often a restart on the same address) or from
+		// silence: what was measured before says nothing about now.
+		t.resetLatency(tr, "back "+after.String()+" from "+before.String())
+	}
+	if !tr.lastTTFT.IsZero() && s.At.Sub(tr.lastTTFT) > t.idleReset() && tr.hasTTFT {
+		t.resetLatency(tr, fmt.Sprintf("no first token for %v", s.At.Sub(tr.lastTTFT).Round(time.Second)))
+	}
+	return before != after
+}
+
+func (t *Tracker) idleReset() time.Duration {
+	if t.opt.IdleReset > 0 {
+		return t.opt.IdleReset
+	}
+	return time.Minute
+}
+
+func (t *Tracker) evidenceWindow() time.Duration {
+	if t.opt.EvidenceWindow > 0 {
+		return t.opt.EvidenceWindow
+	}
+	return 10 * time.Second
+}
+
+// resetLatency forgets the engine's latency memory: the smoothed TTFT and
+// TBOT and the evidence window.
+func (t *Tracker) resetLatency(tr *track, why string) {
+	tr.e.TTFTMs, tr.e.TBOTMs, tr.e.TTFTSamples = math.NaN(), math.NaN(), 0
+	tr.hasTTFT, tr.hasTBOT = false, false
+	tr.deltas = tr.deltas[:0]
+	tr.lastTTFT = time.Time{}
+	tr.e.Resets++
+	tr.e.LastReset = why
 }
 
 func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
@@ -176,10 +260,11 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 	if tr.havePrev && dt > 0 {
 		p := tr.prev
 		// A counter that went down or vanished means the engine restarted:
-		// rebase.
+		// rebase, and forget the latency measured before.
 		reset := m.RestartedSince(p)
 		if reset {
 			tr.e.Restarts++
+			t.resetLatency(tr, "counters reset (engine restarted)")
 		}
 		if !reset {
 			sec := dt.Seconds()
@@ -208,9 +293,73 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 			}
 			foldExtra(&tr.e, m, p, a)
 			tr.hasRates = true
+			d := delta{at: at, dt: sec, running: m.Running, waiting: m.Waiting}
+			pos := func(cur, prev float64) float64 {
+				if math.IsNaN(cur) || math.IsNaN(prev) || cur < prev {
+					return 0
+				}
+				return cur - prev
+			}
+			d.ttftSum, d.ttftCount = pos(m.TTFTSum, p.TTFTSum), pos(m.TTFTCount, p.TTFTCount)
+			d.queueSum, d.queueCount = pos(m.QueueSum, p.QueueSum), pos(m.QueueCount, p.QueueCount)
+			d.itlSum, d.itlCnt = pos(m.ITLSum, p.ITLSum), pos(m.ITLCount, p.ITLCount)
+			d.success, d.gen = pos(m.Success, p.Success), pos(m.GenTokens, p.GenTokens)
+			d.uncached = math.Max(0, pos(m.PromptTokens, p.PromptTokens)-pos(m.PrefixHits, p.PrefixHits))
+			if d.ttftCount > 0 {
+				tr.lastTTFT = at
+			}
+			tr.deltas = append(tr.deltas, d)
+			cut := 0
+			for cut < len(tr.deltas) && at.Sub(tr.deltas[cut].at) > t.evidenceWindow() {
+				cut++
+			}
+			tr.deltas = append(tr.deltas[:0], tr.deltas[cut:]...)
 		}
 	}
 	tr.prev, tr.prevAt, tr.havePrev = m, at, true
+}
+
+// window sums the evidence of the scrapes within the window before now.
+func (t *Tracker) window(tr *track, now time.Time) Window {
+	var w Window
+	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount float64
+	n := 0
+	for _, d := range tr.deltas {
+		if now.Sub(d.at) > t.evidenceWindow() {
+			continue
+		}
+		w.Seconds += d.dt
+		w.TTFTCount += d.ttftCount
+		ttft += d.ttftSum
+		qSum += d.queueSum
+		qCount += d.queueCount
+		w.ITLCount += d.itlCnt
+		itl += d.itlSum
+		succ += d.success
+		unc += d.uncached
+		gen += d.gen
+		run += d.running
+		wait += d.waiting
+		n++
+	}
+	if n == 0 || w.Seconds <= 0 {
+		return Window{}
+	}
+	if w.TTFTCount > 0 {
+		w.TTFTMeanMs = 1000 * ttft / w.TTFTCount
+		// An engine whose TTFT leaves out queueing (ttftEvidence) has it
+		// added back: the prediction it is judged against includes the
+		// queue.
+		if tr.e.TTFTExcludesQueue && qCount > 0 {
+			w.TTFTMeanMs += 1000 * qSum / qCount
+		}
+	}
+	if w.ITLCount > 0 {
+		w.TBOTMeanMs = 1000 * itl / w.ITLCount
+	}
+	w.Running, w.Waiting = run/float64(n), wait/float64(n)
+	w.CompletionsPerS, w.UncachedPromptPerS, w.GenerationPerS = succ/w.Seconds, unc/w.Seconds, gen/w.Seconds
+	return w
 }
 
 func (t *Tracker) state(tr *track, now time.Time) State {
@@ -236,6 +385,7 @@ func (t *Tracker) Engines(now time.Time) []Engine {
 		e := tr.e
 		e.state = t.state(tr, now)
 		e.State = e.state.String()
+		e.Window = t.window(tr, now)
 		if !e.LastMetrics.IsZero() {
 			e.AgeSeconds = now.Sub(e.LastMetrics).Seconds()
 		} else {

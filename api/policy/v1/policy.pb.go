@@ -1128,11 +1128,22 @@ type EngineEvidence struct {
 	// (reset, connect failure, timeout).
 	Errors uint64 `protobuf:"varint,4,opt,name=errors,proto3" json:"errors,omitempty"`
 	// Sum and count of the time from the request's arrival to response
-	// headers, in seconds; with streaming responses this is close to TTFT.
+	// headers, in seconds. Engines that stream (vLLM) send headers at once, so
+	// this is mostly the network; the completion fields below are the
+	// latency evidence.
 	HeaderLatencySumSeconds float64 `protobuf:"fixed64,5,opt,name=header_latency_sum_seconds,json=headerLatencySumSeconds,proto3" json:"header_latency_sum_seconds,omitempty"`
 	HeaderLatencyCount      uint64  `protobuf:"varint,6,opt,name=header_latency_count,json=headerLatencyCount,proto3" json:"header_latency_count,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// Requests this engine served to the end (2xx/4xx, no reset), with the
+	// sum of their upstream times (first byte sent to last byte received), and
+	// the prompt and output tokens they asked for (max_tokens, or the class
+	// mean): the control plane compares the time with what the engine's
+	// profile predicts for those tokens at its observed load and queue.
+	Completed              uint64  `protobuf:"varint,7,opt,name=completed,proto3" json:"completed,omitempty"`
+	CompletionSecondsSum   float64 `protobuf:"fixed64,8,opt,name=completion_seconds_sum,json=completionSecondsSum,proto3" json:"completion_seconds_sum,omitempty"`
+	CompletionPromptTokens uint64  `protobuf:"varint,9,opt,name=completion_prompt_tokens,json=completionPromptTokens,proto3" json:"completion_prompt_tokens,omitempty"`
+	CompletionOutputTokens uint64  `protobuf:"varint,10,opt,name=completion_output_tokens,json=completionOutputTokens,proto3" json:"completion_output_tokens,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *EngineEvidence) Reset() {
@@ -1203,6 +1214,34 @@ func (x *EngineEvidence) GetHeaderLatencySumSeconds() float64 {
 func (x *EngineEvidence) GetHeaderLatencyCount() uint64 {
 	if x != nil {
 		return x.HeaderLatencyCount
+	}
+	return 0
+}
+
+func (x *EngineEvidence) GetCompleted() uint64 {
+	if x != nil {
+		return x.Completed
+	}
+	return 0
+}
+
+func (x *EngineEvidence) GetCompletionSecondsSum() float64 {
+	if x != nil {
+		return x.CompletionSecondsSum
+	}
+	return 0
+}
+
+func (x *EngineEvidence) GetCompletionPromptTokens() uint64 {
+	if x != nil {
+		return x.CompletionPromptTokens
+	}
+	return 0
+}
+
+func (x *EngineEvidence) GetCompletionOutputTokens() uint64 {
+	if x != nil {
+		return x.CompletionOutputTokens
 	}
 	return 0
 }
@@ -1342,14 +1381,19 @@ const file_policy_proto_rawDesc = "" +
 	"\brequests\x18\x03 \x01(\x04R\brequests\x12\x12\n" +
 	"\x04shed\x18\x04 \x01(\x04R\x04shed\x12#\n" +
 	"\rprompt_tokens\x18\x05 \x01(\x04R\fpromptTokens\x12#\n" +
-	"\routput_tokens\x18\x06 \x01(\x04R\foutputTokens\"\xec\x01\n" +
+	"\routput_tokens\x18\x06 \x01(\x04R\foutputTokens\"\xb4\x03\n" +
 	"\x0eEngineEvidence\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1b\n" +
 	"\tengine_id\x18\x02 \x01(\tR\bengineId\x12\x1c\n" +
 	"\tresponses\x18\x03 \x01(\x04R\tresponses\x12\x16\n" +
 	"\x06errors\x18\x04 \x01(\x04R\x06errors\x12;\n" +
 	"\x1aheader_latency_sum_seconds\x18\x05 \x01(\x01R\x17headerLatencySumSeconds\x120\n" +
-	"\x14header_latency_count\x18\x06 \x01(\x04R\x12headerLatencyCount\"7\n" +
+	"\x14header_latency_count\x18\x06 \x01(\x04R\x12headerLatencyCount\x12\x1c\n" +
+	"\tcompleted\x18\a \x01(\x04R\tcompleted\x124\n" +
+	"\x16completion_seconds_sum\x18\b \x01(\x01R\x14completionSecondsSum\x128\n" +
+	"\x18completion_prompt_tokens\x18\t \x01(\x04R\x16completionPromptTokens\x128\n" +
+	"\x18completion_output_tokens\x18\n" +
+	" \x01(\x04R\x16completionOutputTokens\"7\n" +
 	"\x0eReportResponse\x12%\n" +
 	"\x0epolicy_version\x18\x01 \x01(\tR\rpolicyVersion*\x8c\x01\n" +
 	"\tKeySource\x12\x1a\n" +

@@ -1,0 +1,365 @@
+package controlplane
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/xds/signals"
+)
+
+// Outlier penalties tell faults from overload.
+//
+// An engine's latency is compared with what its own step model (the fleet
+// profile: decode step a + b per running sequence, prefill rate P, overhead)
+// predicts at the load and queue it actually has, over the tracker's
+// evidence window:
+//
+//	TBOT = (a + b·running) / (1 − uncached prompt tokens/s ÷ P)
+//	TTFT = overhead + uncached prompt per request ÷ P + 1.5·TBOT + 2·waiting ÷ completions/s
+//
+// (the last term is the queue wait by Little's law, with room for bursts). A busy, healthy engine
+// is slow because its batch is full and its queue long, and the prediction
+// says so; a faulty one is slower than its own batch and queue explain. A
+// third estimate comes from ext_proc: the time Envoy measured for requests
+// the engine served to the end, against overhead + queue + the tokens they
+// asked for at the predicted TBOT, plus the round trip and E2ESlackMs per
+// request for the proxy path (Envoy, the network, a busy frontend: for a
+// short request they would dwarf the engine's time). Each needs MinSamples;
+// the largest residual counts.
+//
+// Load alone never penalizes the whole fleet: when every engine with
+// evidence would get a latency penalty from its own metrics and all of them
+// are loaded, the cause is demand, not faults, and no latency penalty is
+// given (shedding is the answer to that). Likewise when ext_proc's timing
+// finds every engine slow: the common cause is on the frontend's side (its
+// CPU, its network), not in the engines.
+//
+// A penalty rises at once to its target. It decays (half-life) only on
+// evidence that the engine is doing well again; without evidence it is
+// held — an engine that gets no traffic proves nothing, and forgetting let
+// slow engines back in. To get that evidence, a penalized engine that is up
+// keeps a probe share of each of its classes (enough for ProbeRPS, between
+// MinProbeShare and MaxProbeShare), so its recovery is decided by traffic.
+
+// observe builds every engine's view (state, health, utilization,
+// background load) and assessment from the inputs; up marks the engines
+// that are up.
+func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.State, as map[string]*assessment, up map[string]bool) {
+	f := &c.problem
+	sig := map[string]signals.Engine{}
+	for _, e := range in.Engines {
+		sig[e.ID] = e
+	}
+	evidence := map[string]signals.Evidence{}
+	for addr, ev := range in.Evidence {
+		if id, ok := f.byAddr[addr]; ok {
+			evidence[id] = ev
+		}
+	}
+	views, states = make([]EngineView, len(f.engines)), make([]signals.State, len(f.engines))
+	as, up = map[string]*assessment{}, map[string]bool{}
+	for j, e := range f.engines {
+		s, ok := sig[e.ID]
+		state := signals.New
+		if ok {
+			state = s.Status()
+		}
+		h, hf := c.healthOf(state)
+		prof := c.profiles[e.ID]
+		reps := float64(max(e.Replicas, 1))
+		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
+		if state == signals.Up {
+			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*prof.OutputTokenSec
+			v.ObservedUtilization = work / reps
+			// Background: load beyond what our traffic explains (the
+			// weights in force times the demand admitted now), from the
+			// token rates. A queue (a KV-bound batch never reaches the work
+			// model's rate) means no spare capacity: when our traffic alone
+			// would leave the engine well below capacity, the queue is
+			// someone else's and the engine counts as full. When our own
+			// traffic is near capacity, its queue is ours: counting it as
+			// background cut the capacity of every engine an overload
+			// queued on, and shed what the fleet could have served.
+			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
+			used := v.ObservedUtilization
+			// A queue that lasts (the evidence window's mean, not one
+			// scrape's burst) means no spare capacity.
+			waiting := s.Waiting
+			if s.Window.Seconds > 0 {
+				waiting = s.Window.Waiting
+			}
+			if s.Waiting >= 1 {
+				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
+			}
+			if waiting >= 1 && v.PlannedUtilization < ownQueue {
+				used = math.Max(used, 0.95)
+			}
+			// Estimates of both sides are noisy (token rates over a few
+			// seconds against a work model): the first BackgroundFloor of
+			// the difference is taken for noise, not someone else's load.
+			// Before anything is published there is no plan to compare
+			// with: every engine's load would read as background.
+			if len(c.published) > 0 {
+				v.BackgroundLoad = clamp(used-v.PlannedUtilization-c.cfg.BackgroundFloor, 0, 0.95)
+			}
+			up[e.ID] = true
+		} else {
+			s = signals.Engine{} // latency evidence only from an engine that is up
+		}
+		a := c.judge(e, s, evidence[e.ID], &v)
+		as[e.ID] = &a
+		views[j], states[j] = v, state
+	}
+	return views, states, as, up
+}
+
+// PenaltyRising reports the engines whose penalty the inputs would raise by
+// at least 0.05. The runner checks after every scrape and runs a cycle at
+// once when there are any, so a slow or failing engine loses its traffic
+// within a scrape or two of the evidence instead of a whole interval.
+// It changes nothing.
+func (c *Controller) PenaltyRising(in Inputs) []string {
+	_, _, as, _ := c.observe(in)
+	notFaults(as)
+	var out []string
+	for _, e := range c.problem.engines {
+		a := as[e.ID]
+		t := clamp(math.Max(a.scrapeTarget, math.Max(a.e2eTarget, a.errTarget)), 0, c.cfg.Penalty.Max)
+		if t >= c.penalties[e.ID]+0.05 {
+			out = append(out, e.ID)
+		}
+	}
+	return out
+}
+
+// ownQueue: an engine our traffic loads to this share of its capacity or
+// more may queue our own requests (see observe).
+const ownQueue = 0.8
+
+// queueSlack widens the Little's-law queue wait in the TTFT prediction.
+const queueSlack = 2
+
+// assessment is one engine's evidence in one cycle: targets from its own
+// metrics (scrape), from ext_proc's timing (e2e) and from errors.
+type assessment struct {
+	scrapeTarget, e2eTarget, errTarget float64
+	scrapeWhy, e2eWhy, errWhy          string
+	hasScrape, hasE2E, hasError        bool
+	loaded                             bool
+}
+
+// judge fills the view's residuals and predictions and returns the
+// engine's assessment. s is its tracker view (state Up), ev its ext_proc
+// evidence (zero if none).
+func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence, v *EngineView) assessment {
+	po := c.cfg.Penalty
+	var a assessment
+	w := s.Window // zero unless the engine is up
+	fp, _ := c.spec.ProfileOf(e)
+	reps := float64(max(e.Replicas, 1))
+	a.loaded = w.Waiting >= 0.5 || v.ObservedUtilization >= 0.8
+	v.Window = w
+	if w.Seconds > 0 {
+		rho := math.Min(w.UncachedPromptPerS/reps/fp.PrefillTokensPerS, 0.9)
+		tbot := (fp.DecodeStepMs + fp.DecodeStepPerSeqMs*w.Running/reps) / (1 - rho)
+		v.TBOTPredMs = tbot
+		if w.ITLCount >= po.MinSamples && w.TBOTMeanMs > 0 {
+			v.TBOTResidual = w.TBOTMeanMs / tbot
+		}
+		// Queue wait and prompt per request need requests finishing. The
+		// queue is a time-averaged gauge against the queue each request
+		// met (bursts, a queue that grew or drained in the window): its
+		// estimate is allowed queueSlack times its value.
+		if w.CompletionsPerS > 0 {
+			queue := queueSlack * 1000 * w.Waiting / w.CompletionsPerS
+			prompt := w.UncachedPromptPerS / w.CompletionsPerS
+			v.TTFTPredMs = fp.OverheadMs + 1000*prompt/fp.PrefillTokensPerS + 1.5*tbot + queue
+			if w.TTFTCount >= po.MinSamples && w.TTFTMeanMs > 0 {
+				v.TTFTResidual = w.TTFTMeanMs / v.TTFTPredMs
+			}
+			// ext_proc's timing of whole requests: per request overhead,
+			// queue, prefill and the round trip from its frontend, then
+			// one TBOT per output token after the first.
+			if ev.Completed >= po.MinSamples && ev.CompletionSeconds > 0 {
+				j := c.problem.engineIdx[e.ID]
+				pred := 0.0
+				for node, n := range ev.CompletedByNode {
+					if i, ok := c.problem.nodeIdx[node]; ok {
+						pred += n * c.problem.rtt[i][j]
+					}
+				}
+				perReqPrompt := ev.CompletionPromptTokens / ev.Completed
+				pred += ev.Completed*(fp.OverheadMs+queue+1000*perReqPrompt/fp.PrefillTokensPerS+1.5*tbot+po.E2ESlackMs) +
+					math.Max(0, ev.CompletionOutputTokens-ev.Completed)*tbot
+				if pred > 0 {
+					v.E2EResidual = 1000 * ev.CompletionSeconds / pred
+				}
+			}
+		}
+	}
+	target := func(r float64, which string) (float64, string) {
+		if r <= 1+po.LatencyTolerance {
+			return 0, ""
+		}
+		return (r - 1 - po.LatencyTolerance) / po.LatencyScale,
+			fmt.Sprintf("%s %.2f× what its profile predicts at its load (%.1f running, %.1f waiting)", which, r, w.Running, w.Waiting)
+	}
+	if r := math.Max(v.TTFTResidual, v.TBOTResidual); r > 0 {
+		which := "TBOT"
+		if r == v.TTFTResidual {
+			which = "TTFT"
+		}
+		a.hasScrape = true
+		a.scrapeTarget, a.scrapeWhy = target(r, which)
+	}
+	if v.E2EResidual > 0 {
+		a.hasE2E = true
+		a.e2eTarget, a.e2eWhy = target(v.E2EResidual, "request time (ext_proc)")
+	}
+	if ev.Responses >= po.MinSamples {
+		a.hasError = true
+		v.ErrorRate = ev.ErrorRate()
+		if t := (v.ErrorRate - po.ErrorTolerance) / po.ErrorScale; t > 0 {
+			a.errTarget = t
+			a.errWhy = fmt.Sprintf("%.0f%% errors over %.0f responses", 100*v.ErrorRate, ev.Responses)
+		}
+	}
+	return a
+}
+
+// notFaults drops fleet-wide latency targets: from the engines' metrics
+// when every engine with such evidence would get one and all of them are
+// loaded (demand, not faults), and from ext_proc's timing when every engine
+// with such evidence would get one (a cause at the frontend). It returns
+// the notes for the views.
+func notFaults(as map[string]*assessment) []string {
+	var notes []string
+	var with, firing, e2eWith, e2eFiring []string
+	allLoaded := true
+	for id, a := range as {
+		if a.hasScrape {
+			with = append(with, id)
+			if a.scrapeTarget > 0 {
+				firing = append(firing, id)
+				allLoaded = allLoaded && a.loaded
+			}
+		}
+		if a.hasE2E {
+			e2eWith = append(e2eWith, id)
+			if a.e2eTarget > 0 {
+				e2eFiring = append(e2eFiring, id)
+			}
+		}
+	}
+	if len(firing) > 0 && len(firing) == len(with) && allLoaded {
+		sort.Strings(firing)
+		for _, id := range firing {
+			as[id].scrapeTarget, as[id].scrapeWhy = 0, ""
+		}
+		notes = append(notes, "every engine ("+strings.Join(firing, ", ")+") is slow and loaded: overload, not a fault; no latency penalty")
+	}
+	if len(e2eFiring) > 0 && len(e2eFiring) == len(e2eWith) {
+		sort.Strings(e2eFiring)
+		for _, id := range e2eFiring {
+			as[id].e2eTarget, as[id].e2eWhy = 0, ""
+		}
+		notes = append(notes, "ext_proc times every engine ("+strings.Join(e2eFiring, ", ")+") slow: a frontend-side cause; no latency penalty from it")
+	}
+	return notes
+}
+
+// Causes of a penalty: recovery needs evidence of the same kind (an engine
+// penalized for errors does not recover by being fast).
+const (
+	causeLatency = "latency"
+	causeErrors  = "errors"
+)
+
+// nextPenalty is the engine's penalty after this cycle: the target at once
+// if higher, else a decay towards it when there is evidence of the kind
+// that caused the penalty, else held.
+func (c *Controller) nextPenalty(id string, prev float64, a assessment, decay float64) (pen float64, why string) {
+	target, why, cause := a.scrapeTarget, a.scrapeWhy, causeLatency
+	if a.e2eTarget > target {
+		target, why = a.e2eTarget, a.e2eWhy
+	}
+	if a.errTarget > target {
+		target, why, cause = a.errTarget, a.errWhy, causeErrors
+	}
+	target = clamp(target, 0, c.cfg.Penalty.Max)
+	evidence := a.hasError
+	if c.cause[id] != causeErrors {
+		evidence = a.hasScrape || a.hasE2E
+	}
+	switch {
+	case target >= prev:
+		pen = target
+		if target > 0 {
+			c.cause[id] = cause
+		}
+	case evidence:
+		pen = math.Max(target, prev*decay)
+		if target > 0 {
+			why = "recovering (decaying to " + why + ")"
+		} else {
+			why = "recovering: its traffic looks normal (decaying)"
+		}
+	default:
+		pen = prev
+		why = "held: no traffic to judge its recovery yet (probing)"
+	}
+	if pen < minPenalty {
+		pen = 0
+	}
+	if pen == 0 {
+		why = ""
+		delete(c.cause, id)
+	}
+	return pen, why
+}
+
+// probe gives every penalized engine that is up at least its probe share of
+// a class's weights (scaling the others down), so that its recovery shows.
+func (c *Controller) probe(w map[string]float64, demandPerS float64, penalties map[string]float64, up map[string]bool) {
+	po := c.cfg.Penalty
+	share := po.MaxProbeShare
+	if demandPerS > 0 {
+		share = clamp(po.ProbeRPS/demandPerS, po.MinProbeShare, po.MaxProbeShare)
+	}
+	if share <= 0 {
+		return
+	}
+	total, rest := 0.0, 0.0
+	raised := map[string]bool{}
+	for id, x := range w {
+		total += x
+		if penalties[id] > 0 && up[id] {
+			raised[id] = true
+		}
+	}
+	if total <= 0 || len(raised) == 0 || len(raised) == len(w) {
+		return
+	}
+	probed := 0.0
+	for id, x := range w {
+		if raised[id] {
+			probed += math.Max(x/total, share)
+		} else {
+			rest += x / total
+		}
+	}
+	if rest <= 0 || probed >= 1 {
+		return
+	}
+	k := (1 - probed) / rest
+	for id, x := range w {
+		if raised[id] {
+			w[id] = math.Max(x/total, share)
+		} else {
+			w[id] = x / total * k
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package drills
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// measureCapacity saturates every engine directly (no Envoy: 2 × its
+// running slots of closed-loop clients each) and returns the completed
+// requests per second of the whole fleet.
+func (s *stack) measureCapacity(t *testing.T, maxTokens int, d time.Duration) float64 {
+	t.Helper()
+	var done atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, e := range s.engines {
+		c := newClient(e.URL())
+		defer c.close()
+		for k := 0; k < 8; k++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ctx.Err() == nil; i++ {
+					r := c.do(ctx, request{prompt: fmt.Sprintf("capacity %d %d %s", k, i, filler), maxTokens: maxTokens})
+					if r.outcome == outcomeOK && ctx.Err() == nil {
+						done.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return float64(done.Load()) / time.Since(start).Seconds()
+}
+
+// filler makes a capacity request as long as the drill traffic's (30 words).
+const filler = "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20 w21 w22 w23 w24 w25 w26 w27 w28"
+
+// Item 2: at 1.3× the fleet's measured capacity, with half the traffic at
+// the top priority, the control plane must see overload, not faults: no
+// engine penalized, weights steady, the low priority shed, the top
+// priority never shed, and the fleet kept busy — admitted throughput at
+// least 90% of the measured capacity.
+func TestDrillOverload(t *testing.T) {
+	s := startStack(t, stackOptions{})
+	capacity := s.measureCapacity(t, 16, 6*time.Second)
+	t.Logf("measured capacity: %.1f requests/s (3 engines, 16 output tokens)", capacity)
+
+	tr := s.startTraffic(trafficOptions{rate: 1.3 * capacity, maxTokens: 16, mix: map[string]float64{"high": 0.5, "low": 0.5}})
+	// Let the loop settle (a few cycles: demand window 4 s), then measure
+	// for 15 s.
+	settle := time.Now().Add(8 * time.Second)
+	var maxPenalty float64
+	var penalized string
+	minShare, maxShare := 1.0, 0.0
+	var mu sync.Mutex
+	measureFrom := settle
+	measureTo := settle.Add(15 * time.Second)
+	if err := envoytestPollUntil(measureTo, func() {
+		v, err := s.cycleView(0)
+		if err == nil {
+			for id, x := range v {
+				if x.Penalty > maxPenalty {
+					maxPenalty, penalized = x.Penalty, id+": "+x.PenaltyWhy
+				}
+			}
+		}
+		if time.Now().After(settle) {
+			if sh, err := s.envoyShares(); err == nil {
+				mu.Lock()
+				for _, x := range sh {
+					minShare, maxShare = math.Min(minShare, x), math.Max(maxShare, x)
+				}
+				mu.Unlock()
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tally := tr.stop()
+	window := tr.tally(measureFrom, measureTo)
+	admitted := float64(window.all.ok) / measureTo.Sub(measureFrom).Seconds()
+	t.Logf("offered %.1f/s (1.3× capacity); in the 15-s window: %s", 1.3*capacity, window)
+	t.Logf("admitted %.1f/s = %.0f%% of the measured capacity; engine shares %.3f–%.3f; largest penalty %.2f %s",
+		admitted, 100*admitted/capacity, minShare, maxShare, maxPenalty, penalized)
+	t.Logf("whole run: %s", tally)
+	if b, err := get("http://" + s.extHTTP + "/metrics"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "inferlb_extproc_decisions_total") {
+				t.Log(l)
+			}
+		}
+	}
+	if h := tally.byPriority["high"]; h == nil || h.shed != 0 || h.failed != 0 || h.cut != 0 {
+		t.Errorf("top priority shed or failed at 1.3× overload: %s", tally)
+	}
+	if l := window.byPriority["low"]; l == nil || l.shed == 0 {
+		t.Errorf("the low priority was not shed at 1.3× overload: %s", window)
+	}
+	if admitted < 0.9*capacity {
+		t.Errorf("admitted %.1f/s, %.0f%% of the measured capacity %.1f/s; want ≥ 90%%", admitted, 100*admitted/capacity, capacity)
+	}
+	if maxPenalty > 0 {
+		t.Errorf("overload penalized a healthy engine: %.2f (%s)", maxPenalty, penalized)
+	}
+	if maxShare > 0.5 || minShare < 0.2 {
+		t.Errorf("weights swung under overload: shares between %.3f and %.3f (3 equal engines)", minShare, maxShare)
+	}
+	if tally.all.failed != 0 || tally.all.cut != 0 {
+		t.Errorf("requests failed: %s", tally)
+	}
+}
+
+// envoytestPollUntil calls f every 200 ms until the deadline.
+func envoytestPollUntil(deadline time.Time, f func()) error {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for time.Now().Before(deadline) {
+		f()
+		<-t.C
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+package drills
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/internal/envoytest"
+)
+
+// Item 3: one engine becomes 5× slower at 1 request/s per engine. With
+// the production scrape and cycle periods (1 s, 5 s) the control plane
+// must take its traffic within 10 s; while it is still slow its penalty is
+// held and its weight stays at the probe share (no flip-flop); once it is
+// normal again its probe traffic shows it and it gets its share back.
+// Nothing fails meanwhile.
+func TestDrillSlowEngine(t *testing.T) {
+	s := startStack(t, stackOptions{cpArgs: []string{"--interval", "5s", "--scrape-interval", "1s", "--penalty-half-life", "2s"}})
+	tr := s.startTraffic(trafficOptions{rate: 3, maxTokens: 16})
+	before := s.waitShare(t, "e1", func(x float64) bool { return x > 0.2 }, 30*time.Second, "a fair share before the fault")
+
+	if err := s.engines[1].SetFaults(enginesim.Faults{Slowdown: 5}); err != nil {
+		t.Fatal(err)
+	}
+	slowAt := time.Now()
+	s.waitShare(t, "e1", func(x float64) bool { return x <= maxProbe+0.02 }, 30*time.Second, "at most its probe share once slow")
+	detected := time.Since(slowAt)
+	views, _ := s.cycleView(0)
+	t.Logf("5× slower e1 lost its traffic after %.1f s (share %.3f → probe): penalty %.2f (%s)", detected.Seconds(), before,
+		views["e1"].Penalty, views["e1"].PenaltyWhy)
+	if detected > 10*time.Second {
+		t.Errorf("a 5× slowdown at 1 req/s per engine took %.1f s to detect, want ≤ 10 s", detected.Seconds())
+	}
+
+	// Still slow for 12 s: the penalty is held, the weight stays at the
+	// probe share: no flip-flop.
+	var maxShare, minPenalty float64 = 0, 1
+	var why string
+	hold := time.Now()
+	if err := envoytest.Poll(context.Background(), 30*time.Second, 200*time.Millisecond, func() error {
+		sh, err := s.envoyShares()
+		if err != nil {
+			return err
+		}
+		v, err := s.cycleView(0)
+		if err != nil {
+			return err
+		}
+		maxShare = max(maxShare, sh["e1"])
+		if v["e1"].Penalty < minPenalty {
+			minPenalty, why = v["e1"].Penalty, v["e1"].PenaltyWhy
+		}
+		if time.Since(hold) < 12*time.Second {
+			return fmt.Errorf("holding")
+		}
+		return nil
+	}); err != nil && !strings.Contains(err.Error(), "holding") {
+		t.Fatal(err)
+	}
+	t.Logf("while slow for 12 s: e1's largest share %.3f, smallest penalty %.2f (%s)", maxShare, minPenalty, why)
+	if maxShare > maxProbe+0.02 || minPenalty < 0.2 {
+		t.Errorf("the still-slow engine was let back in: share up to %.3f, penalty down to %.2f (%s)", maxShare, minPenalty, why)
+	}
+
+	// Normal again: the probe traffic shows it; the share comes back.
+	if err := s.engines[1].SetFaults(enginesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	fixed := time.Now()
+	s.waitShare(t, "e1", func(x float64) bool { return x >= before/2 }, 60*time.Second, "half its share back after recovery")
+	t.Logf("recovered e1 got half its share back after %.1f s", time.Since(fixed).Seconds())
+	tally := tr.stop()
+	t.Logf("traffic: %s", tally)
+	if tally.all.failed != 0 || tally.all.cut != 0 || tally.all.shed != 0 {
+		t.Errorf("requests lost: %s", tally)
+	}
+}
+
+// maxProbe is the control plane's default largest probe share.
+const maxProbe = 0.1
+
+// waitShare waits until the engine's share of Envoy's priority-0 weight
+// satisfies ok, and returns it.
+func (s *stack) waitShare(t *testing.T, id string, ok func(float64) bool, timeout time.Duration, what string) float64 {
+	t.Helper()
+	var got float64
+	if err := envoytest.Poll(context.Background(), timeout, 100*time.Millisecond, func() error {
+		sh, err := s.envoyShares()
+		if err != nil {
+			return err
+		}
+		got = sh[id]
+		if !ok(got) {
+			return fmt.Errorf("%s has %.3f of Envoy's weight", id, got)
+		}
+		return nil
+	}); err != nil {
+		v, _ := s.cycleView(0)
+		t.Fatalf("waiting for %s %s: %v\ncontrol plane's view: %+v", id, what, err, v[id])
+	}
+	return got
+}
+
+// Items 4 and "only the crashed engine's streams": an engine that was slow
+// (and penalized for it) crashes mid-stream and restarts healthy. Only the
+// streams it was serving are lost; requests that arrive while it is down
+// are served elsewhere; after the restart the control plane judges it on
+// what it does now (its latency memory is cleared), so its probe traffic
+// clears the penalty and it gets its share back.
+func TestDrillEngineRestart(t *testing.T) {
+	s := startStack(t, stackOptions{cpArgs: []string{"--penalty-half-life", "2s"}})
+	// 60 tokens: ~1.5 s streams; 3 requests/s is a third of the fleet's
+	// capacity, half of what is left while one engine is down.
+	tr := s.startTraffic(trafficOptions{rate: 3, maxTokens: 60})
+	e2 := s.engines[2]
+	before := s.waitShare(t, "e2", func(x float64) bool { return x > 0.2 }, 30*time.Second, "a fair share before the fault")
+	if err := e2.SetFaults(enginesim.Faults{Slowdown: 5}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitShare(t, "e2", func(x float64) bool { return x <= maxProbe+0.02 }, 30*time.Second, "its probe share once slow")
+	views, _ := s.cycleView(0)
+	t.Logf("slow e2 penalized: %.2f (%s)", views["e2"].Penalty, views["e2"].PenaltyWhy)
+	if views["e2"].Penalty == 0 {
+		t.Fatalf("the 5× slower e2 is not penalized: %+v", views["e2"])
+	}
+
+	// The crash (the slowdown goes with it); back after 3 s.
+	inflight := tr.inFlight(0)
+	st := e2.Stats()
+	onE2 := st.Running + st.Waiting
+	if err := e2.SetFaults(enginesim.Faults{Crash: true, RestartAfterS: 3}); err != nil {
+		t.Fatal(err)
+	}
+	crashed := time.Now()
+	if err := envoytest.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, func() error {
+		if _, err := get(e2.URL() + "/health"); err != nil {
+			return err
+		}
+		v, err := s.cycleView(0)
+		if err != nil {
+			return err
+		}
+		if v["e2"].State != "up" {
+			return fmt.Errorf("e2 is %s at the control plane", v["e2"].State)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// After the restart: no latency penalty from before it; the penalty
+	// goes on probe evidence.
+	var worst engineView
+	var mu sync.Mutex
+	if err := envoytest.Poll(context.Background(), 40*time.Second, 200*time.Millisecond, func() error {
+		v, err := s.cycleView(0)
+		if err != nil {
+			return err
+		}
+		x := v["e2"]
+		mu.Lock()
+		if max(x.TTFTResidual, x.TBOTResidual) > max(worst.TTFTResidual, worst.TBOTResidual) {
+			worst = x
+		}
+		mu.Unlock()
+		if x.Penalty > 0 {
+			return fmt.Errorf("e2 penalty %.2f (%s)", x.Penalty, x.PenaltyWhy)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("restarted e2 still penalized: %v", err)
+	}
+	t.Logf("restarted e2's penalty cleared %.1f s after the crash; worst residuals seen after the restart: TTFT %.2f TBOT %.2f",
+		time.Since(crashed).Seconds(), worst.TTFTResidual, worst.TBOTResidual)
+	if r := max(worst.TTFTResidual, worst.TBOTResidual); r > 1.5 {
+		t.Errorf("after its restart e2 was judged %.2f× its profile: latency from before the restart survived", r)
+	}
+	s.waitShare(t, "e2", func(x float64) bool { return x >= before/2 }, 40*time.Second, "half its share back after the restart")
+	tally := tr.stop()
+	atCrash := tr.tallyOf(inflight)
+	after := tr.tally(crashed, time.Time{})
+	t.Logf("in flight at the crash (%d on e2): %s", onE2, atCrash)
+	t.Logf("sent after the crash: %s", after)
+	t.Logf("whole run: %s", tally)
+	if lost := atCrash.all.cut + atCrash.all.failed; lost > onE2 {
+		t.Errorf("%d streams lost at the crash, but only %d were on the crashed engine", lost, onE2)
+	}
+	if after.all.failed+after.all.cut+after.all.shed != 0 {
+		t.Errorf("requests sent after the crash were lost: %s", after)
+	}
+}
