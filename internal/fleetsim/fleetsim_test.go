@@ -130,7 +130,12 @@ func TestDeterministic(t *testing.T) {
 	}
 	for p, f := range figures(t, again) {
 		if f != first[p] {
-			t.Errorf("%s: two runs with seed 7 differ:\n%s\n%s", p, first[p], f)
+			a, b := strings.Split(first[p], "\n"), strings.Split(f, "\n")
+			for i := range min(len(a), len(b)) {
+				if a[i] != b[i] {
+					t.Errorf("%s: two runs with seed 7 differ: %s ≠ %s", p, strings.TrimSpace(a[i]), strings.TrimSpace(b[i]))
+				}
+			}
 		}
 	}
 	other, err := RunScenario(context.Background(), sc, RunOptions{Policies: []string{PolicyRoundRobin}, Seed: 8})
