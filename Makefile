@@ -10,7 +10,7 @@ BIN   := bin/inferlb
 # packages at a time, each with a deadline.
 TESTFLAGS ?= -race -p 2 -timeout 25m
 
-.PHONY: setup build test test-short demo bench lint fmt clean
+.PHONY: setup build test test-short demo bench lint fmt clean sim-report
 
 setup:
 	@scripts/setup.sh
@@ -35,6 +35,11 @@ demo: setup build
 
 bench: setup
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+
+# Every simulation scenario with every policy, from the scenarios' pinned
+# seeds: tables and charts into docs/results (docs/sim.md). A few minutes.
+sim-report: build
+	$(BIN) sim --parallel 2 --out docs/results --header docs/results/header.md $$(ls examples/sim/*.yaml | grep -v '/fleet-')
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

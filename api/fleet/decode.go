@@ -116,46 +116,70 @@ const maxNodes = 1 << 20
 // kind are reported with their field path (all of them, not the first), and
 // it records the line of every path for error messages.
 func decode(data []byte) (*specDoc, map[string]int, []*FieldError) {
+	var d specDoc
+	lines, errs, ok := decodeStrict(data, &d, "spec")
+	if !ok {
+		return nil, lines, errs
+	}
+	return &d, lines, errs
+}
+
+// DecodeStrict decodes one YAML document into out, a pointer to a struct
+// built of the kinds the fleet spec itself uses (structs with yaml tags,
+// pointers, slices, maps with string keys, strings, ints, float64s and
+// bools), the way Parse decodes a spec: unknown keys and values of the
+// wrong kind are reported, all of them, as FieldErrors with their field
+// path and line, and lines maps every path to its input line for later
+// validation errors. A problem that stops decoding (bad YAML, alias cycles,
+// more than one document) leaves out partly filled; other problems still
+// decode the rest. what names the document in messages ("spec",
+// "scenario"). Other inferlb files (e.g. simulator scenarios) use it so
+// that their errors read like the fleet spec's.
+func DecodeStrict(data []byte, out any, what string) (lines map[string]int, errs []*FieldError) {
+	lines, errs, _ = decodeStrict(data, out, what)
+	return lines, errs
+}
+
+func decodeStrict(data []byte, out any, what string) (map[string]int, []*FieldError, bool) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
 	if err := recovering(func() error { return dec.Decode(&root) }); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
+			return nil, []*FieldError{{Msg: "empty " + what + ": no YAML document"}}, false
 		}
-		return nil, nil, yamlErrors(err)
+		return nil, yamlErrors(err), false
 	}
 	var extra yaml.Node
 	if err := recovering(func() error { return dec.Decode(&extra) }); !errors.Is(err, io.EOF) {
 		if err != nil {
-			return nil, nil, yamlErrors(err)
+			return nil, yamlErrors(err), false
 		}
 		if !emptyDocument(&extra) {
-			return nil, nil, []*FieldError{{Msg: "more than one YAML document; a spec is one document", Line: extra.Line}}
+			return nil, []*FieldError{{Msg: "more than one YAML document; a " + what + " is one document", Line: extra.Line}}, false
 		}
 	}
 	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
-		return nil, nil, []*FieldError{{Msg: "empty spec: no YAML document"}}
+		return nil, []*FieldError{{Msg: "empty " + what + ": no YAML document"}}, false
 	}
 	w := &walker{lines: map[string]int{}, active: map[*yaml.Node]bool{}}
 	doc := root.Content[0]
-	w.walk(doc, reflect.TypeFor[specDoc](), "")
+	w.walk(doc, reflect.TypeOf(out).Elem(), "")
 	if w.nodes > maxNodes || w.hard {
 		// Do not let the decoder expand it (cycles, bombs) or trip on
 		// keys it cannot hash (yaml.v3 panics on a list key next to <<).
-		return nil, w.lines, w.errs
+		return w.lines, w.errs, false
 	}
 	// Decode even if the walk found problems, so that validation can report
-	// the rest of the spec too: yaml.v3 skips unknown keys and leaves values
-	// of the wrong kind unset (the walk reported both, by path).
-	var d specDoc
-	if err := recovering(func() error { return doc.Decode(&d) }); err != nil {
+	// the rest of the document too: yaml.v3 skips unknown keys and leaves
+	// values of the wrong kind unset (the walk reported both, by path).
+	if err := recovering(func() error { return doc.Decode(out) }); err != nil {
 		var te *yaml.TypeError
 		if !errors.As(err, &te) || len(w.errs) == 0 {
 			// Not a kind problem the walk saw: alias limits, mostly.
-			return nil, w.lines, append(w.errs, yamlErrors(err)...)
+			return w.lines, append(w.errs, yamlErrors(err)...), false
 		}
 	}
-	return &d, w.lines, w.errs
+	return w.lines, w.errs, true
 }
 
 // emptyDocument: a document with nothing in it, as a trailing "---" makes.
@@ -296,6 +320,10 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		var v int64
 		if err := n.Decode(&v); err != nil || v != int64(int(v)) {
 			w.errorf(pathOr(path), n, "integer %s out of range", n.Value)
+		}
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
+			w.errorf(pathOr(path), n, "must be true or false, got %s", kindName(n))
 		}
 	case reflect.Float64:
 		tag := n.ShortTag()

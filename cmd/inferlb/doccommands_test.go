@@ -147,6 +147,13 @@ var docCommands = []docCmd{
 	// The demo itself.
 	{cmd: "inferlb demo --duration 20s --time-scale 0.5", want: "inferlb demo: stopped."},
 	{cmd: "inferlb demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},
+	// The fleet simulator.
+	{cmd: "inferlb sim --duration 60s examples/sim/steady-3region.yaml", want: "| inferlb |"},
+	{cmd: "inferlb sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml", want: "| session_hash |"},
+	{cmd: "inferlb sim --duration 60s --json --policy inferlb examples/sim/hot-region.yaml", want: `"best_achievable_hit_rate"`},
+	{cmd: "inferlb sim --duration 60s --out sim-out examples/sim/engine-failure.yaml", want: "Best achievable hit rate"},
+	{cmd: "inferlb sim --bench --engines 100 --requests 20000", want: "req/CPU-s"},
+	{cmd: "make sim-report", skip: "every scenario with every policy (minutes); its output is docs/results, and the sim entries above run the same code"},
 	// Benchmarks.
 	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
 	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's tables (minutes); the entry above runs the same command on one cell"},

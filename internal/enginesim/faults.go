@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/inferlb/inferlb/internal/enginesim/model"
 )
 
 // Faults are the run-time faults of one engine.
@@ -73,7 +75,7 @@ func (s *Server) SetFaults(f Faults) error {
 		return errors.New("enginesim: engine closed")
 	}
 	now := s.vnow()
-	s.eng.setFaults(f.Slowdown, f.Hang, now)
+	s.eng.SetFaults(f.Slowdown, f.Hang, now)
 	wasCrashed := s.crashed
 	s.faults = f
 	s.mu.Unlock()
@@ -157,14 +159,14 @@ func (s *Server) Restart() error {
 		ln.Close()
 		return errors.New("enginesim: engine closed")
 	}
-	eng, err := newReplicaSet(s.opts.Replicas, s.cfg, (*listener)(s))
+	eng, err := model.NewReplicas(s.opts.Replicas, s.cfg, (*listener)(s))
 	if err != nil { // the options were valid at Start; never expected
 		s.mu.Unlock()
 		ln.Close()
 		return fmt.Errorf("enginesim: restart: %w", err)
 	}
 	s.eng = eng
-	s.eng.setFaults(s.faults.Slowdown, s.faults.Hang, s.vnow())
+	s.eng.SetFaults(s.faults.Slowdown, s.faults.Hang, s.vnow())
 	s.faults.Crash = false
 	s.faults.RestartAfterS = 0
 	s.mu.Unlock()

@@ -161,7 +161,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	}
 	s.nextID++
 	id := s.nextID
-	st.replica, err = s.eng.submit(mr, s.vnow())
+	st.replica, err = s.eng.Submit(mr, s.vnow())
 	crashCh := s.crashCh
 	s.mu.Unlock()
 	if err != nil {
@@ -206,7 +206,7 @@ func (s *Server) networkDelay(w http.ResponseWriter, hr *http.Request) bool {
 // abort ends mr after its client left or the engine crashed.
 func (s *Server) abort(mr *model.Request) {
 	s.mu.Lock()
-	s.eng.abort(mr, mr.Tag.(*stream).replica, s.vnow())
+	s.eng.Abort(mr, mr.Tag.(*stream).replica, s.vnow())
 	s.mu.Unlock()
 	s.wake()
 }

@@ -66,7 +66,7 @@ func newMetrics(s *Server) *metrics {
 		return func() float64 {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			return f(s.eng.stats())
+			return f(s.eng.Stats())
 		}
 	}
 	gauge := func(name, help string, f func(model.Stats) float64) {

@@ -105,7 +105,7 @@ type Server struct {
 	done   chan struct{} // closed when shutdown has finished
 
 	mu        sync.Mutex // guards the fields below and the engine
-	eng       *replicaSet
+	eng       *model.Replicas
 	faults    Faults
 	rng       *rand.Rand
 	nextID    uint64
@@ -214,7 +214,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	s.faults.Slowdown = 1
 	s.ctx, s.cancel = context.WithCancel(ctx)
-	if s.eng, err = newReplicaSet(opts.Replicas, cfg, (*listener)(s)); err != nil {
+	if s.eng, err = model.NewReplicas(opts.Replicas, cfg, (*listener)(s)); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("enginesim: %w", err)
 	}
@@ -257,7 +257,7 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 func (s *Server) Stats() model.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.eng.stats()
+	return s.eng.Stats()
 }
 
 // Close stops the engine: the listener closes, streams in flight end, and
@@ -339,8 +339,8 @@ func (s *Server) drive() {
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		s.eng.advance(s.vnow())
-		next, ok := s.eng.nextEvent()
+		s.eng.Advance(s.vnow())
+		next, ok := s.eng.NextEvent()
 		s.mu.Unlock()
 		if ok {
 			timer.Reset(time.Until(s.realAt(next)))

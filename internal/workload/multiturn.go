@@ -166,6 +166,19 @@ type MultiTurnOptions struct {
 	Regions []RegionPhase
 	// Seed makes the workload reproducible.
 	Seed uint64
+
+	// Preambles, when positive, is the number of distinct long preambles
+	// sessions share; each is PreambleTokens long (drawn once per preamble)
+	// and begins the session's first user message, before the session's own
+	// words: the shape of traffic where every prompt starts with the same
+	// document or instructions inside the user turn (a prefix hash over the
+	// first user message sees only the preamble).
+	Preambles      int
+	PreambleTokens Range
+	// ToolTokens, when set, makes sessions agentic tool loops: after the
+	// first user message every turn adds the assistant's answer and a tool
+	// result of ToolTokens words (role "tool") instead of a user message.
+	ToolTokens Range
 }
 
 // MultiTurn produces synthetic chat sessions. Every session picks one of a
@@ -174,8 +187,10 @@ type MultiTurnOptions struct {
 // user message, so turn k+1's prompt extends turn k's prompt by the answer to
 // turn k and the new message.
 type MultiTurn struct {
-	opt     MultiTurnOptions
-	systems []string
+	opt          MultiTurnOptions
+	systems      []string
+	systemTokens []int // each system message's tokens (role marker included)
+	preambles    []string
 
 	mu   sync.Mutex
 	rng  *rand.Rand
@@ -218,6 +233,22 @@ func NewMultiTurn(opt MultiTurnOptions) (*MultiTurn, error) {
 			return nil, err
 		}
 	}
+	if opt.Preambles < 0 || opt.Preambles > 1000 {
+		return nil, fmt.Errorf("multiturn: preambles %d out of range [0, 1000]", opt.Preambles)
+	}
+	if opt.Preambles > 0 {
+		if err := opt.PreambleTokens.valid("preamble tokens", 1); err != nil {
+			return nil, err
+		}
+		if opt.PreambleTokens.Max > maxTraceTokens {
+			return nil, fmt.Errorf("multiturn: preamble tokens %d above %d", opt.PreambleTokens.Max, maxTraceTokens)
+		}
+	}
+	if opt.ToolTokens != (Range{}) {
+		if err := opt.ToolTokens.valid("tool tokens", 1); err != nil {
+			return nil, err
+		}
+	}
 	if len(opt.Priorities) > 0 {
 		if err := validShares(opt.Priorities); err != nil {
 			return nil, fmt.Errorf("multiturn: priorities: %w", err)
@@ -239,12 +270,20 @@ func NewMultiTurn(opt MultiTurnOptions) (*MultiTurn, error) {
 	m := &MultiTurn{opt: opt, rng: rand.New(rand.NewPCG(opt.Seed, 0x6d756c7469))}
 	for i := 0; i < opt.SystemPrompts; i++ {
 		m.systems = append(m.systems, Words(mix64(opt.Seed^mix64(uint64(i)+0x737973)), opt.SystemPromptTokens))
+		m.systemTokens = append(m.systemTokens, tokens.CountChat([]tokens.Message{{Role: "system", Content: m.systems[i]}}))
+	}
+	prng := rand.New(rand.NewPCG(opt.Seed, 0x7072656d))
+	for i := 0; i < opt.Preambles; i++ {
+		m.preambles = append(m.preambles, Words(mix64(opt.Seed^mix64(uint64(i)+0x707265)), opt.PreambleTokens.draw(prng)))
 	}
 	return m, nil
 }
 
 // Timed reports false: sessions start when the caller asks.
 func (m *MultiTurn) Timed() bool { return false }
+
+// Preamble returns preamble i (for tests and tools).
+func (m *MultiTurn) Preamble(i int) string { return m.preambles[i] }
 
 // SystemPrompt returns system prompt i (for tests and tools).
 func (m *MultiTurn) SystemPrompt(i int) string { return m.systems[i] }
@@ -271,6 +310,10 @@ func (m *MultiTurn) Next(at time.Duration) (Request, bool) {
 	turns := m.opt.Turns.draw(m.rng)
 	prio := pick(m.opt.Priorities, m.rng)
 	region := pick(m.RegionSharesAt(at), m.rng)
+	pre := ""
+	if len(m.preambles) > 0 {
+		pre = m.preambles[m.rng.IntN(len(m.preambles))]
+	}
 	m.mu.Unlock()
 	r := Request{
 		Index:    idx,
@@ -280,10 +323,16 @@ func (m *MultiTurn) Next(at time.Duration) (Request, bool) {
 		seed:     seed,
 		Messages: []tokens.Message{{Role: "system", Content: m.systems[sys]}},
 	}
+	r.PromptTokens = m.systemTokens[sys]
 	if m.opt.SessionIDs {
 		r.SessionID = fmt.Sprintf("s%016x", seed)
 	}
 	m.addTurn(&r)
+	if pre != "" {
+		u := &r.Messages[len(r.Messages)-1]
+		u.Content = pre + " " + u.Content
+		r.PromptTokens = tokens.CountChat(r.Messages)
+	}
 	return r, true
 }
 
@@ -293,14 +342,22 @@ func (m *MultiTurn) Next(at time.Duration) (Request, bool) {
 func (m *MultiTurn) addTurn(r *Request) {
 	r.Turn++
 	rng := rand.New(rand.NewPCG(r.seed, uint64(r.Turn)))
-	user := Words(rng.Uint64(), m.opt.UserTokens.draw(rng))
-	r.Messages = append(r.Messages, tokens.Message{Role: "user", Content: user})
+	msg, n := tokens.Message{Role: "user"}, 0
+	if r.Turn > 1 && m.opt.ToolTokens != (Range{}) {
+		msg.Role, n = "tool", m.opt.ToolTokens.draw(rng)
+	} else {
+		n = m.opt.UserTokens.draw(rng)
+	}
+	msg.Content = Words(rng.Uint64(), n)
+	r.Messages = append(r.Messages, msg)
 	r.MaxTokens = m.opt.OutputTokens.draw(rng)
 	r.ThinkTime = 0
 	if m.opt.ThinkTime > 0 {
 		r.ThinkTime = time.Duration(rng.ExpFloat64() * float64(m.opt.ThinkTime))
 	}
-	r.PromptTokens = tokens.CountChat(r.Messages)
+	// The prompt grows by the new message: its role marker and n words,
+	// one token each (a session's history is not counted again).
+	r.PromptTokens += 1 + n
 }
 
 // FollowUp returns the turn after prev, whose answer was answer: prev's
@@ -314,6 +371,7 @@ func (m *MultiTurn) FollowUp(prev Request, answer string) (Request, bool) {
 	next.Messages = make([]tokens.Message, len(prev.Messages), len(prev.Messages)+2)
 	copy(next.Messages, prev.Messages)
 	next.Messages = append(next.Messages, tokens.Message{Role: "assistant", Content: answer})
+	next.PromptTokens += tokens.CountChat(next.Messages[len(next.Messages)-1:])
 	m.addTurn(&next)
 	return next, true
 }

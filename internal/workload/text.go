@@ -1,8 +1,12 @@
 package workload
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"strings"
+	"unsafe"
+
+	"github.com/inferlb/inferlb/internal/tokens"
 )
 
 // vocab is a fixed vocabulary of 4096 distinct words of 2–7 lowercase
@@ -66,11 +70,41 @@ func (w *wordWriter) String() string { return w.sb.String() }
 // separated by single spaces, the same for the same seed. Words(s, m) is a
 // prefix of Words(s, n) for m ≤ n.
 func Words(seed uint64, n int) string {
-	var w wordWriter
-	w.sb.Grow(n * 6)
-	w.write(seed, n)
-	return w.String()
+	if n <= 0 {
+		return ""
+	}
+	// Each word and its space fit in 8 bytes (words have at most 7
+	// letters): one store per word, the same text as wordWriter writes.
+	buf := make([]byte, 8*n)
+	pos := 0
+	rng := rand.NewPCG(seed, 0x776f726473)
+	var bits uint64
+	var left int
+	for i := 0; i < n; i++ {
+		if left == 0 {
+			bits, left = rng.Uint64(), 64/vocabBits
+		}
+		k := bits & (1<<vocabBits - 1)
+		binary.LittleEndian.PutUint64(buf[pos:], vocabPacked[k])
+		pos += int(vocabLen[k]) + 1
+		bits >>= vocabBits
+		left--
+	}
+	return unsafe.String(&buf[0], pos-1) // without the last space; buf is not touched again
 }
+
+// vocabPacked[i] is word i and a space, little-endian in 8 bytes;
+// vocabLen[i] its length without the space.
+var vocabPacked, vocabLen = func() ([]uint64, []uint8) {
+	p, l := make([]uint64, len(vocab)), make([]uint8, len(vocab))
+	for i, w := range vocab {
+		var b [8]byte
+		copy(b[:], w)
+		b[len(w)] = ' '
+		p[i], l[i] = binary.LittleEndian.Uint64(b[:]), uint8(len(w))
+	}
+	return p, l
+}()
 
 // firstWords returns the first n space-separated words of s.
 func firstWords(s string, n int) string {
@@ -94,4 +128,33 @@ func mix64(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// vocabIDs are the token ids of the vocabulary's words (one token each).
+var vocabIDs = func() []uint64 {
+	out := make([]uint64, len(vocab))
+	for i, w := range vocab {
+		out[i] = tokens.Append(nil, w)[0]
+	}
+	return out
+}()
+
+// AppendWordIDs appends the token ids of Words(seed, n) to dst without
+// building the text: what the token rule makes of it, word by word.
+func AppendWordIDs(dst []uint64, seed uint64, n int) []uint64 {
+	if n <= 0 {
+		return dst
+	}
+	rng := rand.NewPCG(seed, 0x776f726473)
+	var bits uint64
+	var left int
+	for i := 0; i < n; i++ {
+		if left == 0 {
+			bits, left = rng.Uint64(), 64/vocabBits
+		}
+		dst = append(dst, vocabIDs[bits&(1<<vocabBits-1)])
+		bits >>= vocabBits
+		left--
+	}
+	return dst
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -338,5 +339,30 @@ func TestMultiTurnRejectsBadOptions(t *testing.T) {
 	var fe *FormatError
 	if _, err := ParseFormat("xml"); !errors.As(err, &fe) {
 		t.Fatalf("ParseFormat(xml): %v", err)
+	}
+}
+
+// AppendWordIDs gives the ids the token rule gives Words' text.
+func TestAppendWordIDs(t *testing.T) {
+	for _, n := range []int{0, 1, 5, 6, 7, 100} {
+		want := tokens.Append(nil, Words(42, n))
+		got := AppendWordIDs(nil, 42, n)
+		if !slices.Equal(got, want) {
+			t.Fatalf("n=%d: ids differ", n)
+		}
+	}
+}
+
+// Words writes what the word writer writes (the fast path and the general
+// one agree), for every small n and a few seeds.
+func TestWordsFastPath(t *testing.T) {
+	for seed := uint64(0); seed < 5; seed++ {
+		for n := 0; n < 40; n++ {
+			var w wordWriter
+			w.write(seed, n)
+			if got := Words(seed, n); got != w.String() {
+				t.Fatalf("seed %d n %d: %q vs %q", seed, n, got, w.String())
+			}
+		}
 	}
 }

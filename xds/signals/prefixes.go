@@ -200,7 +200,11 @@ func (x *Prefixes) prune(c *classPrefixes) {
 	for _, p := range c.points {
 		all = append(all, p)
 	}
-	slices.SortFunc(all, func(a, b *pointStat) int { return cmp.Compare(b.p.Upper, a.p.Upper) })
+	// Ties by hash, not map order: which points stay must not vary from
+	// run to run (the fleet simulator's determinism caught it).
+	slices.SortFunc(all, func(a, b *pointStat) int {
+		return cmp.Or(cmp.Compare(b.p.Upper, a.p.Upper), cmp.Compare(a.p.Prefix, b.p.Prefix))
+	})
 	for _, p := range all[x.opt.Capacity:] {
 		delete(c.points, p.p.Prefix)
 	}

@@ -56,6 +56,11 @@ type Request struct {
 	EndReason FinishReason
 	// Tag is the owner's; the engine never reads it.
 	Tag any
+	// Hashes, optional, are the chained hashes of Prompt's full blocks
+	// (ChainHashes(Prompt, BlockSize)) if the owner has them, e.g. from
+	// the previous turn of a conversation (ExtendChain); the engine
+	// computes them when they are missing or of the wrong length.
+	Hashes []uint64
 	// Output, optional, is the token ids the generated text will have when
 	// a follow-up prompt repeats it (for chat: the assistant's role marker,
 	// then the text's tokens). When the request finishes, the engine keeps
@@ -84,7 +89,7 @@ type Request struct {
 
 	prefilled  int      // prompt tokens computed or cached
 	hashes     []uint64 // chained hashes of the prompt's full blocks
-	blocks     []*block // pinned cached blocks, a prefix of hashes
+	blocks     []int32  // pinned cached blocks (arena indexes), a prefix of hashes
 	anon       int      // pinned blocks not (yet) in the cache
 	stepChunk  int      // prompt tokens prefilled in the current step
 	stepDecode bool     // decodes in the current step
@@ -92,12 +97,29 @@ type Request struct {
 
 // Listener receives a request's events, in virtual-time order, from inside
 // Submit, Advance, Abort and SetHang. It must not call back into the Engine.
+// A Listener that also implements TokenBatcher lets the engine collapse
+// runs of identical decode-only steps.
 type Listener interface {
 	// Token reports that r produced a token at t; r.Generated counts it, so
 	// r.Generated == 1 is the first token.
 	Token(r *Request, t time.Duration)
 	// Finished reports that r ended at t, with r.Reason.
 	Finished(r *Request, t time.Duration)
+}
+
+// TokenBatcher is implemented by listeners that take decode tokens in
+// batches. With one, a step that only decodes (no prefill, no admission)
+// is followed without wake-ups by the identical steps until the first
+// request would finish, a pending request would become schedulable, or the
+// owner intervenes (Submit, Abort, SetHang, SetSlowdown): the same steps,
+// times and outcomes as step by step, but one event instead of many.
+// Tokens reports that r produced n tokens in such silent steps, one every
+// step, the last at last (r.Generated and r.LastToken count them). Tokens of different
+// requests are then reported request by request, not in time order; the
+// first token and the step that finishes a request always come through
+// Token and Finished.
+type TokenBatcher interface {
+	Tokens(r *Request, n int, last, step time.Duration)
 }
 
 // Stats is a snapshot of an engine's state and counters.
@@ -140,9 +162,15 @@ type Engine struct {
 
 	inStep  bool
 	stepEnd time.Duration
+	// silent steps of length runStep precede the current step, the first
+	// starting at runStart (TokenBatcher); batcher is the listener as one.
+	silent   int
+	runStart time.Duration
+	runStep  time.Duration
+	batcher  TokenBatcher
 
-	cache       map[uint64]*block
-	lru         blockList
+	cache       blockIndex // hash → arena index
+	lru         blockArena
 	totalBlocks int
 	usedBlocks  int // pinned: anonymous + cached with ref > 0
 
@@ -157,11 +185,14 @@ func New(cfg Config, l Listener) (*Engine, error) {
 	if l == nil {
 		return nil, errors.New("model: nil Listener")
 	}
+	b, _ := l.(TokenBatcher)
 	return &Engine{
 		cfg:         cfg,
 		listener:    l,
+		batcher:     b,
 		slowdown:    1,
-		cache:       make(map[uint64]*block),
+		cache:       newBlockIndex(),
+		lru:         newBlockArena(),
 		totalBlocks: cfg.KVCapacityTokens / cfg.BlockSize,
 	}, nil
 }
@@ -190,6 +221,7 @@ func (e *Engine) Submit(r *Request, now time.Duration) error {
 			need, len(r.Prompt), r.MaxTokens, e.totalBlocks)
 	}
 	e.Advance(now)
+	e.cut()
 	r.Arrival = now
 	r.Queued = now + e.cfg.Overhead()
 	if r.Queued <= now {
@@ -227,6 +259,9 @@ func (e *Engine) NextEvent() (t time.Duration, ok bool) {
 // Advance processes every event up to and including virtual time now.
 func (e *Engine) Advance(now time.Duration) {
 	for {
+		// A run planned at a step start before now has silent steps
+		// that ended by now, too.
+		e.applySilent(now)
 		t, ok := e.NextEvent()
 		if !ok || t > now {
 			break
@@ -252,6 +287,7 @@ func (e *Engine) Advance(now time.Duration) {
 // blocks. Aborting a finished request does nothing.
 func (e *Engine) Abort(r *Request, now time.Duration) {
 	e.Advance(now)
+	e.cut()
 	switch r.state {
 	case statePending:
 		e.nPend--
@@ -283,6 +319,7 @@ func (e *Engine) SetSlowdown(f float64) error {
 	if !(f > 0) || math.IsInf(f, 0) {
 		return fmt.Errorf("model: slowdown must be a positive number, got %v", f)
 	}
+	e.cut()
 	e.slowdown = f
 	return nil
 }
@@ -291,6 +328,7 @@ func (e *Engine) SetSlowdown(f float64) error {
 // time now. A step already running completes.
 func (e *Engine) SetHang(hang bool, now time.Duration) {
 	e.Advance(now)
+	e.cut()
 	e.hung = hang
 	if !hang {
 		e.tryStartStep(now)
@@ -304,7 +342,7 @@ func (e *Engine) Stats() Stats {
 	s.Waiting = e.nWait
 	s.Pending = e.nPend
 	s.KVBlocks = e.totalBlocks
-	s.CachedBlocks = len(e.cache)
+	s.CachedBlocks = e.cache.len()
 	s.KVUsage = float64(e.usedBlocks) / float64(e.totalBlocks)
 	return s
 }
@@ -354,6 +392,56 @@ func (e *Engine) tryStartStep(t time.Duration) {
 	e.inStep = true
 	e.stepEnd = t + d
 	e.stats.Steps++
+	if e.batcher != nil && prefill == 0 && decodes == len(e.running) {
+		e.planRun(t, d)
+	}
+}
+
+// planRun extends a decode-only step starting at t into a run of identical
+// steps: until the first running request finishes, and ending no later
+// than the first step boundary at which the next pending request could be
+// admitted. Every step but the last is silent (see TokenBatcher).
+func (e *Engine) planRun(t, d time.Duration) {
+	k := math.MaxInt
+	for _, r := range e.running {
+		k = min(k, r.MaxTokens-r.Generated)
+	}
+	if r := e.pending.peek(); r != nil {
+		k = min(k, int((r.Queued-t+d-1)/d))
+	}
+	if k <= 1 {
+		return
+	}
+	e.silent, e.runStart, e.runStep = k-1, t, d
+	e.stepEnd = t + time.Duration(k)*d
+}
+
+// applySilent applies the silent steps that ended by now.
+func (e *Engine) applySilent(now time.Duration) {
+	if e.silent == 0 || now < e.runStart+e.runStep {
+		return
+	}
+	j := min(int((now-e.runStart)/e.runStep), e.silent)
+	last := e.runStart + time.Duration(j)*e.runStep
+	for _, r := range e.running {
+		r.Generated += j
+		r.LastToken = last
+		e.batcher.Tokens(r, j, last, e.runStep)
+	}
+	e.stats.GenerationTokens += uint64(j * len(e.running))
+	e.stats.Steps += uint64(j)
+	e.runStart = last
+	e.silent -= j
+}
+
+// cut ends a run at the step in progress (the owner changes something the
+// next steps depend on); Advance has applied the silent steps before it.
+func (e *Engine) cut() {
+	if e.silent == 0 {
+		return
+	}
+	e.stepEnd = e.runStart + e.runStep
+	e.silent = 0
 }
 
 func (e *Engine) completeStep(t time.Duration) {
@@ -401,35 +489,50 @@ func (e *Engine) completeStep(t time.Duration) {
 func (e *Engine) admit(r *Request, t time.Duration) bool {
 	bs := e.cfg.BlockSize
 	if r.hashes == nil {
-		r.hashes = chainHashes(r.Prompt, bs)
+		if len(r.Hashes) == len(r.Prompt)/bs {
+			r.hashes = r.Hashes
+		} else {
+			r.hashes = chainHashes(r.Prompt, bs)
+		}
 	}
-	k := 0
-	for k < len(r.hashes) && e.cache[r.hashes[k]] != nil {
-		k++
+	// The cached prefix's blocks, looked up once (r.blocks is reused if
+	// the request has to wait).
+	if r.blocks == nil {
+		r.blocks = make([]int32, 0, len(r.hashes))
 	}
+	found := r.blocks[:0]
+	for _, h := range r.hashes {
+		b, ok := e.cache.get(h)
+		if !ok {
+			break
+		}
+		found = append(found, b)
+	}
+	k := len(found)
 	if k*bs >= len(r.Prompt) { // compute at least one token
 		k = (len(r.Prompt) - 1) / bs
+		found = found[:k]
 	}
 	need := e.blocksFor(r) - k
 	evictable := e.lru.n
-	for i := 0; i < k; i++ {
-		if e.cache[r.hashes[i]].ref == 0 {
+	for _, b := range found {
+		if e.lru.b[b].ref == 0 {
 			evictable--
 		}
 	}
 	free := e.totalBlocks - e.usedBlocks - e.lru.n
 	if need > free+evictable {
+		r.blocks = found[:0]
 		return false
 	}
-	r.blocks = make([]*block, 0, len(r.hashes))
-	for i := 0; i < k; i++ {
-		b := e.cache[r.hashes[i]]
+	for _, b := range found {
 		e.pin(b)
-		r.blocks = append(r.blocks, b)
 	}
+	r.blocks = found
 	for e.totalBlocks-e.usedBlocks-e.lru.n < need {
 		b := e.lru.popFront()
-		delete(e.cache, b.hash)
+		e.cache.del(e.lru.b[b].hash)
+		e.lru.drop(b)
 	}
 	e.usedBlocks += need
 	r.anon = need
@@ -441,12 +544,12 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	return true
 }
 
-func (e *Engine) pin(b *block) {
-	if b.ref == 0 {
+func (e *Engine) pin(b int32) {
+	if e.lru.b[b].ref == 0 {
 		e.lru.remove(b)
 		e.usedBlocks++
 	}
-	b.ref++
+	e.lru.b[b].ref++
 }
 
 // registerBlocks adds r's newly computed full prompt blocks to the cache.
@@ -454,7 +557,7 @@ func (e *Engine) registerBlocks(r *Request) {
 	full := min(r.prefilled/e.cfg.BlockSize, len(r.hashes))
 	for i := len(r.blocks); i < full; i++ {
 		h := r.hashes[i]
-		if b := e.cache[h]; b != nil {
+		if b, ok := e.cache.get(h); ok {
 			// Computed concurrently by another request: share it and give
 			// back the block this request had reserved for it.
 			e.pin(b)
@@ -463,8 +566,8 @@ func (e *Engine) registerBlocks(r *Request) {
 			r.blocks = append(r.blocks, b)
 			continue
 		}
-		b := &block{hash: h, ref: 1}
-		e.cache[h] = b
+		b := e.lru.alloc(h, 1)
+		e.cache.put(h, b)
 		r.anon--
 		r.blocks = append(r.blocks, b)
 	}
@@ -478,20 +581,35 @@ func (e *Engine) cacheOutput(r *Request) {
 	if len(r.Output) == 0 || r.anon == 0 {
 		return
 	}
-	toks := make([]uint64, 0, len(r.Prompt)+len(r.Output))
-	toks = append(append(toks, r.Prompt...), r.Output...)
-	// The prompt's full blocks are hashed already: continue their chain.
-	hashes := extendChain(append([]uint64(nil), r.hashes...), toks, e.cfg.BlockSize)
-	var add []*block
-	for i := len(r.blocks); i < len(hashes) && len(add) < r.anon; i++ {
-		if e.cache[hashes[i]] != nil {
+	// The prompt's full blocks are hashed already: continue their chain
+	// over the rest of the prompt and the output (only that tail is
+	// copied: a long conversation's prompt is not).
+	bs := e.cfg.BlockSize
+	k := len(r.hashes)
+	tail := make([]uint64, 0, len(r.Prompt)-k*bs+len(r.Output))
+	tail = append(append(tail, r.Prompt[k*bs:]...), r.Output...)
+	// The chain's block i is r.hashes[i] below k, more[i−k] from k on.
+	last := chainSeed
+	if k > 0 {
+		last = r.hashes[k-1]
+	}
+	more := chainFrom(make([]uint64, 0, len(tail)/bs), last, k, tail, bs)
+	var add []uint64
+	for i := len(r.blocks); i < k+len(more) && len(add) < r.anon; i++ {
+		var h uint64
+		if i < k {
+			h = r.hashes[i]
+		} else {
+			h = more[i-k]
+		}
+		if _, ok := e.cache.get(h); ok {
 			continue // cached already (another request computed it)
 		}
-		add = append(add, &block{hash: hashes[i]})
+		add = append(add, h)
 	}
 	for i := len(add) - 1; i >= 0; i-- {
-		b := add[i]
-		e.cache[b.hash] = b
+		b := e.lru.alloc(add[i], 0)
+		e.cache.put(add[i], b)
 		e.lru.pushBack(b)
 	}
 	r.anon -= len(add)
@@ -503,8 +621,8 @@ func (e *Engine) cacheOutput(r *Request) {
 func (e *Engine) release(r *Request) {
 	for i := len(r.blocks) - 1; i >= 0; i-- {
 		b := r.blocks[i]
-		b.ref--
-		if b.ref == 0 {
+		e.lru.b[b].ref--
+		if e.lru.b[b].ref == 0 {
 			e.usedBlocks--
 			e.lru.pushBack(b)
 		}
@@ -522,18 +640,29 @@ func chainHashes(toks []uint64, bs int) []uint64 {
 // extendChain appends to hs, the chained hashes of the first len(hs) full
 // blocks of toks, the hashes of toks' remaining full blocks.
 func extendChain(hs []uint64, toks []uint64, bs int) []uint64 {
-	var h uint64 = 0x9e3779b97f4a7c15
+	last := chainSeed
 	if len(hs) > 0 {
-		h = hs[len(hs)-1]
+		last = hs[len(hs)-1]
 	}
-	for i := len(hs); i < len(toks)/bs; i++ {
-		for _, t := range toks[i*bs : (i+1)*bs] {
+	return chainFrom(hs, last, len(hs), toks[min(len(hs)*bs, len(toks)):], bs)
+}
+
+// chainSeed starts every chain.
+const chainSeed uint64 = 0x9e3779b97f4a7c15
+
+// chainFrom appends to out the chained hashes of tail's full blocks, the
+// blocks numbered from i0 of a sequence whose block i0−1 hashed to last
+// (chainSeed when i0 is 0).
+func chainFrom(out []uint64, last uint64, i0 int, tail []uint64, bs int) []uint64 {
+	h := last
+	for b := 0; b < len(tail)/bs; b++ {
+		for _, t := range tail[b*bs : (b+1)*bs] {
 			h = mix(h ^ t)
 		}
-		h = mix(h + uint64(i+1))
-		hs = append(hs, h)
+		h = mix(h + uint64(i0+b+1))
+		out = append(out, h)
 	}
-	return hs
+	return out
 }
 
 // mix is splitmix64's finalizer.
@@ -549,3 +678,24 @@ func mix(x uint64) uint64 {
 // ChainHashes returns the chained block hashes the prefix cache uses for a
 // prompt: element i covers tokens [0, (i+1)·blockSize).
 func ChainHashes(toks []uint64, blockSize int) []uint64 { return chainHashes(toks, blockSize) }
+
+// ExtendChain appends to hs, the chained hashes of the first len(hs) full
+// blocks of toks, the hashes of toks' remaining full blocks: a prompt that
+// extends another (the next turn of a conversation) costs only its new
+// tokens.
+func ExtendChain(hs, toks []uint64, blockSize int) []uint64 { return extendChain(hs, toks, blockSize) }
+
+// CachedBlocks returns how many of the leading chained block hashes
+// (ChainHashes of a prompt, in order) the prefix cache holds now: what a
+// router that follows the engine's KV-cache events knows (Dynamo's KV
+// router, for one). It changes nothing, not even the LRU order.
+func (e *Engine) CachedBlocks(hashes []uint64) int {
+	k := 0
+	for k < len(hashes) {
+		if _, ok := e.cache.get(hashes[k]); !ok {
+			break
+		}
+		k++
+	}
+	return k
+}

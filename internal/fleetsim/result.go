@@ -1,0 +1,205 @@
+package fleetsim
+
+import (
+	"math"
+	"sort"
+	"strconv"
+)
+
+// PolicyResult is one policy's figures on one scenario, over the requests
+// that arrived after the warm-up.
+type PolicyResult struct {
+	Policy string `json:"policy"`
+	// Counts: Arrived = Served + Shed + Failed + Rejected (checked).
+	Arrived  int `json:"arrived"`
+	Served   int `json:"served"`
+	Shed     int `json:"shed"`
+	Failed   int `json:"failed"`
+	Rejected int `json:"rejected"`
+	// TTFT (client side: network included) and TPOT of served requests.
+	TTFT      Quantiles `json:"ttft"`
+	TPOTP50Ms float64   `json:"tpot_p50_ms"`
+	TPOTP99Ms float64   `json:"tpot_p99_ms"`
+	// Goodput is the share of arrived requests served within the SLO
+	// (TTFT and TPOT); GoodputPerS the rate of such requests.
+	Goodput     float64 `json:"slo_goodput"`
+	GoodputPerS float64 `json:"slo_goodput_per_s"`
+	// HitRate is cached prompt tokens / prompt tokens of served requests.
+	HitRate float64 `json:"prefix_hit_rate"`
+	ShedPct float64 `json:"shed_pct"`
+	// Retries is the number of retries Envoy made; RetriedPct the share of
+	// requests that needed one.
+	Retries    int     `json:"retries"`
+	RetriedPct float64 `json:"retried_pct"`
+	// ChurnPerCycle is the mean total-variation distance between
+	// consecutive published weights (per frontend and class); Cycles the
+	// control cycles run.
+	ChurnPerCycle float64 `json:"weight_churn_per_cycle"`
+	Cycles        int     `json:"cycles"`
+	// Remapped is the share of follow-up turns served by another engine
+	// than the conversation's previous turn.
+	Remapped float64 `json:"conversations_remapped"`
+	// MaxMeanLoad is the busiest engine's mean in-flight requests over the
+	// mean of all engines (1 = perfectly even).
+	MaxMeanLoad float64 `json:"max_mean_engine_load"`
+	// EngineLoad is each engine's mean in-flight requests.
+	EngineLoad  map[string]float64 `json:"engine_load"`
+	WallSeconds float64            `json:"wall_seconds"`
+	Events      []mark             `json:"events,omitempty"`
+	Notes       []string           `json:"notes,omitempty"`
+
+	// Series for the charts (not in the JSON).
+	series *series
+}
+
+// series are the time series of one run.
+type series struct {
+	ttft      []float64 // sorted TTFTs (s) of measured served requests
+	p99T      []float64
+	p99       []float64 // p99 TTFT (s) per window
+	weightsT  []float64
+	weights   []map[string]float64
+	samples   []float64
+	load      [][]float32
+	engineIDs []string
+}
+
+// p99Window is the width of the p99-over-time windows.
+const p99Window = 10.0
+
+func (s *Sim) result() (*PolicyResult, error) {
+	r := s.rec
+	res := &PolicyResult{Policy: s.opt.Policy, Cycles: r.cycles, Notes: r.notesText(), Events: r.marks, EngineLoad: map[string]float64{}}
+	var ttft, tpot []float64
+	var prompt, cached float64
+	good, follow, moved := 0, 0, 0
+	warm := s.sc.Warmup.Seconds()
+	type win struct{ xs []float64 }
+	wins := map[int]*win{}
+	for _, rec := range r.recs {
+		if float64(rec.arrival) < warm {
+			continue
+		}
+		res.Arrived++
+		res.Retries += int(rec.retries)
+		if rec.retries > 0 {
+			res.RetriedPct++
+		}
+		switch rec.out {
+		case outcomeServed:
+			res.Served++
+			t := float64(rec.ttft)
+			ttft = append(ttft, t)
+			if rec.tpot > 0 {
+				tpot = append(tpot, float64(rec.tpot))
+			}
+			prompt += float64(rec.prompt)
+			cached += float64(rec.cached)
+			if t <= s.sc.SLO.TTFT.Seconds() && float64(rec.tpot) <= s.sc.SLO.TPOT.Seconds() {
+				good++
+			}
+			if rec.remap >= 0 {
+				follow++
+				moved += int(rec.remap)
+			}
+			k := int(float64(rec.arrival) / p99Window)
+			w := wins[k]
+			if w == nil {
+				w = &win{}
+				wins[k] = w
+			}
+			w.xs = append(w.xs, t)
+		case outcomeShed:
+			res.Shed++
+		case outcomeFailed:
+			res.Failed++
+		case outcomeRejected:
+			res.Rejected++
+		}
+	}
+	if res.Arrived != res.Served+res.Shed+res.Failed+res.Rejected {
+		return nil, errConservation(res)
+	}
+	// Every arrival must have ended (the simulator drains): conservation
+	// over the whole run, warm-up included.
+	if r.nArrived != len(r.recs) {
+		return nil, errConservation(res)
+	}
+	q := quantilesOf(ms(ttft))
+	res.TTFT = q
+	tq := quantilesOf(ms(tpot))
+	res.TPOTP50Ms, res.TPOTP99Ms = tq.P50, tq.P99
+	if res.Arrived > 0 {
+		res.Goodput = float64(good) / float64(res.Arrived)
+		res.ShedPct = 100 * float64(res.Shed) / float64(res.Arrived)
+		res.RetriedPct = 100 * res.RetriedPct / float64(res.Arrived)
+	}
+	if span := (s.sc.Duration - s.sc.Warmup).Seconds(); span > 0 {
+		res.GoodputPerS = float64(good) / span
+	}
+	if prompt > 0 {
+		res.HitRate = cached / prompt
+	}
+	if follow > 0 {
+		res.Remapped = float64(moved) / float64(follow)
+	}
+	if r.churnN > 0 {
+		// Rounded: the published weights' last bits vary with the order
+		// of float sums inside the control plane (map order), which moves
+		// nothing but this figure's trailing digits.
+		res.ChurnPerCycle = math.Round(r.churnSum/float64(r.churnN)*1e6) / 1e6
+	}
+	if r.loadN > 0 {
+		mx, sum := 0.0, 0.0
+		for j, v := range r.loadSum {
+			m := v / float64(r.loadN)
+			res.EngineLoad[s.spec.Engines[j].ID] = round3(m)
+			mx = math.Max(mx, m)
+			sum += m
+		}
+		if mean := sum / float64(len(r.loadSum)); mean > 0 {
+			res.MaxMeanLoad = mx / mean
+		}
+	}
+	if !s.opt.NoSeries {
+		sr := &series{ttft: ttft, weightsT: r.weightsT, weights: r.weights, samples: r.samples, load: r.load}
+		sort.Float64s(sr.ttft)
+		keys := make([]int, 0, len(wins))
+		for k := range wins {
+			keys = append(keys, k)
+		}
+		sort.Ints(keys)
+		for _, k := range keys {
+			xs := wins[k].xs
+			sort.Float64s(xs)
+			sr.p99T = append(sr.p99T, (float64(k)+0.5)*p99Window)
+			sr.p99 = append(sr.p99, quantile(xs, 0.99))
+		}
+		for _, e := range s.spec.Engines {
+			sr.engineIDs = append(sr.engineIDs, e.ID)
+		}
+		res.series = sr
+	}
+	return res, nil
+}
+
+func ms(xs []float64) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = x * 1000
+	}
+	return out
+}
+
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
+type conservationError struct{ r *PolicyResult }
+
+func (e conservationError) Error() string {
+	return "fleetsim: conservation violated: arrived " + itoa(e.r.Arrived) + " ≠ served " + itoa(e.r.Served) +
+		" + shed " + itoa(e.r.Shed) + " + failed " + itoa(e.r.Failed) + " + rejected " + itoa(e.r.Rejected)
+}
+
+func errConservation(r *PolicyResult) error { return conservationError{r} }
+
+func itoa(n int) string { return strconv.Itoa(n) }
