@@ -196,8 +196,14 @@ func TestNACKKeepsLastGoodConfig(t *testing.T) {
 	if n := sumMetric(t, reg, "inferlb_xds_nacks_total"); n != 1 {
 		t.Errorf("nacks_total = %v after one rejected update: the server sent it again", n)
 	}
-	if st := srv.Status(); st[0].NACKs[0].Count != 1 || st[0].Acked["eds"] != next.EndpointVersion {
-		t.Errorf("status after the good update: %+v", st[0])
+	// Envoy applies the update before its ACK reaches the server: wait for it.
+	if err := envoytest.Poll(ctx, 10*time.Second, 20*time.Millisecond, func() error {
+		if st := srv.Status(); st[0].NACKs[0].Count != 1 || st[0].Acked["eds"] != next.EndpointVersion {
+			return fmt.Errorf("status after the good update: %+v", st[0])
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 }
 
