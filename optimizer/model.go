@@ -24,14 +24,14 @@ type model struct {
 }
 
 type block struct {
-	i, c           int
-	d              float64
-	dp             []float64 // demand per priority
-	s              []float64 // shed per priority (solution)
-	lo, hi         int       // arcs[lo:hi]
-	prompt, output float64
-	nu             float64 // demand dual
-	hasLast        bool
+	i, c    int
+	d       float64
+	dp      []float64 // demand per priority
+	s       []float64 // shed per priority (solution)
+	lo, hi  int       // arcs[lo:hi]
+	shape   Shape
+	nu      float64 // demand dual
+	hasLast bool
 }
 
 type arc struct {
@@ -124,10 +124,7 @@ func compile(p *Problem) *model {
 				continue
 			}
 			cl := &p.Classes[c]
-			b := block{i: i, c: c, d: tot, dp: d.RatePerS, s: make([]float64, m.nPri), prompt: cl.PromptTokens, output: cl.OutputTokens}
-			if d.PromptTokens > 0 || d.OutputTokens > 0 {
-				b.prompt, b.output = d.PromptTokens, d.OutputTokens
-			}
+			b := block{i: i, c: c, d: tot, dp: d.RatePerS, s: make([]float64, m.nPri), shape: p.FlowShape(i, c)}
 			var last map[string]float64
 			if p.Last != nil && p.Last.Weights != nil {
 				last = p.Last.Weights[p.Frontends[i].ID][cl.ID]
@@ -159,8 +156,8 @@ func compile(p *Problem) *model {
 					continue
 				}
 				pr := &p.Engines[j].Profile
-				ttft, tbot := pr.Latency(b.prompt, b.output, 0)
-				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.output*tbot + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.ratio(b.prompt, b.output)}
+				ttft, tbot := pr.Latency(b.shape, 0)
+				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.shape.OutputTokens*tbot + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.Ratio(b.shape)}
 				if last != nil {
 					a.x0 = tot * lastW[j]
 					a.sigma = m.sigma
