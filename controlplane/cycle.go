@@ -87,6 +87,11 @@ type Config struct {
 	// MaxCachedShare caps the share of prompt tokens counted as prefix-cache
 	// hits (no prefill work), [0, 1).
 	MaxCachedShare float64
+	// MarginalStretch (optimizer.Problem.MarginalStretch): an engine is
+	// full where one more request would cost this many times its zero-load
+	// latency (its own and the congestion it adds), if that comes before
+	// the headroom; 0: the headroom alone.
+	MarginalStretch float64
 }
 
 // PenaltyOptions shape outlier penalties.
@@ -131,10 +136,11 @@ func DefaultConfig() Config {
 		BackgroundFloor:  0.1,
 		Penalty: PenaltyOptions{LatencyTolerance: 0.5, LatencyScale: 2, ErrorTolerance: 0.02, ErrorScale: 0.5,
 			MinSamples: 3, E2ESlackMs: 50, Max: 0.9, HalfLife: 10 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
-		RetryBudget:    0.2,
-		MaxRetries:     2,
-		ShapeSmoothing: 20 * time.Second,
-		MaxCachedShare: 0.9,
+		RetryBudget:     0.2,
+		MaxRetries:      2,
+		ShapeSmoothing:  20 * time.Second,
+		MaxCachedShare:  0.9,
+		MarginalStretch: 12,
 	}
 }
 
@@ -194,6 +200,9 @@ func (c Config) Validate() error {
 	if !(c.MaxCachedShare >= 0 && c.MaxCachedShare < 1) {
 		bad("max_cached_share", c.MaxCachedShare, "must be in [0, 1)")
 	}
+	if !(c.MarginalStretch == 0 || c.MarginalStretch > 1) || math.IsInf(c.MarginalStretch, 0) {
+		bad("marginal_stretch", c.MarginalStretch, "must be 0 (off) or > 1, and finite")
+	}
 	return errors.Join(errs...)
 }
 
@@ -219,6 +228,11 @@ type EngineView struct {
 	// ObservedUtilization is work per second over replica capacity.
 	ObservedUtilization float64 `json:"observed_utilization"`
 	PlannedUtilization  float64 `json:"planned_utilization"`
+	// SolvedUtilization is what this cycle's allocation plans for the
+	// engine, UtilizationLimit the cap it was planned under (the headroom,
+	// or lower where MaxStretch puts the engine's hockey stick).
+	SolvedUtilization float64 `json:"solved_utilization"`
+	UtilizationLimit  float64 `json:"utilization_limit"`
 	// Residuals: observed / predicted at the observed load and queue (0: no
 	// evidence): TTFT and TBOT from the engine's metrics, E2E from
 	// ext_proc's timing of whole requests. The predictions are in ms.
@@ -496,7 +510,8 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
 	}
 	// 1–2. Engine views and penalties (penalty.go).
-	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs}
+	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs,
+		MarginalStretch: c.cfg.MarginalStretch}
 	health := map[string]translate.Health{}
 	recovered := map[string]bool{}
 	views, states, as, up := c.observe(in)
@@ -589,8 +604,14 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	res.Objective = sol.Objective
 	engUtil := map[string]float64{}
-	for _, er := range sol.Engines {
+	for j, er := range sol.Engines {
 		engUtil[er.ID] = er.Utilization
+		if j < len(res.Engines) && res.Engines[j].ID == er.ID {
+			res.Engines[j].SolvedUtilization = er.Utilization
+			if er.CapacityRPS > 0 {
+				res.Engines[j].UtilizationLimit = er.LimitRPS / er.CapacityRPS
+			}
+		}
 	}
 
 	// The split tables, one per class for every node.

@@ -47,7 +47,7 @@ type arc struct {
 // second-order Taylor expansion beyond ue so that iterates past saturation
 // stay finite.
 type engModel struct {
-	C, limit float64 // available capacity and Headroom·C, reference req/s
+	C, limit float64 // available capacity and Headroom·C (or lower: fullLimits), reference req/s
 	lin, q   float64
 	ue       float64
 	nominal  float64 // capacity without the penalty (for PenaltyMs)
@@ -172,6 +172,10 @@ func compile(p *Problem) *model {
 		}
 	}
 
+	if p.MarginalStretch > 0 {
+		m.fullLimits()
+	}
+
 	// Shed cost: M·(1 + ShedCost/max ShedCost) with M twice the largest
 	// marginal cost of any route at full headroom, so that a request is
 	// shed only when no eligible engine has room left.
@@ -200,6 +204,48 @@ func compile(p *Problem) *model {
 	}
 	sort.SliceStable(m.shedOrd, func(a, b int) bool { return m.shed[m.shedOrd[a]] < m.shed[m.shedOrd[b]] })
 	return m
+}
+
+// fullLimits lowers each engine's limit to where one more request costs
+// MarginalStretch times its zero-load latency (Problem.MarginalStretch):
+// the utilization at which that happens for each flow's shape
+// (Profile.FullUtilization), averaged over the flows that may use the
+// engine, weighted by the work each would bring if spread evenly over its
+// eligible engines. An engine's limit is one utilization for every flow:
+// judging each flow by its own marginal cost would refuse long prompts
+// first (one adds the congestion of twenty short ones) on a fleet at a
+// third of its capacity.
+func (m *model) fullLimits() {
+	p := m.p
+	num, den := make([]float64, len(m.eng)), make([]float64, len(m.eng))
+	type key struct {
+		j int
+		s Shape
+	}
+	memo := map[key]float64{}
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		n := float64(b.hi - b.lo)
+		for k := b.lo; k < b.hi; k++ {
+			a := &m.arcs[k]
+			u, ok := memo[key{a.j, b.shape}]
+			if !ok {
+				u = p.Engines[a.j].Profile.FullUtilization(b.shape, p.MarginalStretch, p.Headroom)
+				memo[key{a.j, b.shape}] = u
+			}
+			w := b.d * a.r / n
+			num[a.j] += w * u
+			den[a.j] += w
+		}
+	}
+	for j := range m.eng {
+		e := &m.eng[j]
+		if den[j] > 0 {
+			if u := num[j] / den[j]; u < p.Headroom {
+				e.limit = u * e.C
+			}
+		}
+	}
 }
 
 // loads recomputes engine loads from the arcs.

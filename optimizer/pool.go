@@ -182,7 +182,7 @@ func (m *model) pool() *pooling {
 	}
 	q := &Problem{
 		Priorities: p.Priorities,
-		Headroom:   p.Headroom, StabilityMs: p.StabilityMs, RemapFactor: p.RemapFactor,
+		Headroom:   p.Headroom, StabilityMs: p.StabilityMs, RemapFactor: p.RemapFactor, MarginalStretch: p.MarginalStretch,
 		PenaltyCostMs: p.PenaltyCostMs,
 	}
 	q.Demand = make([][]Demand, len(reps))

@@ -53,6 +53,20 @@ type Problem struct {
 	// problem stays convex.
 	PenaltyCostMs float64
 
+	// MarginalStretch, when > 0, also caps each engine's utilization where
+	// one more request costs MarginalStretch times its zero-load latency —
+	// its own latency and the congestion it adds to every request on the
+	// engine (TTFT + output × TBOT, without the network): the latency
+	// curves' hockey stick for the shapes of the flows that may use it
+	// (Profile.FullUtilization, averaged over those flows by the work they
+	// bring). Past it a few more requests slow everyone down by seconds;
+	// demand beyond it is overload and is shed, lowest priority first, as
+	// demand beyond the headroom is. How far below the headroom that is
+	// depends on the shape: long uncached prompts interleave prefill with
+	// every decode step and turn early, short cached requests late, a
+	// batch bound by its running slots not at all. 0: the headroom alone.
+	MarginalStretch float64
+
 	// RemapFactor converts a change of weights into moved requests: with
 	// Envoy's weighted Maglev the share of keys that move is about 1.35× the
 	// total-variation distance of the weights. 0 means 1.35.
@@ -154,6 +168,9 @@ func (p *Problem) Validate() error {
 	}
 	if !(p.StabilityMs >= 0) || !finite(p.StabilityMs) {
 		return fmt.Errorf("%w: stability cost is %g ms, must be ≥ 0", ErrInvalidProblem, p.StabilityMs)
+	}
+	if !(p.MarginalStretch == 0 || p.MarginalStretch > 1) || !finite(p.MarginalStretch) {
+		return fmt.Errorf("%w: marginal stretch is %g, must be 0 (off) or > 1", ErrInvalidProblem, p.MarginalStretch)
 	}
 	if !(p.RemapFactor >= 0) || !finite(p.RemapFactor) {
 		return fmt.Errorf("%w: remap factor is %g, must be ≥ 0", ErrInvalidProblem, p.RemapFactor)

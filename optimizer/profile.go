@@ -252,6 +252,39 @@ func (p *Profile) Latency(s Shape, u float64) (ttft, tbot float64) {
 	return ttft, tbot
 }
 
+// FullUtilization is the utilization at which one more request of the
+// given shape costs stretch times its zero-load latency: its own latency
+// L(u) (TTFT + output × TBOT at the engine) plus the congestion it adds to
+// every request there, d(u·L(u))/du = L(u) + u·L'(u), which is what the
+// optimizer's objective charges at the margin. Past it the latency curves
+// are in their hockey stick: a few more requests slow everyone down by
+// seconds. A shape whose marginal cost stays below stretch × L(0) up to
+// max gets max.
+func (p *Profile) FullUtilization(s Shape, stretch, max float64) float64 {
+	lat := func(u float64) float64 {
+		ttft, tbot := p.Latency(s, u)
+		return ttft + s.OutputTokens*tbot
+	}
+	const h = 1e-6
+	marginal := func(u float64) float64 {
+		return lat(u) + u*(lat(u+h)-lat(math.Max(0, u-h)))/(u+h-math.Max(0, u-h))
+	}
+	target := stretch * lat(0)
+	if !(target > 0) || marginal(max) <= target {
+		return max
+	}
+	lo, hi := 0.0, max
+	for range 50 {
+		mid := (lo + hi) / 2
+		if marginal(mid) <= target {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
 func (p *Profile) baseTTFT(prompt float64) float64 {
 	b := p.TTFT.Base
 	if p.PrefillTokensPerS > 0 {
