@@ -218,8 +218,8 @@ func compile(p *Problem) *model {
 func (m *model) fullLimits() {
 	p := m.p
 	num, den := make([]float64, len(m.eng)), make([]float64, len(m.eng))
-	type key struct {
-		j int
+	type key struct { // engines of one profile share their limit (pools)
+		p Profile
 		s Shape
 	}
 	memo := map[key]float64{}
@@ -228,10 +228,11 @@ func (m *model) fullLimits() {
 		n := float64(b.hi - b.lo)
 		for k := b.lo; k < b.hi; k++ {
 			a := &m.arcs[k]
-			u, ok := memo[key{a.j, b.shape}]
+			kk := key{p.Engines[a.j].Profile, b.shape}
+			u, ok := memo[kk]
 			if !ok {
-				u = p.Engines[a.j].Profile.FullUtilization(b.shape, p.MarginalStretch, p.Headroom)
-				memo[key{a.j, b.shape}] = u
+				u = kk.p.FullUtilization(b.shape, p.MarginalStretch, p.Headroom)
+				memo[kk] = u
 			}
 			w := b.d * a.r / n
 			num[a.j] += w * u
