@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 	"github.com/inferlb/inferlb/xds/translate"
@@ -820,10 +821,7 @@ func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.Dema
 				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
 			}
-			sum := 0.0
-			for _, w := range cd.Weights {
-				sum += w
-			}
+			sum := ordered.Sum(cd.Weights)
 			if sum <= 0 {
 				continue
 			}
@@ -905,17 +903,14 @@ func round2(v float64) float64 { return math.Round(v*100) / 100 }
 func tv(a, b map[string]float64) float64 {
 	na, nb := norm(a), norm(b)
 	d := 0.0
-	for k := range unionKeys(na, nb) {
+	for _, k := range ordered.Keys(unionKeys(na, nb)) {
 		d += math.Abs(na[k] - nb[k])
 	}
 	return d / 2
 }
 
 func norm(a map[string]float64) map[string]float64 {
-	s := 0.0
-	for _, v := range a {
-		s += v
-	}
+	s := ordered.Sum(a)
 	out := make(map[string]float64, len(a))
 	for k, v := range a {
 		if s > 0 {
