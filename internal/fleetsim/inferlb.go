@@ -182,13 +182,15 @@ func lbConfig(o translate.Options) envoylb.Config {
 	return c
 }
 
-func newInferlb(s *Sim) (*inferlb, error) {
+// newInferlb runs the control plane on spec: the scenario's fleet, or a
+// variant of it (affinityOff).
+func newInferlb(s *Sim, spec *fleet.Spec) (*inferlb, error) {
 	pl, err := newPlane(s, true)
 	if err != nil {
 		return nil, err
 	}
 	cfg := controlplane.DefaultConfig()
-	ctrl, err := controlplane.NewController(s.spec, cfg, nil)
+	ctrl, err := controlplane.NewController(spec, cfg, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -203,6 +205,20 @@ func newInferlb(s *Sim) (*inferlb, error) {
 	x.applied = make([]*translate.Resources, len(s.fronts))
 	x.pending = make([]*policyv1.ReportRequest, len(s.fronts))
 	return x, nil
+}
+
+// affinityOff is spec with cache affinity off for every class, as an
+// operator sets it with classes[].affinity.mode: off; the control plane
+// publishes it in RoutingPolicy and ext_proc gives every request a fresh
+// key. The scenario's spec is shared by policies running at once: the
+// classes are copied, not changed.
+func affinityOff(spec *fleet.Spec) *fleet.Spec {
+	sp := *spec
+	sp.Classes = slices.Clone(spec.Classes)
+	for i := range sp.Classes {
+		sp.Classes[i].Affinity.Mode = fleet.AffinityOff
+	}
+	return &sp
 }
 
 func (x *inferlb) Start() {
