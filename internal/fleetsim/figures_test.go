@@ -5,6 +5,11 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/workload"
 )
 
 // steadyChat is a short fault-free multi-turn scenario on the reference
@@ -177,5 +182,41 @@ func TestMedian(t *testing.T) {
 		if got := median(c.in); got != c.want {
 			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
 		}
+	}
+}
+
+// The simulated ext_procs' tokenizer counts the workloads' texts as the
+// engines do, so a prompt of 6,000 of the simulator's words (about 36 KB,
+// above what the byte bound lets into the 32k general class) is routed to
+// the general class, as the rivals' exact count routes it, not to the
+// H100-only long-context class.
+func TestSimTokenizerCountsLikeTheEngines(t *testing.T) {
+	tok, err := simTok()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seed := range uint64(20) {
+		text := workload.Words(seed, 500+int(seed)*300)
+		if got, want := tok.Count(text), tokens.Count(text); got != want {
+			t.Fatalf("seed %d: the simulator's tokenizer counts %d tokens, the engines' rule %d", seed, got, want)
+		}
+	}
+	sc := parseSmall(t, steadyChat)
+	s, err := newSim(context.Background(), Options{Scenario: sc, Policy: PolicyOld})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := s.pol.(*oldController).dec[0]
+	long := workload.Words(99, 6000)
+	b := []byte(`{"model":"` + sc.Workload.Model + `","messages":[{"role":"user","content":"` + long + `"}],"max_tokens":100}`)
+	if len(b) <= 32768 {
+		t.Fatalf("test body of %d bytes is not above the general class's 32k", len(b))
+	}
+	var dc extproc.Decision
+	if rej := d.Decide(extproc.Input{Kind: body.Chat, Body: b}, &dc); rej != nil {
+		t.Fatalf("refused: %v", rej)
+	}
+	if dc.Class.Name != "general" || dc.Bound != "tokenizer" {
+		t.Errorf("a %d-token prompt of %d bytes went to class %q (bound %q), want general by the tokenizer", tokens.Count(long), len(b), dc.Class.Name, dc.Bound)
 	}
 }
