@@ -605,7 +605,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	defaultPriority := f.priorities[len(f.priorities)/2].Name
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
-	var db *deadband // priced on the first flow that needs it (deadband.go)
+	db := c.deadbandCycle(p, sol, in.Engines, demand, f.priorities) // deadband.go
 	for _, fe := range f.frontends {
 		prev := c.published[fe.NodeID]
 		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
@@ -662,33 +662,14 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 					}
 				}
 				if !healthMoved && !c.touchesRecovered(cl.Name, recovered) {
-					held := map[string]float64{}
-					for id := range cd.Proposed {
-						held[id] = prevCD.Weights[id]
-					}
-					switch {
-					case cd.TVDistance < c.cfg.DeadbandTV && sameSupport(prevCD.Weights, cd.Proposed):
-						cd.Held = true
-					case flow != nil:
-						if db == nil {
-							db = c.newDeadband(p, sol, in.Engines)
-						}
-						prompt := meanPrompt(demand, fe.NodeID, cl, f.priorities)
-						cd.Gain, cd.MissCost = db.worth(fe.NodeID, cl.Name, held, cd.Proposed, cd.TVDistance, prompt)
-						cd.Held = cd.Gain < cd.MissCost
-					}
-					if cd.Held {
-						cd.Weights = prevCD.Weights
-					}
+					db.apply(fe.NodeID, cl, flow != nil, prevCD, cd)
 				}
 				if !shedMoved && prevCD.shedLevels != nil {
 					cd.shedLevels, cd.Shed = prevCD.shedLevels, prevCD.Shed
 					shedding = len(cd.shedLevels) > 0
 				}
 			}
-			if db != nil {
-				db.decided(fe.NodeID, cl.Name, cd.Weights)
-			}
+			db.decided(fe.NodeID, cl.Name, cd.Weights)
 			util = round2(util)
 			if prevCD != nil && prevCD.util >= 0 && math.Abs(prevCD.util-util) < 0.05 {
 				util = prevCD.util // utilization jitter is not worth a policy push

@@ -33,6 +33,71 @@ import (
 // moves by ±15%), although near the optimum the latency cost is flat and
 // the misses are not.
 
+// deadbandCycle is one cycle's deadband: its inputs, and the pricing of
+// the weights, built on the first flow that needs it.
+type deadbandCycle struct {
+	c       *Controller
+	p       *optimizer.Problem
+	sol     *optimizer.Solution
+	engines []signals.Engine
+	demand  map[signals.DemandKey]signals.DemandRate // as planned (demand.go)
+	prios   []fleet.Priority
+	db      *deadband // nil until priced
+	// done holds the weights of the flows decided before db was priced.
+	done map[[2]string]map[string]float64
+}
+
+func (c *Controller) deadbandCycle(p *optimizer.Problem, sol *optimizer.Solution, engines []signals.Engine,
+	demand map[signals.DemandKey]signals.DemandRate, prios []fleet.Priority) *deadbandCycle {
+	return &deadbandCycle{c: c, p: p, sol: sol, engines: engines, demand: demand, prios: prios}
+}
+
+// apply decides whether cd keeps prevCD's published weights: below
+// DeadbandTV with the same engines, or when the proposal's gain does not
+// pay for its misses (priced only for flows the optimizer solved). A held
+// routing that names an engine the class can no longer use costs +Inf, so
+// it is never kept. The caller has ruled out health changes and
+// recoveries, which always publish.
+func (dc *deadbandCycle) apply(node string, cl fleet.Class, solved bool, prevCD, cd *ClassDecision) {
+	switch {
+	case cd.TVDistance < dc.c.cfg.DeadbandTV && sameSupport(prevCD.Weights, cd.Proposed):
+		cd.Held = true
+	case solved:
+		held := map[string]float64{}
+		for id := range cd.Proposed {
+			held[id] = prevCD.Weights[id]
+		}
+		db := dc.pricing()
+		cd.Gain, cd.MissCost = db.worth(node, cl.Name, held, cd.Proposed, cd.TVDistance, meanPrompt(dc.demand, node, cl, dc.prios))
+		cd.Held = cd.Gain < cd.MissCost
+	}
+	if cd.Held {
+		cd.Weights = prevCD.Weights
+	}
+}
+
+// decided records the weights a flow got, for the flows priced after it.
+func (dc *deadbandCycle) decided(node, class string, w map[string]float64) {
+	if dc.db != nil {
+		dc.db.ev.Set(node, class, w)
+		return
+	}
+	if dc.done == nil {
+		dc.done = map[[2]string]map[string]float64{}
+	}
+	dc.done[[2]string{node, class}] = w
+}
+
+func (dc *deadbandCycle) pricing() *deadband {
+	if dc.db == nil {
+		dc.db = dc.c.newDeadband(dc.p, dc.sol, dc.engines)
+		for k, w := range dc.done {
+			dc.db.ev.Set(k[0], k[1], w)
+		}
+	}
+	return dc.db
+}
+
 // deadband holds one cycle's pricing of the published weights.
 type deadband struct {
 	ev     *optimizer.Evaluator
@@ -113,6 +178,3 @@ func meanPrompt(dem map[signals.DemandKey]signals.DemandRate, node string, cl fl
 	}
 	return cl.MeanPromptTokens
 }
-
-// decided records the weights a flow got, for the flows priced after it.
-func (db *deadband) decided(node, class string, w map[string]float64) { db.ev.Set(node, class, w) }
