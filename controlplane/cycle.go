@@ -62,8 +62,12 @@ type Config struct {
 	// engine loses traffic even when capacity is not binding.
 	PenaltyCostMs float64
 	// DeadbandTV: smallest total-variation change of a (frontend, class)'s
-	// weights worth publishing.
+	// weights worth publishing; above it, new weights are published when
+	// what they gain outweighs the cache misses they cause (deadband.go).
 	DeadbandTV float64
+	// DemandSmoothing is the time constant of the demand the optimizer
+	// plans with (demand.go); 0 plans with the intake's window as is.
+	DemandSmoothing time.Duration
 	// ShedDeadband: smallest change of a shed fraction worth publishing.
 	ShedDeadband float64
 	// IdleDemandPerS is the demand assumed for a (frontend, class) with no
@@ -119,6 +123,7 @@ func DefaultConfig() Config {
 		StabilityMs:      30,
 		PenaltyCostMs:    1500,
 		DeadbandTV:       0.03,
+		DemandSmoothing:  30 * time.Second,
 		ShedDeadband:     0.01,
 		IdleDemandPerS:   0.05,
 		UnknownHealth:    0.5,
@@ -151,6 +156,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.DeadbandTV >= 0 && c.DeadbandTV < 1) {
 		bad("deadband_tv", c.DeadbandTV, "must be in [0, 1)")
+	}
+	if c.DemandSmoothing < 0 {
+		bad("demand_smoothing", c.DemandSmoothing, "must be ≥ 0 (0: off)")
 	}
 	if !(c.ShedDeadband >= 0 && c.ShedDeadband < 1) {
 		bad("shed_deadband", c.ShedDeadband, "must be in [0, 1)")
@@ -189,6 +197,9 @@ type Inputs struct {
 	Engines  []signals.Engine
 	Demand   map[signals.DemandKey]signals.DemandRate
 	Evidence map[string]signals.Evidence // by engine address
+	// DemandWindow is the span Demand's rates average over (the intake's
+	// window), for their noise (demand.go); 0 means 10 s.
+	DemandWindow time.Duration
 	// Prefixes is the prefix view by class (signals.Intake.Prefixes), from
 	// which the split tables are learned (affinity.go).
 	Prefixes map[string]signals.ClassPrefixes
@@ -226,8 +237,13 @@ type ClassDecision struct {
 	Weights  map[string]float64 `json:"weights"`
 	Proposed map[string]float64 `json:"proposed"`
 	// Held: the deadband kept the published weights.
-	Held        bool               `json:"held"`
-	TVDistance  float64            `json:"tv_distance"`
+	Held       bool    `json:"held"`
+	TVDistance float64 `json:"tv_distance"`
+	// Gain is what the proposal saves over the published weights and
+	// MissCost what its cache misses cost, both ms·req/s (deadband.go);
+	// 0 when the deadband did not need to price them.
+	Gain        float64            `json:"deadband_gain_ms_per_s"`
+	MissCost    float64            `json:"deadband_miss_cost_ms_per_s"`
 	Shed        map[string]float64 `json:"shed_by_priority,omitempty"`
 	Explain     []optimizer.Weight `json:"explanations,omitempty"`
 	Demand      float64            `json:"demand_per_s"`
@@ -288,6 +304,10 @@ type Controller struct {
 	version   int64
 	// tables holds each class's published split-table rules.
 	tables map[string][]translate.PrefixRule
+	// smoothed is the demand the optimizer planned with, at smoothedAt
+	// (demand.go).
+	smoothed   map[signals.DemandKey]smoothedDemand
+	smoothedAt time.Time
 }
 
 type problemFrame struct {
@@ -461,6 +481,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	// capacity and shed even the top priority.
 	c.planned = c.plannedFromPublished(in.Demand)
 	c.lastStep = in.Now
+	demand := c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
 	decay := 1.0
 	if dt > 0 {
 		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
@@ -506,7 +527,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 			d := optimizer.Demand{RatePerS: make([]float64, len(f.priorities))}
 			var req, pt, ot float64
 			for k, pr := range f.priorities {
-				r := in.Demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				r := demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				d.RatePerS[k] = r.RequestsPerS
 				req += r.RequestsPerS
 				pt += r.PromptTokens * r.RequestsPerS
@@ -585,6 +606,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	defaultPriority := f.priorities[len(f.priorities)/2].Name
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
+	db := c.deadbandCycle(p, sol, in.Engines, demand, f.priorities) // deadband.go
 	for _, fe := range f.frontends {
 		prev := c.published[fe.NodeID]
 		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
@@ -640,14 +662,15 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 						shedMoved = true
 					}
 				}
-				if !healthMoved && cd.TVDistance < c.cfg.DeadbandTV && sameSupport(prevCD.Weights, cd.Proposed) {
-					cd.Weights, cd.Held = prevCD.Weights, true
+				if !healthMoved && !c.touchesRecovered(cl.Name, recovered) {
+					db.apply(fe.NodeID, cl, flow != nil, prevCD, cd)
 				}
 				if !shedMoved && prevCD.shedLevels != nil {
 					cd.shedLevels, cd.Shed = prevCD.shedLevels, prevCD.Shed
 					shedding = len(cd.shedLevels) > 0
 				}
 			}
+			db.decided(fe.NodeID, cl.Name, cd.Weights)
 			util = round2(util)
 			if prevCD != nil && prevCD.util >= 0 && math.Abs(prevCD.util-util) < 0.05 {
 				util = prevCD.util // utilization jitter is not worth a policy push

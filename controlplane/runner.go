@@ -388,7 +388,7 @@ func (r *Runner) inputs() Inputs {
 	r.mu.Lock()
 	engines := r.tracker.Engines(now)
 	r.mu.Unlock()
-	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev}
+	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, DemandWindow: r.cfg.DemandWindow}
 }
 
 func (r *Runner) allReported() bool {
