@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 	"github.com/inferlb/inferlb/xds/translate"
@@ -61,8 +62,12 @@ type Config struct {
 	// engine loses traffic even when capacity is not binding.
 	PenaltyCostMs float64
 	// DeadbandTV: smallest total-variation change of a (frontend, class)'s
-	// weights worth publishing.
+	// weights worth publishing; above it, new weights are published when
+	// what they gain outweighs the cache misses they cause (deadband.go).
 	DeadbandTV float64
+	// DemandSmoothing is the time constant of the demand the optimizer
+	// plans with (demand.go); 0 plans with the intake's window as is.
+	DemandSmoothing time.Duration
 	// ShedDeadband: smallest change of a shed fraction worth publishing.
 	ShedDeadband float64
 	// IdleDemandPerS is the demand assumed for a (frontend, class) with no
@@ -130,6 +135,7 @@ func DefaultConfig() Config {
 		StabilityMs:      30,
 		PenaltyCostMs:    1500,
 		DeadbandTV:       0.03,
+		DemandSmoothing:  30 * time.Second,
 		ShedDeadband:     0.01,
 		IdleDemandPerS:   0.05,
 		UnknownHealth:    0.5,
@@ -165,6 +171,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.DeadbandTV >= 0 && c.DeadbandTV < 1) {
 		bad("deadband_tv", c.DeadbandTV, "must be in [0, 1)")
+	}
+	if c.DemandSmoothing < 0 {
+		bad("demand_smoothing", c.DemandSmoothing, "must be ≥ 0 (0: off)")
 	}
 	if !(c.ShedDeadband >= 0 && c.ShedDeadband < 1) {
 		bad("shed_deadband", c.ShedDeadband, "must be in [0, 1)")
@@ -212,6 +221,9 @@ type Inputs struct {
 	Engines  []signals.Engine
 	Demand   map[signals.DemandKey]signals.DemandRate
 	Evidence map[string]signals.Evidence // by engine address
+	// DemandWindow is the span Demand's rates average over (the intake's
+	// window), for their noise (demand.go); 0 means 10 s.
+	DemandWindow time.Duration
 	// Prefixes is the prefix view by class (signals.Intake.Prefixes), from
 	// which the split tables are learned (affinity.go).
 	Prefixes map[string]signals.ClassPrefixes
@@ -254,8 +266,13 @@ type ClassDecision struct {
 	Weights  map[string]float64 `json:"weights"`
 	Proposed map[string]float64 `json:"proposed"`
 	// Held: the deadband kept the published weights.
-	Held        bool               `json:"held"`
-	TVDistance  float64            `json:"tv_distance"`
+	Held       bool    `json:"held"`
+	TVDistance float64 `json:"tv_distance"`
+	// Gain is what the proposal saves over the published weights and
+	// MissCost what its cache misses cost, both ms·req/s (deadband.go);
+	// 0 when the deadband did not need to price them.
+	Gain        float64            `json:"deadband_gain_ms_per_s"`
+	MissCost    float64            `json:"deadband_miss_cost_ms_per_s"`
 	Shed        map[string]float64 `json:"shed_by_priority,omitempty"`
 	Explain     []optimizer.Weight `json:"explanations,omitempty"`
 	Demand      float64            `json:"demand_per_s"`
@@ -325,6 +342,10 @@ type Controller struct {
 	shapes    map[string]*shapeState
 	shapeView map[string]ClassShape
 	traffic   map[string]map[string]float64
+	// smoothed is the demand the optimizer planned with, at smoothedAt
+	// (demand.go).
+	smoothed   map[signals.DemandKey]smoothedDemand
+	smoothedAt time.Time
 }
 
 type problemFrame struct {
@@ -505,6 +526,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	res.Shapes = c.shapeView
 	c.planned = c.plannedFromPublished(in.Demand)
 	c.lastStep = in.Now
+	demand := c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
 	decay := 1.0
 	if dt > 0 {
 		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
@@ -555,7 +577,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 			d := optimizer.Demand{RatePerS: make([]float64, len(f.priorities))}
 			var req float64
 			for k, pr := range f.priorities {
-				r := in.Demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				r := demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				d.RatePerS[k] = r.RequestsPerS
 				req += r.RequestsPerS
 			}
@@ -635,6 +657,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	defaultPriority := f.priorities[len(f.priorities)/2].Name
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
+	db := c.deadbandCycle(p, sol, in.Engines, demand, f.priorities) // deadband.go
 	for _, fe := range f.frontends {
 		prev := c.published[fe.NodeID]
 		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
@@ -695,14 +718,15 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 						shedMoved = true
 					}
 				}
-				if !healthMoved && cd.TVDistance < c.cfg.DeadbandTV && sameSupport(prevCD.Weights, cd.Proposed) {
-					cd.Weights, cd.Held = prevCD.Weights, true
+				if !healthMoved && !c.touchesRecovered(cl.Name, recovered) {
+					db.apply(fe.NodeID, cl, flow != nil, prevCD, cd)
 				}
 				if !shedMoved && prevCD.shedLevels != nil {
 					cd.shedLevels, cd.Shed = prevCD.shedLevels, prevCD.Shed
 					shedding = len(cd.shedLevels) > 0
 				}
 			}
+			db.decided(fe.NodeID, cl.Name, cd.Weights)
 			util = round2(util)
 			if prevCD != nil && prevCD.util >= 0 && math.Abs(prevCD.util-util) < 0.05 {
 				util = prevCD.util // utilization jitter is not worth a policy push
@@ -806,6 +830,46 @@ func (c *Controller) InflightLimit(class string) int {
 	return n
 }
 
+// IntakeOptions are the Reports intake's names (the fleet's frontends,
+// classes and priorities) and plausibility bounds for what an honest
+// ext_proc under this controller's policies can report: a frontend carries
+// at most its max_requests_per_s (default twice the fleet's capacity); an
+// instance has at most its classes' local in-flight limits in flight; a
+// request makes at most 1 + MaxRetries attempts and reports at most the
+// largest context of the fleet in prompt and in output tokens (ext_proc
+// caps both at its class's context limit). Window and clock are the
+// caller's.
+func (c *Controller) IntakeOptions() signals.IntakeOptions {
+	spec := c.spec
+	o := signals.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
+		MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
+	for _, f := range spec.Frontends {
+		o.Nodes = append(o.Nodes, f.NodeID)
+	}
+	for _, p := range spec.Priorities {
+		o.Priorities = append(o.Priorities, p.Name)
+	}
+	inflight := 0.0
+	for _, cl := range spec.Classes {
+		o.Classes = append(o.Classes, cl.Name)
+		inflight += float64(c.InflightLimit(cl.Name))
+	}
+	for _, f := range spec.Frontends {
+		b := f.MaxRequestsPerS
+		if b <= 0 {
+			b = 2 * c.CapacityRPS()
+		}
+		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
+	}
+	for _, m := range spec.Models {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(m.MaxContextTokens))
+	}
+	for _, p := range spec.Profiles {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(p.MaxContextTokens))
+	}
+	return o
+}
+
 // CapacityRPS is the fleet's capacity in reference requests per second (each
 // engine's profile capacity times its replicas).
 func (c *Controller) CapacityRPS() float64 {
@@ -890,17 +954,14 @@ func round2(v float64) float64 { return math.Round(v*100) / 100 }
 func tv(a, b map[string]float64) float64 {
 	na, nb := norm(a), norm(b)
 	d := 0.0
-	for k := range unionKeys(na, nb) {
+	for _, k := range ordered.Keys(unionKeys(na, nb)) {
 		d += math.Abs(na[k] - nb[k])
 	}
 	return d / 2
 }
 
 func norm(a map[string]float64) map[string]float64 {
-	s := 0.0
-	for _, v := range a {
-		s += v
-	}
+	s := ordered.Sum(a)
 	out := make(map[string]float64, len(a))
 	for k, v := range a {
 		if s > 0 {

@@ -1,12 +1,11 @@
 package controlplane
 
 import (
-	"maps"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 )
@@ -297,10 +296,7 @@ func (c *Controller) classTraffic(dem map[signals.DemandKey]signals.DemandRate) 
 				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
 			}
-			sum := 0.0
-			for _, id := range slices.Sorted(maps.Keys(cd.Weights)) { // a fixed order: replicas agree to the bit
-				sum += cd.Weights[id]
-			}
+			sum := ordered.Sum(cd.Weights)
 			if sum <= 0 {
 				continue
 			}

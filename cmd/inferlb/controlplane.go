@@ -143,6 +143,7 @@ over time, and the optimizer's reasons for any weight (docs/demo.md).`,
 	f.Float64Var(&d.Cycle.StabilityMs, "stability-ms", d.Cycle.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
 	f.Float64Var(&d.Cycle.PenaltyCostMs, "penalty-cost-ms", d.Cycle.PenaltyCostMs, "optimizer cost per request per unit of an engine's outlier penalty (failures, slowness), ms")
 	f.Float64Var(&d.Cycle.DeadbandTV, "deadband", d.Cycle.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
+	f.DurationVar(&d.Cycle.DemandSmoothing, "demand-smoothing", d.Cycle.DemandSmoothing, "time constant of the demand the optimizer plans with (0 = the demand window's rates as they are)")
 	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of an outlier penalty while the engine's traffic looks normal again")
 	f.Float64Var(&d.Cycle.Penalty.ProbeRPS, "probe-rps", d.Cycle.Penalty.ProbeRPS, "requests/s a penalized engine keeps of each class, to judge its recovery")
 	f.Float64Var(&d.Cycle.Penalty.MaxProbeShare, "max-probe-share", d.Cycle.Penalty.MaxProbeShare, "largest share of a class a penalized engine keeps for probing")
@@ -161,7 +162,7 @@ var configFlags = map[string]string{
 	"smoothing": "--smoothing", "history": "--history",
 	"headroom": "--headroom", "stability_ms": "--stability-ms", "penalty_cost_ms": "--penalty-cost-ms",
 	"marginal_stretch": "--marginal-stretch", "shape_smoothing": "--shape-smoothing", "max_cached_share": "--max-cached-share",
-	"deadband_tv": "--deadband", "penalty.half_life": "--penalty-half-life",
+	"deadband_tv": "--deadband", "demand_smoothing": "--demand-smoothing", "penalty.half_life": "--penalty-half-life",
 	"maglev_table_size": "--maglev-table-size", "hash_balance_factor": "--hash-balance-factor",
 	"weight_scale":                                       "--weight-scale",
 	"health_check.interval/timeout":                      "--health-check-interval / --health-check-timeout",
