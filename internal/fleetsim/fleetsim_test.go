@@ -327,3 +327,16 @@ func TestInferlbShedsLowestPriorityFirstUnderOverload(t *testing.T) {
 		t.Fatalf("table without the shed by priority:\n%s", b.String())
 	}
 }
+
+// Over several seeds each priority's shed share is the runs' median.
+func TestSeedsMedianShedByPriority(t *testing.T) {
+	runs := []*PolicyResult{
+		{Policy: "inferlb", ShedPctByPriority: map[string]float64{"batch": 80, "critical": 0}},
+		{Policy: "inferlb", ShedPctByPriority: map[string]float64{"batch": 60, "critical": 0}},
+		{Policy: "inferlb", ShedPctByPriority: map[string]float64{"batch": 90, "critical": 0}},
+	}
+	m := medianResult(runs, []uint64{1, 2, 3})
+	if got := m.ShedPctByPriority; got["batch"] != 80 || got["critical"] != 0 || len(got) != 2 {
+		t.Fatalf("shed by priority %v, want batch 80 (the median), critical 0", got)
+	}
+}
