@@ -14,6 +14,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/internal/cliconfig"
 )
 
 func init() {
@@ -24,7 +25,9 @@ func init() {
 		cpuProfile                         string
 		gcPercent                          int
 		envoyPort                          int
+		adm                                = extproc.DefaultAdmission()
 	)
+	cfg.Admission = &adm
 	cmd := &cobra.Command{
 		Use:   "extproc",
 		Short: "Serve the ext_proc service in each frontend Envoy's request path",
@@ -53,26 +56,32 @@ go to all.
 and the control plane, for --node-id in --region, with the same
 control-plane credentials for Envoy's ADS connection, and exits.`,
 		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure
+  inferlb extproc --config examples/extproc.yaml
   inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
   inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west \
       --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs := cmd.Flags()
+			name := func(flag string) string { return cliconfig.Name(fs, flag) }
 			log, err := newLogger(logLevel)
 			if err != nil {
-				return err
+				return fmt.Errorf("%s: %w", name("log-level"), err)
 			}
 			cfg.Logger = log
 			if cfg.BodyLimit <= 0 {
-				return fmt.Errorf("--body-limit must be positive, got %d", cfg.BodyLimit)
+				return fmt.Errorf("%s must be positive, got %d", name("body-limit"), cfg.BodyLimit)
 			}
 			// The service reads 0 as its default (1 s, 10 s): from the
 			// command line, 0 or less would silently mean that.
 			if cfg.ReportInterval <= 0 {
-				return fmt.Errorf("--report-interval must be positive, got %v", cfg.ReportInterval)
+				return fmt.Errorf("%s must be positive, got %v", name("report-interval"), cfg.ReportInterval)
 			}
 			if cfg.ShutdownGrace <= 0 {
-				return fmt.Errorf("--shutdown-grace must be positive, got %v", cfg.ShutdownGrace)
+				return fmt.Errorf("%s must be positive, got %v", name("shutdown-grace"), cfg.ShutdownGrace)
+			}
+			if err := adm.Validate(); err != nil {
+				return namingFlags(fs, err)
 			}
 			if cfg.ControlPlane != "" {
 				if err := cfg.Auth.Validate(); err != nil {
@@ -90,7 +99,7 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 			// wins, as usual.
 			if _, set := os.LookupEnv("GOGC"); !set {
 				if gcPercent <= 0 {
-					return fmt.Errorf("--gc-percent must be positive, got %d (use GOGC=off to disable the collector)", gcPercent)
+					return fmt.Errorf("%s must be positive, got %d (use GOGC=off to disable the collector)", name("gc-percent"), gcPercent)
 				}
 				debug.SetGCPercent(gcPercent)
 			}
@@ -129,8 +138,14 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 	f.IntVar(&envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
 	f.StringVar(&fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
 	f.IntVar(&gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
+	f.Float64Var(&adm.LocalReserve, "local-reserve", adm.LocalReserve, "share of a class's in-flight limit kept for more important traffic: the least important priority is refused at (1 - this) of the limit, the most important only at the limit, in [0, 1)")
+	f.Float64Var(&adm.RetryBurst, "retry-burst", adm.RetryBurst, "most retries a class's retry budget holds (and starts with), >= 1")
 	f.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
 	_ = f.MarkHidden("cpu-profile")
+	for _, name := range []string{"client-priorities", "auth-filters", "policy-file", "tokenizer"} {
+		_ = cmd.MarkFlagFilename(name)
+	}
+	cliconfig.Add(cmd)
 	rootCmd.AddCommand(cmd)
 }
 

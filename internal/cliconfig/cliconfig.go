@@ -34,9 +34,10 @@ const FlagName = "config"
 // MaxFileBytes bounds a config file (it holds a few dozen keys).
 const MaxFileBytes = 1 << 20
 
-// originKey is the flag annotation Apply leaves on a flag it set from the
-// file: where the value came from, for Name.
-const originKey = "inferlb_config_origin"
+// OriginAnnotation is the flag annotation Apply leaves on a flag it set
+// from the file: where the value came from, for Name. (Tests that reuse a
+// command's flags delete it with the values.)
+const OriginAnnotation = "inferlb_config_origin"
 
 // Add gives cmd a --config flag and makes the command apply the file, after
 // the command line is parsed and before any other pre-run step and RunE.
@@ -112,7 +113,7 @@ func Apply(fs *pflag.FlagSet, path string) error {
 			continue
 		}
 		f.Changed = true
-		_ = fs.SetAnnotation(f.Name, originKey, []string{fmt.Sprintf("config %s: line %d: %s", path, line, f.Name)})
+		_ = fs.SetAnnotation(f.Name, OriginAnnotation, []string{fmt.Sprintf("config %s: line %d: %s", path, line, f.Name)})
 	}
 	if len(errs) > 0 {
 		for i, e := range errs {
@@ -194,7 +195,7 @@ func set(f *pflag.Flag, v reflect.Value, dir string) error {
 // "--name".
 func Name(fs *pflag.FlagSet, name string) string {
 	if f := fs.Lookup(name); f != nil {
-		if o := f.Annotations[originKey]; len(o) == 1 {
+		if o := f.Annotations[OriginAnnotation]; len(o) == 1 {
 			return o[0]
 		}
 	}
