@@ -87,7 +87,7 @@ func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy,
 	p, err := Compile(rp, func(name string) *classState {
 		st := d.states[name]
 		if st == nil {
-			st = newClassState()
+			st = &classState{tokens: d.adm.RetryBurst} // a full budget
 			d.states[name] = st
 		}
 		return st
