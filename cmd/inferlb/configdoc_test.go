@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"os"
 	"path/filepath"
@@ -95,4 +96,28 @@ func resetFlags(t *testing.T, fs *pflag.FlagSet) {
 		f.Changed = false
 		delete(f.Annotations, cliconfig.OriginAnnotation)
 	})
+}
+
+// refused runs a command that must refuse its settings before it serves
+// (its context is cancelled: one that passes must not serve), from its
+// flags' defaults, and checks the error contains want. It returns the
+// error.
+func refused(t *testing.T, want string, args ...string) error {
+	t.Helper()
+	cmd, _, err := rootCmd.Find(args[:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command's flags keep their values between runs: back to the
+	// defaults first, and after.
+	resetFlags(t, cmd.Flags())
+	defer resetFlags(t, cmd.Flags())
+	rootCmd.SetArgs(args)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = rootCmd.ExecuteContext(ctx)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v\nwant it to contain %q", err, want)
+	}
+	return err
 }

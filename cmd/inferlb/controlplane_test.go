@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,10 +11,6 @@ import (
 // error that names the flag as typed (--demand-window), not the config key
 // behind it (demand_window).
 func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
-	cmd, _, err := rootCmd.Find([]string{"control-plane"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct {
 		args []string
 		want string
@@ -54,17 +49,8 @@ func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--headroom", "0", "--hash-balance-factor", "50"}, "--hash-balance-factor: must be 0 (off) or ≥ 100, got 50\n--headroom: must be in (0, 1), got 0"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
-			// The command's flags keep their values between runs: back to
-			// the defaults first.
-			resetFlags(t, cmd.Flags())
-			rootCmd.SetArgs(append([]string{"control-plane", "--fleet", "../../examples/fleet-3region.yaml", "--log-level", "error", "--insecure",
-				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...))
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel() // a config that passes must not serve
-			err := rootCmd.ExecuteContext(ctx)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("err = %v\nwant it to contain %q", err, c.want)
-			}
+			err := refused(t, c.want, append([]string{"control-plane", "--fleet", "../../examples/fleet-3region.yaml", "--log-level", "error", "--insecure",
+				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...)...)
 			for _, key := range []string{"demand_window", "scrape_", "stale_after", "deadband_tv", "half_life", "_ms", "maglev_table", "health_check"} {
 				if strings.Contains(err.Error(), key) {
 					t.Errorf("the error names the config key %q: %v", key, err)
@@ -77,10 +63,6 @@ func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
 // A setting made in the config file is named by the file, its line and key
 // when the control plane refuses it; the command line overrides the file.
 func TestControlPlaneConfigFile(t *testing.T) {
-	cmd, _, err := rootCmd.Find([]string{"control-plane"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	fleetPath, err := filepath.Abs("../../examples/fleet-3region.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -103,20 +85,12 @@ func TestControlPlaneConfigFile(t *testing.T) {
 		{"relative fleet path", "fleet: no-such-fleet.yaml\n", nil, "fleet: open " + dir + "/no-such-fleet.yaml"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			resetFlags(t, cmd.Flags())
 			path := filepath.Join(dir, "cp.yaml")
 			if err := os.WriteFile(path, []byte(c.file), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			rootCmd.SetArgs(append([]string{"control-plane", "--config", path, "--log-level", "error", "--insecure",
-				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...))
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			err := rootCmd.ExecuteContext(ctx)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("err = %v\nwant it to contain %q", err, c.want)
-			}
+			refused(t, c.want, append([]string{"control-plane", "--config", path, "--log-level", "error", "--insecure",
+				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...)...)
 		})
 	}
-	resetFlags(t, cmd.Flags())
 }
