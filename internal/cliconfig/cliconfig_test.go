@@ -82,6 +82,8 @@ func TestApply(t *testing.T) {
 		{name: "missing file", err: []string{"--config: open ", "missing.yaml: no such file"}},
 		{name: "empty file", file: "", err: []string{"empty config file: no YAML document"}},
 		{name: "bad YAML", file: "interval: 2s\nheadroom: [\n", err: []string{"c.yaml: line 2: invalid YAML"}},
+		{name: "a key twice", file: "history: 1\nhistory: 2\n", err: []string{`c.yaml: line 2: invalid YAML: mapping key "history" already defined at line 1`}},
+		{name: "two documents", file: "history: 1\n---\nhistory: 2\n", err: []string{"more than one YAML document"}},
 		{name: "not a mapping", file: "- interval\n", err: []string{"c.yaml: line 1: config file: must be a mapping, got a list"}},
 		{name: "unknown key", file: "interval: 2s\nintreval: 3s\n", err: []string{"c.yaml: line 2: intreval: unknown key"}},
 		{name: "config is not a key", file: "config: other.yaml\n", err: []string{"line 1: config: unknown key"}},
