@@ -76,7 +76,7 @@ func TestConfigFlagAndExamples(t *testing.T) {
 	}
 	for name, file := range map[string]string{"control-plane": "control-plane.yaml", "extproc": "extproc.yaml"} {
 		cmd, _, _ := rootCmd.Find([]string{name})
-		if err := cliconfig.Apply(cmd.Flags(), filepath.Join("..", "..", "examples", file)); err != nil {
+		if err := cliconfig.Apply(cmd.Flags(), filepath.Join("..", "..", "examples", "config", file)); err != nil {
 			t.Errorf("examples/%s: %v", file, err)
 		}
 		resetFlags(t, cmd.Flags())

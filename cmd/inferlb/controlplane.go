@@ -61,7 +61,7 @@ func init() {
 		Short: "Run the xDS control plane: engine signals and demand in, per-frontend weights out",
 		Long:  controlPlaneLong,
 		Example: `  inferlb control-plane --fleet examples/fleet-3region.yaml --insecure
-  inferlb control-plane --config examples/control-plane.yaml --insecure`,
+  inferlb control-plane --config examples/config/control-plane.yaml --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.apply(cmd.Flags(), &d); err != nil {

@@ -59,7 +59,7 @@ go to all.
 and the control plane, for --node-id in --region, with the same
 control-plane credentials for Envoy's ADS connection, and exits.`,
 		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure
-  inferlb extproc --config examples/extproc.yaml
+  inferlb extproc --config examples/config/extproc.yaml
   inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
   inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west \
       --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure`,
