@@ -27,7 +27,7 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
-	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/envoyrun"
 )
 
 // benchCmd groups the project's measurement commands; other components may
@@ -182,7 +182,7 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if err := os.WriteFile(pf, pj, 0o644); err != nil {
 		return nil, err
 	}
-	port, err := envoytest.FreeTCPPort()
+	port, err := envoyrun.FreePort()
 	if err != nil {
 		return nil, err
 	}

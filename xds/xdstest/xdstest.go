@@ -6,20 +6,24 @@
 package xdstest
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
-	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/inferlb/inferlb/api/headers"
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/xds/server"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // BootstrapOptions describe a test frontend node.
@@ -120,6 +124,13 @@ static_resources:
 // returns the server and its address.
 func StartServer(t testing.TB, cfg server.Config) (*server.Server, string) {
 	t.Helper()
+	return startServer(t, cfg, "127.0.0.1:0")
+}
+
+// startServer serves on addr; a port a stopped server held a moment ago may
+// still be in use, so binding is retried for a few seconds.
+func startServer(t testing.TB, cfg server.Config, addr string) (*server.Server, string) {
+	t.Helper()
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
@@ -136,8 +147,11 @@ func StartServer(t testing.TB, cfg server.Config) (*server.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	var l net.Listener
+	if err := envoytest.Poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() (err error) {
+		l, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -151,51 +165,100 @@ func StartServer(t testing.TB, cfg server.Config) (*server.Server, string) {
 	return s, l.Addr().String()
 }
 
-// Host is one endpoint as Envoy's /clusters shows it.
-type Host struct {
-	Address  string // ip:port
-	Hostname string
-	Weight   uint32
-	Priority uint32
-	// EDSHealth is the health status the control plane sent.
-	EDSHealth string
-	// FailedActiveHC and FailedOutlier are Envoy's own verdicts.
-	FailedActiveHC bool
-	FailedOutlier  bool
-	PendingHC      bool
+// ClusterPrefix names the class clusters of a ControlPlane: class "llama"
+// is cluster "class-llama".
+const ClusterPrefix = "class-"
+
+// ControlPlane is inferlb's xDS server (package server) on a loopback port,
+// publishing class clusters with fixed engine weights built by
+// xds/translate (the production builder) and RoutingPolicies the test
+// writes: the control plane of tests that run no control cycle (ext_proc,
+// the bootstrap, the policy subscriber). It records the reports it gets.
+type ControlPlane struct {
+	Addr   string
+	Server *server.Server
+
+	// mu guards last and reports.
+	mu      sync.Mutex
+	last    map[string]*translate.Resources // per node: what was published last
+	reports []*policyv1.ReportRequest
 }
 
-// Routable says whether Envoy would send traffic to the host.
-func (h Host) Routable() bool {
-	return !h.FailedActiveHC && !h.FailedOutlier && (h.EDSHealth == "HEALTHY" || h.EDSHealth == "UNKNOWN")
+// StartControlPlane serves on addr ("" = a free loopback port; a stopped
+// control plane's address, to restart it) until Stop or the test's end.
+func StartControlPlane(t testing.TB, addr string) *ControlPlane {
+	t.Helper()
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	cp := &ControlPlane{last: map[string]*translate.Resources{}}
+	cp.Server, cp.Addr = startServer(t, server.Config{Reports: reportLog{cp}}, addr)
+	return cp
 }
+
+type reportLog struct{ cp *ControlPlane }
+
+func (r reportLog) Report(_ context.Context, req *policyv1.ReportRequest) error {
+	r.cp.mu.Lock()
+	defer r.cp.mu.Unlock()
+	r.cp.reports = append(r.cp.reports, req)
+	return nil
+}
+
+// Stop ends the server (idempotent; the test's end stops it too).
+func (cp *ControlPlane) Stop() { cp.Server.Stop() }
+
+// SetClusters publishes node's CDS and EDS: one cluster per class (named
+// ClusterPrefix + class), hash_balance_factor hbf (0 = off), the other
+// settings production's defaults. The node's policy stays.
+func (cp *ControlPlane) SetClusters(node string, hbf uint32, classes ...translate.FixedClass) error {
+	o := translate.DefaultOptions()
+	o.ClusterPrefix, o.HashBalanceFactor = ClusterPrefix, hbf
+	r, err := translate.Translate(translate.FixedNode(node, "", classes), o)
+	if err != nil {
+		return err
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	r.Policy = nil
+	if prev := cp.last[node]; prev != nil {
+		r.Policy = prev.Policy
+	}
+	return cp.publish(r)
+}
+
+// SetPolicy publishes a node's RoutingPolicy (the node is p's node_id); the
+// node's clusters stay.
+func (cp *ControlPlane) SetPolicy(p *policyv1.RoutingPolicy) error {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	r := &translate.Resources{NodeID: p.GetNodeId()}
+	if prev := cp.last[r.NodeID]; prev != nil {
+		c := *prev
+		r = &c
+	}
+	r.Policy = p
+	return cp.publish(r)
+}
+
+// publish: cp.mu held.
+func (cp *ControlPlane) publish(r *translate.Resources) error {
+	if err := cp.Server.Publish(context.Background(), r); err != nil {
+		return err
+	}
+	cp.last[r.NodeID] = r
+	return nil
+}
+
+// Reports returns the reports received so far.
+func (cp *ControlPlane) Reports() []*policyv1.ReportRequest {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return append([]*policyv1.ReportRequest(nil), cp.reports...)
+}
+
+// Host is one endpoint as Envoy's /clusters shows it.
+type Host = envoyrun.Host
 
 // Clusters reads /clusters?format=json: cluster name → address → host.
-func Clusters(e *envoytest.Envoy) (map[string]map[string]Host, error) {
-	b, err := e.Admin("/clusters?format=json")
-	if err != nil {
-		return nil, err
-	}
-	var cs adminv3.Clusters
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &cs); err != nil {
-		return nil, fmt.Errorf("parse /clusters: %w", err)
-	}
-	out := map[string]map[string]Host{}
-	for _, c := range cs.ClusterStatuses {
-		hosts := map[string]Host{}
-		for _, h := range c.HostStatuses {
-			sa := h.GetAddress().GetSocketAddress()
-			addr := net.JoinHostPort(sa.GetAddress(), fmt.Sprint(sa.GetPortValue()))
-			hs := h.GetHealthStatus()
-			hosts[addr] = Host{
-				Address: addr, Hostname: h.Hostname, Weight: h.Weight, Priority: h.Priority,
-				EDSHealth:      hs.GetEdsHealthStatus().String(),
-				FailedActiveHC: hs.GetFailedActiveHealthCheck(),
-				FailedOutlier:  hs.GetFailedOutlierCheck(),
-				PendingHC:      hs.GetPendingActiveHc(),
-			}
-		}
-		out[c.Name] = hosts
-	}
-	return out, nil
-}
+func Clusters(e *envoytest.Envoy) (map[string]map[string]Host, error) { return e.Clusters() }
