@@ -55,6 +55,9 @@ type Params struct {
 	// FallbackCluster is the cluster of the fail-open route (fail-open and
 	// direct only).
 	FallbackCluster string
+	// FallbackRetries is the fail-open route's retry count (0: none; no
+	// ext_proc sets one there).
+	FallbackRetries int
 	// XDSAddresses are the control-plane replicas ("host:port"), all in
 	// Envoy's ADS cluster; empty means XDSHost:XDSPort alone.
 	XDSAddresses []string
@@ -126,6 +129,9 @@ func Render(p Params) (string, error) {
 		if port.v > 65535 {
 			return "", fmt.Errorf("envoyconfigs: %s %d is not a TCP port (1–65535)", port.name, port.v)
 		}
+	}
+	if p.FallbackRetries < 0 {
+		return "", fmt.Errorf("envoyconfigs: FallbackRetries %d is negative", p.FallbackRetries)
 	}
 	if p.NodeCluster == "" {
 		p.NodeCluster = p.NodeID

@@ -1,25 +1,24 @@
 // Package xdstest helps tests run inferlb's xDS server against a real Envoy
-// (internal/envoytest): a frontend bootstrap that takes CDS and EDS over ADS
-// from the control plane, a server started on a loopback port, and readers
-// of Envoy's /clusters view. Other packages' Envoy tests (ext_proc) use it
-// too.
+// (internal/envoytest): the frontend bootstrap (envoy-configs, direct
+// variant) taking CDS and EDS over ADS from the control plane, a server
+// started on a loopback port, a control plane of fixed-weight class
+// clusters, and Envoy's /clusters view. Test-only (it imports testing).
 package xdstest
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/xds/server"
@@ -35,88 +34,39 @@ type BootstrapOptions struct {
 	XDSAddress string
 	// Delta selects incremental ADS (DELTA_GRPC) instead of state of the world.
 	Delta bool
-	// ListenerPort, if non-zero, adds an HTTP listener on 127.0.0.1 whose
-	// route takes the cluster from the x-inferlb-cluster header and hashes
-	// on x-inferlb-affinity-key, like a frontend's route.
+	// ListenerPort is the frontend listener's port on 127.0.0.1 (0: a free
+	// one). Requests go to Cluster, hashed on x-session-id.
 	ListenerPort int
-	// Retries on the route (retriable: connect-failure, reset, 5xx), with
-	// the previous-hosts predicate.
+	// Cluster is the class cluster requests take (default inferlb_chat:
+	// class chat under production's cluster prefix).
+	Cluster string
+	// Retries on the route (connect-failure, reset, 5xx), to another host.
 	Retries int
 }
 
-// Bootstrap returns an Envoy bootstrap (without admin; envoytest adds it).
-func Bootstrap(o BootstrapOptions) string {
-	api := "GRPC"
-	if o.Delta {
-		api = "DELTA_GRPC"
+// Bootstrap renders the frontend bootstrap (envoy-configs, the project's
+// one) in its direct variant: CDS and EDS over ADS from the control plane,
+// the production listener, no ext_proc. Without admin; envoytest adds it.
+func Bootstrap(t testing.TB, o BootstrapOptions) string {
+	t.Helper()
+	host, ps, err := net.SplitHostPort(o.XDSAddress)
+	if err != nil {
+		t.Fatalf("xdstest.Bootstrap: XDSAddress: %v", err)
 	}
-	host, port, _ := net.SplitHostPort(o.XDSAddress)
-	var b strings.Builder
-	fmt.Fprintf(&b, `node:
-  id: %q
-  cluster: %q
-  locality: { region: %q }
-dynamic_resources:
-  ads_config:
-    api_type: %s
-    transport_api_version: V3
-    set_node_on_first_message_only: true
-    grpc_services:
-    - envoy_grpc: { cluster_name: xds_cluster }
-  cds_config:
-    ads: {}
-    resource_api_version: V3
-static_resources:
-  clusters:
-  - name: xds_cluster
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: xds_cluster
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: %q, port_value: %s } } }
-`, o.NodeID, o.NodeID, o.Region, api, host, port)
-	if o.ListenerPort != 0 {
-		fmt.Fprintf(&b, `  listeners:
-  - name: ingress
-    address: { socket_address: { address: 127.0.0.1, port_value: %d } }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: { prefix: "/" }
-                route:
-                  cluster_header: %s
-                  timeout: 0s
-                  hash_policy:
-                  - header: { header_name: %s }
-                  retry_policy:
-                    retry_on: connect-failure,reset,5xx
-                    num_retries: %d
-                    retry_host_predicate:
-                    - name: envoy.retry_host_predicates.previous_hosts
-                      typed_config:
-                        "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
-                    host_selection_retry_max_attempts: 3
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-`, o.ListenerPort, headers.Cluster, headers.AffinityKey, o.Retries)
+	port, _ := strconv.Atoi(ps)
+	if o.ListenerPort == 0 {
+		o.ListenerPort = envoytest.FreePort(t)
 	}
-	return b.String()
+	if o.Cluster == "" {
+		o.Cluster = "inferlb_chat"
+	}
+	b, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.Direct, NodeID: o.NodeID, Region: o.Region,
+		ListenPort: o.ListenerPort, XDSHost: host, XDSPort: port, XDSDelta: o.Delta, BodyLimit: 4 << 20,
+		FallbackCluster: o.Cluster, FallbackRetries: o.Retries})
+	if err != nil {
+		t.Fatalf("xdstest.Bootstrap: %v", err)
+	}
+	return b
 }
 
 // StartServer runs an xDS server on a free loopback port until the test
