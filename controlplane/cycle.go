@@ -750,6 +750,46 @@ func (c *Controller) InflightLimit(class string) int {
 	return n
 }
 
+// IntakeOptions are the Reports intake's names (the fleet's frontends,
+// classes and priorities) and plausibility bounds for what an honest
+// ext_proc under this controller's policies can report: a frontend carries
+// at most its max_requests_per_s (default twice the fleet's capacity); an
+// instance has at most its classes' local in-flight limits in flight; a
+// request makes at most 1 + MaxRetries attempts and reports at most the
+// largest context of the fleet in prompt and in output tokens (ext_proc
+// caps both at its class's context limit). Window and clock are the
+// caller's.
+func (c *Controller) IntakeOptions() signals.IntakeOptions {
+	spec := c.spec
+	o := signals.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
+		MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
+	for _, f := range spec.Frontends {
+		o.Nodes = append(o.Nodes, f.NodeID)
+	}
+	for _, p := range spec.Priorities {
+		o.Priorities = append(o.Priorities, p.Name)
+	}
+	inflight := 0.0
+	for _, cl := range spec.Classes {
+		o.Classes = append(o.Classes, cl.Name)
+		inflight += float64(c.InflightLimit(cl.Name))
+	}
+	for _, f := range spec.Frontends {
+		b := f.MaxRequestsPerS
+		if b <= 0 {
+			b = 2 * c.CapacityRPS()
+		}
+		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
+	}
+	for _, m := range spec.Models {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(m.MaxContextTokens))
+	}
+	for _, p := range spec.Profiles {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(p.MaxContextTokens))
+	}
+	return o
+}
+
 // CapacityRPS is the fleet's capacity in reference requests per second (each
 // engine's profile capacity times its replicas).
 func (c *Controller) CapacityRPS() float64 {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/enginesim/model"
 	"github.com/inferlb/inferlb/internal/envoylb"
 )
@@ -244,9 +245,9 @@ func (c *lbCluster) rebuild(s *Sim) error {
 	return nil
 }
 
-// pick chooses the host for p (retries exclude the hosts tried, with
-// Envoy's host_selection_retry_max_attempts 5), counts it active and
-// returns its engine.
+// pick chooses the host for p (retries exclude the hosts tried, with the
+// frontend bootstrap's host_selection_retry_max_attempts), counts it active
+// and returns its engine.
 func (c *lbCluster) pick(p *request) int {
 	if c == nil || c.lb == nil {
 		return -1
@@ -255,7 +256,7 @@ func (c *lbCluster) pick(p *request) int {
 	if len(p.tried) > 0 {
 		reject = func(h int) bool { return slices.Contains(p.tried, int32(c.engineOf[h])) }
 	}
-	h := c.lb.Choose(p.key, c, reject, 5)
+	h := c.lb.Choose(p.key, c, reject, envoyconfigs.HostSelectionRetryMaxAttempts)
 	if h < 0 {
 		return -1
 	}
