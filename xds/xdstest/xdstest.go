@@ -160,10 +160,14 @@ func (cp *ControlPlane) Stop() { cp.Server.Stop() }
 
 // SetClusters publishes node's CDS and EDS: one cluster per class (named
 // ClusterPrefix + class), hash_balance_factor hbf (0 = off), the other
-// settings production's defaults. The node's policy stays.
+// settings production's defaults but the retry budget: Envoy's retry
+// circuit breaker (10% of active requests, at least 3) would cap a test's
+// retries under a loaded machine's bursts, where the test asserts the
+// ext_proc's retry allowance. The node's policy stays.
 func (cp *ControlPlane) SetClusters(node string, hbf uint32, classes ...translate.FixedClass) error {
 	o := translate.DefaultOptions()
 	o.ClusterPrefix, o.HashBalanceFactor = ClusterPrefix, hbf
+	o.Circuit.RetryBudgetPercent, o.Circuit.MinRetryConcurrency = 100, 1000
 	r, err := translate.Translate(translate.FixedNode(node, "", classes), o)
 	if err != nil {
 		return err
