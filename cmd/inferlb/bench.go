@@ -148,7 +148,7 @@ func benchPolicy() *policyv1.RoutingPolicy {
 		NodeId: benchNode, Region: "local", Version: "bench",
 		Priorities:      []*policyv1.Priority{{Name: "interactive", Level: 0}, {Name: "batch", Level: 1}},
 		DefaultPriority: "interactive",
-		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "class-llama", Model: "llama-3-8b",
+		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: benchCluster, Model: "llama-3-8b",
 			RetryBudgetFraction: 0.1, MaxRetries: 1}},
 	}
 }

@@ -228,8 +228,12 @@ func benchUpstream() (addr string, stop func(), err error) {
 	return ul.Addr().String(), func() { _ = us.Close() }, nil
 }
 
-// benchCluster is the class cluster of the Envoy comparison.
-const benchCluster = "class-llama"
+// benchCluster is the class cluster of the Envoy comparison (class llama;
+// benchPolicy names it).
+const (
+	benchClusterPrefix = "class-"
+	benchCluster       = benchClusterPrefix + "llama"
+)
 
 // benchControlPlane is inferlb's xDS server with the bench frontend's
 // resources: CDS/EDS from xds/translate (production's builder and
@@ -243,8 +247,8 @@ func benchControlPlane(ctx context.Context, upstream string) (addr string, stop 
 		return "", nil, err
 	}
 	o := translate.DefaultOptions()
-	o.ClusterPrefix = strings.TrimSuffix(benchCluster, "llama")
-	r, err := translate.Translate(translate.FixedNode(benchNode, "local", []translate.FixedClass{{Name: "llama",
+	o.ClusterPrefix = benchClusterPrefix
+	r, err := translate.Translate(translate.FixedNode(benchNode, "local", []translate.FixedClass{{Name: strings.TrimPrefix(benchCluster, benchClusterPrefix),
 		Engines: []translate.FixedEngine{{ID: "upstream", Address: upstream, Weight: 1}}}}), o)
 	if err != nil {
 		return "", nil, err
