@@ -160,6 +160,11 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 }
 
 func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters string, envoyPort int) error {
+	if variant != envoyconfigs.FailClosed && variant != envoyconfigs.FailOpen {
+		// The template's direct variant (no ext_proc) is for measurements
+		// and tests, not for a frontend of this service.
+		return fmt.Errorf("--print-bootstrap %q: want %s or %s", variant, envoyconfigs.FailClosed, envoyconfigs.FailOpen)
+	}
 	eh, ep, err := splitHostPort(cfg.Listen, "--listen")
 	if err != nil {
 		return err
