@@ -466,7 +466,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		"/weights?node=fe-east":            {`"fe-east"`, `"envoy_weights"`, `"e-west-1": "unhealthy"`},
 		"/explain?node=fe-west&class=chat": {`"capacity_price_ms"`, `"network_ms"`},
 		"/xds":                             {`"fe-east"`, `"acked"`, `"eds"`},
-		"/signals":                         {`"e-east-1"`, `"fe-east/chat/high"`},
+		"/signals":                         {`"e-east-1"`, `"fe-east/chat/high"`, `"utilization_limit"`, `"cached_share"`},
 		"/metrics":                         {"inferlb_xds_nacks_total{type=\"eds\"} 1\n", "inferlb_xds_acks_total", "inferlb_cycles_total", "inferlb_engine_penalty", "inferlb_xds_streams 2"},
 	} {
 		if err := envoytest.Poll(ctx, 5*time.Second, 50*time.Millisecond, func() error {
