@@ -296,7 +296,7 @@ func (c *Controller) classTraffic(dem map[signals.DemandKey]signals.DemandRate) 
 				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
 			}
-			sum := ordered.Sum(cd.Weights)
+			sum := ordered.Sum(cd.Weights) // a fixed order: replicas agree to the bit
 			if sum <= 0 {
 				continue
 			}
