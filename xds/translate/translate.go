@@ -475,9 +475,12 @@ func classCluster(name, healthPath string, o Options) *clusterv3.Cluster {
 // at least 1 for a positive share, 0 for no share (caller moves those to
 // priority 1). Exported so tests and the admin view compute the same.
 func IntWeights(shares map[string]float64, scale uint32) map[string]uint32 {
+	// Summed in key order: a float sum in map order differs in its last
+	// digits from run to run, enough to round a share at x.5 either way
+	// (and so to change the EDS version of equal input).
 	sum := 0.0
-	for _, s := range shares {
-		if s > 0 && !math.IsInf(s, 0) {
+	for _, id := range slices.Sorted(maps.Keys(shares)) {
+		if s := shares[id]; s > 0 && !math.IsInf(s, 0) {
 			sum += s
 		}
 	}
