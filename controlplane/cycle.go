@@ -688,20 +688,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				e, _ := c.spec.EngineByID(id)
 				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath}
 			}
-			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)
-			cd.Priority = map[string]uint32{}
-			anyW := false
-			for _, w := range cd.EnvoyW {
-				anyW = anyW || w > 0
-			}
-			for id, w := range cd.EnvoyW {
-				if w == 0 {
-					cd.EnvoyW[id] = 1
-					if anyW {
-						cd.Priority[id] = 1
-					}
-				}
-			}
 			nd.Classes[cl.Name] = cd
 			tn.Classes = append(tn.Classes, tc)
 		}
@@ -710,6 +696,9 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		r, err := translate.Translate(tn, c.cfg.Translate)
 		if err != nil {
 			return nil, fmt.Errorf("cycle: %w", err)
+		}
+		for name, cd := range nd.Classes {
+			cd.EnvoyW, cd.Priority = envoyView(r.Weights[name])
 		}
 		if prev != nil && prev.Resources != nil && prev.Resources.PolicyHash == r.PolicyHash &&
 			prev.Resources.EndpointVersion == r.EndpointVersion && prev.Resources.ClusterVersion == r.ClusterVersion {
@@ -729,6 +718,19 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		c.tables[cl] = av.rules
 	}
 	return res, nil
+}
+
+// envoyView splits the translated endpoints into the admin view's weights
+// and priorities (only the failover ones, priority > 0, are listed).
+func envoyView(ew map[string]translate.EndpointWeight) (weights, priority map[string]uint32) {
+	weights, priority = make(map[string]uint32, len(ew)), map[string]uint32{}
+	for id, w := range ew {
+		weights[id] = w.Weight
+		if w.Priority > 0 {
+			priority[id] = w.Priority
+		}
+	}
+	return weights, priority
 }
 
 // InflightLimit is a class's local in-flight limit at one ext_proc instance
