@@ -75,9 +75,11 @@ type Config struct {
 	// taken for measurement noise rather than background load.
 	BackgroundFloor float64
 	Penalty         PenaltyOptions
-	// RetryBudget is the retry share when utilization is low; it falls
-	// linearly to 0 between 50% and 100% utilization and is 0 while
-	// shedding. MaxRetries per request while the budget is positive.
+	// RetryBudget is the retry share at low utilization, published as the
+	// policy's retry_budget_fraction. ext_proc alone scales it down with
+	// utilization and stops it while the class sheds (retryScale in
+	// extproc/admission.go: it sees the moment as well as the plan).
+	// MaxRetries per request while the budget is positive.
 	RetryBudget float64
 	MaxRetries  uint32
 }
@@ -598,7 +600,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				cd.Proposed[id] = 0
 				cd.Health[id] = health[id].String()
 			}
-			shedding := false
 			util := 0.0
 			if flow != nil {
 				cd.Flow, cd.Demand, cd.Explain = flow, flow.DemandPerS, flow.Weights
@@ -611,7 +612,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 					if s.Fraction > 0 {
 						cd.Shed[s.Priority] = s.Fraction
 						cd.shedLevels[levelOf[s.Priority]] = s.Fraction
-						shedding = true
 					}
 				}
 			}
@@ -644,7 +644,6 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				}
 				if !shedMoved && prevCD.shedLevels != nil {
 					cd.shedLevels, cd.Shed = prevCD.shedLevels, prevCD.Shed
-					shedding = len(cd.shedLevels) > 0
 				}
 			}
 			util = round2(util)
@@ -664,14 +663,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				}
 				cd.Weights = w
 			}
-			budget := round2(c.cfg.RetryBudget * clamp((1-util)/0.5, 0, 1))
-			if shedding {
-				budget = 0
-			}
-			retries := c.cfg.MaxRetries
-			if budget == 0 {
-				retries = 0
-			}
+			budget, retries := c.retryPolicy()
 			inflight := c.InflightLimit(cl.Name)
 			tc := translate.Class{Name: cl.Name, Model: cl.Model, Residency: cl.Residency,
 				MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
@@ -718,6 +710,19 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		c.tables[cl] = av.rules
 	}
 	return res, nil
+}
+
+// retryPolicy is each class's published retry budget fraction and
+// max retries: the configured ones, unscaled. The one curve that lowers
+// the budget with utilization is ext_proc's (retryScale), applied to the
+// larger of the policy's predicted utilization and its own in-flight
+// ratio; scaling here as well compounded the two (at u = 0.8 the budget
+// was 0.2 × 0.4 × 0.6).
+func (c *Controller) retryPolicy() (fraction float64, maxRetries uint32) {
+	if c.cfg.RetryBudget == 0 {
+		return 0, 0
+	}
+	return c.cfg.RetryBudget, c.cfg.MaxRetries
 }
 
 // envoyView splits the translated endpoints into the admin view's weights
