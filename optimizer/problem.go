@@ -131,6 +131,16 @@ func frac(name string, v float64) error {
 
 // Validate reports the first problem found, wrapping a sentinel error.
 func (p *Problem) Validate() error {
+	for _, check := range []func() error{p.validateCosts, p.validateEngines, p.validateClasses, p.validateFrontends, p.validateLast} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateCosts checks the scalar terms and the priorities.
+func (p *Problem) validateCosts() error {
 	if !(p.Headroom > 0 && p.Headroom < 1) {
 		return fmt.Errorf("%w: headroom is %g, must be in (0, 1)", ErrInvalidProblem, p.Headroom)
 	}
@@ -156,7 +166,11 @@ func (p *Problem) Validate() error {
 			return fmt.Errorf("%w: priority %q has shed cost %g, must be > 0", ErrInvalidProblem, pr.Name, pr.ShedCost)
 		}
 	}
-	seen = map[string]bool{}
+	return nil
+}
+
+func (p *Problem) validateEngines() error {
+	seen := map[string]bool{}
 	for j := range p.Engines {
 		e := &p.Engines[j]
 		if e.ID == "" || seen[e.ID] {
@@ -176,7 +190,11 @@ func (p *Problem) Validate() error {
 			return err
 		}
 	}
-	seen = map[string]bool{}
+	return nil
+}
+
+func (p *Problem) validateClasses() error {
+	seen := map[string]bool{}
 	for c := range p.Classes {
 		cl := &p.Classes[c]
 		if cl.ID == "" || seen[cl.ID] {
@@ -194,7 +212,13 @@ func (p *Problem) Validate() error {
 			dup[j] = true
 		}
 	}
-	seen = map[string]bool{}
+	return nil
+}
+
+// validateFrontends checks each frontend's RTT row and demand against the
+// engines, classes and priorities.
+func (p *Problem) validateFrontends() error {
+	seen := map[string]bool{}
 	for i, f := range p.Frontends {
 		if f.ID == "" || seen[f.ID] {
 			return fmt.Errorf("%w: frontend %d has empty or duplicate id %q", ErrInvalidProblem, i, f.ID)
@@ -234,6 +258,10 @@ func (p *Problem) Validate() error {
 			}
 		}
 	}
+	return nil
+}
+
+func (p *Problem) validateLast() error {
 	// Last weights become x0 = demand × weight in the stability term: a NaN
 	// there made every objective NaN, so the solver ran to MaxSweeps and
 	// reported ErrNotConverged instead of the bad input. Ids that no longer
