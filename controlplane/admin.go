@@ -134,11 +134,12 @@ func (r *Runner) serveSignals(w http.ResponseWriter, _ *http.Request) {
 		demand[k.Node+"/"+k.Class+"/"+k.Priority] = v
 	}
 	var views []EngineView
+	var shapes map[string]ClassShape
 	if res := r.Last(); res != nil {
-		views = res.Engines
+		views, shapes = res.Engines, res.Shapes
 	}
 	r.writeJSON(w, map[string]any{"at": now, "engines": eng, "cycle_view": views, "demand": demand,
-		"evidence": ev, "intake": r.intake.Status()}, true)
+		"evidence": ev, "intake": r.intake.Status(), "shapes": shapes}, true)
 }
 
 // serveExplain: the optimizer's terms behind every weight, for a node

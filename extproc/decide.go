@@ -255,14 +255,9 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		shedKey = keyHash
 	}
 	outcome := p.admit(c, level, shedKey)
-	// The output the request will cost: what it asks for, else the class's
-	// typical length.
-	output := br.MaxTokens
-	if output < 0 {
-		output = c.MeanOutputTokens
-	}
-	d.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
-	d.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0), d.fresh())
+	prompt, output := c.cost(br)
+	d.obs.Demand(c.Name, prio, outcome != admitted, prompt, output)
+	d.obs.Prefixes(c.Name, &br.Chain, &kd, prompt+output, d.fresh())
 	dc.Policy, dc.Class, dc.Priority, dc.Level = p, c, prio, level
 	src := kd.Source
 	if kd.Off {
@@ -332,11 +327,25 @@ func (d *Decider) Finished(dc *Decision, upstream string, code int, header, tota
 		d.obs.Answered(upstream, id)
 		return
 	}
-	output := dc.Body.MaxTokens
+	prompt, output := dc.Class.cost(&dc.Body)
+	d.obs.Completed(upstream, id, header, total, prompt, output)
+}
+
+// cost is the prompt and output tokens a request of the class costs in
+// reports: its prompt, and the output it asks for, else the class's typical
+// length; each at most the class's context limit (a request beyond it is
+// refused by the engine, and a client's max_tokens of a billion would make
+// the control plane refuse the whole report: it bounds a request's tokens
+// by the fleet's largest context).
+func (c *Class) cost(br *body.Request) (prompt, output int) {
+	prompt, output = max(br.PromptTokens, 0), br.MaxTokens
 	if output < 0 {
-		output = dc.Class.MeanOutputTokens
+		output = max(c.MeanOutputTokens, 0)
 	}
-	d.obs.Completed(upstream, id, header, total, dc.Body.PromptTokens, output)
+	if c.MaxContext > 0 {
+		prompt, output = min(prompt, c.MaxContext), min(output, c.MaxContext)
+	}
+	return prompt, output
 }
 
 // Failed records one failed upstream attempt at addr (Envoy's upstream log:
