@@ -393,14 +393,14 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		}
 		// The same profile the optimizer's own tools build (capacity and
 		// measured curves from the spec included).
-		// The engine's model's reference request, as in optimizer.FromFleet
+		// The engine's model's reference request, as in FromFleet
 		// (before, every engine took the fleet's first class, whatever its
 		// model).
-		refP, refO, ok := optimizer.ReferenceShape(spec, e.Model)
+		refP, refO, ok := ReferenceShape(spec, e.Model)
 		if !ok {
 			return nil, fmt.Errorf("control plane: engine %s: no class of model %q gives a reference request shape", e.ID, e.Model)
 		}
-		p, err := optimizer.ProfileFromFleet(fp, refP, refO)
+		p, err := ProfileFromFleet(fp, refP, refO)
 		if err != nil {
 			return nil, fmt.Errorf("control plane: engine %s: %w", e.ID, err)
 		}

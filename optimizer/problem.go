@@ -6,7 +6,7 @@ import (
 )
 
 // Problem is one control cycle's input, independent of any I/O. Build it
-// with FromFleet or by hand; Solve does not modify it.
+// with controlplane.FromFleet or by hand; Solve does not modify it.
 //
 // Units: rates in requests per second, latencies and costs in milliseconds
 // (a cost is milliseconds of latency charged per request, so objective terms

@@ -21,7 +21,6 @@ import (
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 	"github.com/inferlb/inferlb/xds/translate"
 )
@@ -464,11 +463,11 @@ func newOldController(s *Sim) (*oldController, error) {
 	for c, js := range s.classEngines {
 		w := make([]float64, len(js))
 		fl := make([]float64, len(js))
-		refP, refO, ok := optimizer.ReferenceShape(s.spec, s.spec.Classes[c].Model)
+		refP, refO, ok := controlplane.ReferenceShape(s.spec, s.spec.Classes[c].Model)
 		for i, j := range js {
 			w[i] = 1
 			if fp, found := s.spec.ProfileOf(s.spec.Engines[j]); found && ok {
-				if prof, err := optimizer.ProfileFromFleet(fp, refP, refO); err == nil {
+				if prof, err := controlplane.ProfileFromFleet(fp, refP, refO); err == nil {
 					w[i] = prof.CapacityRPS * float64(max(s.spec.Engines[j].Replicas, 1)) // start proportional to capacity
 				}
 			}
