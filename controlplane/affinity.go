@@ -122,6 +122,23 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 	return out
 }
 
+// splitTables is step 5: each class's split table, the same for every
+// node, over the class's engines that are not down.
+func (c *Controller) splitTables(prefixes map[string]signals.ClassPrefixes, eng engineStep) map[string]*AffinityView {
+	f := &c.problem
+	out := map[string]*AffinityView{}
+	for _, cl := range f.classes {
+		n := 0
+		for _, j := range f.eligible[cl.Name] {
+			if h := eng.health[f.engines[j].ID]; h != translate.Unhealthy {
+				n++
+			}
+		}
+		out[cl.Name] = splitTable(cl, prefixes[cl.Name], n, c.tables[cl.Name])
+	}
+	return out
+}
+
 // tableBuild is one split-table computation (splitTable's steps).
 type tableBuild struct {
 	a      fleet.Affinity
