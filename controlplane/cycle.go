@@ -520,8 +520,8 @@ func (c *Controller) Version() int64 { return c.version }
 // but for the controller state it names.
 func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	res := &Result{At: in.Now, Nodes: map[string]*NodeDecision{}, Allocator: fmt.Sprintf("%T", c.alloc)}
-	decay := c.penaltyDecay(in.Now) // engines.go
-	demand := c.observeDemand(in, res)
+	decay := c.penaltyDecay(in.Now)    // since the last step (engines.go)
+	demand := c.observeDemand(in, res) // 0. shape.go, demand.go
 	c.lastStep = in.Now
 	eng := c.assessEngines(in, decay, res) // 1–2. engines.go, penalty.go
 	p := c.buildProblem(eng, demand)       // 3. problem.go
@@ -531,9 +531,10 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	engUtil := solvedView(res, sol)                                         // view.go
 	res.Affinity = c.splitTables(in.Prefixes, eng)                          // 5. affinity.go
-	db := c.deadbandCycle(p, sol, in.Engines, demand, c.problem.priorities) // deadband.go
+	db := c.deadbandCycle(p, sol, in.Engines, demand, c.problem.priorities) // 4. deadband.go
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
 	for _, fe := range c.problem.frontends {
+		// 4 and 6: weights.go, hold.go, publish.go
 		nd, err := c.decideNode(fe, sol, eng, engUtil, db, res, in.Now, nextVersion)
 		if err != nil {
 			return nil, fmt.Errorf("cycle: %w", err)
