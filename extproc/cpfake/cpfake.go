@@ -68,10 +68,22 @@ type reports struct {
 	cp *ControlPlane
 }
 
+// Report keeps req, counting a resent report once as the control plane's
+// intake does (signals.Intake.Report): one with the node, instance and
+// interval_start of a kept report replaces it if it ends later, else it is
+// a late copy and dropped.
 func (r *reports) Report(_ context.Context, req *policyv1.ReportRequest) (*policyv1.ReportResponse, error) {
 	r.cp.mu.Lock()
+	defer r.cp.mu.Unlock()
+	for i, x := range r.cp.reports {
+		if x.NodeId == req.NodeId && x.Instance == req.Instance && x.IntervalStart.AsTime().Equal(req.IntervalStart.AsTime()) {
+			if req.IntervalEnd.AsTime().After(x.IntervalEnd.AsTime()) {
+				r.cp.reports[i] = req
+			}
+			return &policyv1.ReportResponse{}, nil
+		}
+	}
 	r.cp.reports = append(r.cp.reports, req)
-	r.cp.mu.Unlock()
 	return &policyv1.ReportResponse{}, nil
 }
 
@@ -222,7 +234,8 @@ func (cp *ControlPlane) SetPolicy(p *policyv1.RoutingPolicy) error {
 	return cp.policy.UpdateResource(p.GetNodeId(), p)
 }
 
-// Reports returns the reports received so far.
+// Reports returns the reports received so far (a resent one in place of
+// the one it extends).
 func (cp *ControlPlane) Reports() []*policyv1.ReportRequest {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
