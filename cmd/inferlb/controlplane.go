@@ -22,6 +22,7 @@ func init() {
 		allocator       string
 		logLevel        string
 		solverTolerance float64
+		timeScale       float64
 	)
 	cmd := &cobra.Command{
 		Use:   "control-plane --fleet FILE",
@@ -68,6 +69,9 @@ over time, and the optimizer's reasons for any weight (docs/demo.md).`,
 			spec, err := fleet.Load(fleetPath)
 			if err != nil {
 				return err
+			}
+			if spec, err = spec.InRealTime(timeScale); err != nil {
+				return fmt.Errorf("--time-scale: %w", err)
 			}
 			d.Fleet, d.Logger = spec, log
 			switch lbPolicy {
@@ -126,6 +130,7 @@ over time, and the optimizer's reasons for any weight (docs/demo.md).`,
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
 	f.IntVar(&d.History, "history", d.History, "cycles kept in memory for /history and the dashboard's charts")
 	f.DurationVar(&d.MaxClockSkew, "max-clock-skew", 10*time.Second, "reports whose interval ends further than this from this clock are refused")
+	f.Float64Var(&timeScale, "time-scale", 1, "the engines are simulators at this time scale (engine-sim --time-scale): the fleet's profiles and round trips are read in their real time (durations × it, rates ÷ it)")
 	f.StringVar(&allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
 	f.Float64Var(&solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
 	f.StringVar(&lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")
