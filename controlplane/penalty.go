@@ -73,7 +73,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 		reps := float64(max(e.Replicas, 1))
 		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
 		if state == signals.Up {
-			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*prof.OutputTokenSec
+			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*c.outputTokenSec(e.ID)
 			v.ObservedUtilization = work / reps
 			// Background: load beyond what our traffic explains (the
 			// weights in force times the demand admitted now), from the

@@ -388,7 +388,7 @@ func (r *Runner) inputs() Inputs {
 	r.mu.Lock()
 	engines := r.tracker.Engines(now)
 	r.mu.Unlock()
-	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev}
+	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, DemandWindow: r.cfg.DemandWindow}
 }
 
 func (r *Runner) allReported() bool {
@@ -594,11 +594,12 @@ func (r *Runner) adminHandler() http.Handler {
 			demand[k.Node+"/"+k.Class+"/"+k.Priority] = v
 		}
 		var views []EngineView
+		var shapes map[string]ClassShape
 		if res := r.Last(); res != nil {
-			views = res.Engines
+			views, shapes = res.Engines, res.Shapes
 		}
 		writeJSON(w, map[string]any{"at": now, "engines": eng, "cycle_view": views, "demand": demand,
-			"evidence": ev, "intake": r.intake.Status()})
+			"evidence": ev, "intake": r.intake.Status(), "shapes": shapes})
 	})
 	mux.HandleFunc("GET /explain", func(w http.ResponseWriter, req *http.Request) {
 		res := r.Last()

@@ -42,11 +42,16 @@ const (
 	PolicySGLang     = "sglang_cache_aware"
 	PolicyDynamo     = "dynamo_kv"
 	PolicyInferlb    = "inferlb"
+	// PolicyRandomKey is inferlb with cache affinity off for every class
+	// (the fleet spec's classes[].affinity.mode off): the same control
+	// loop, shedding and retries, but every request a fresh random key.
+	// Issue 12's baseline for what affinity itself buys.
+	PolicyRandomKey = "random_key"
 )
 
 // PolicyNames lists every policy, rivals first.
 func PolicyNames() []string {
-	return []string{PolicyRoundRobin, PolicyP2C, PolicyNearest, PolicySession, PolicyOld, PolicyLLMD, PolicySGLang, PolicyDynamo, PolicyInferlb}
+	return []string{PolicyRoundRobin, PolicyP2C, PolicyNearest, PolicySession, PolicyOld, PolicyLLMD, PolicySGLang, PolicyDynamo, PolicyRandomKey, PolicyInferlb}
 }
 
 func newPolicy(name string, s *Sim) (Policy, error) {
@@ -68,7 +73,9 @@ func newPolicy(name string, s *Sim) (Policy, error) {
 	case PolicyDynamo:
 		return &dynamo{base: base{s: s}}, nil
 	case PolicyInferlb:
-		return newInferlb(s)
+		return newInferlb(s, s.spec)
+	case PolicyRandomKey:
+		return newInferlb(s, affinityOff(s.spec))
 	}
 	return nil, fmt.Errorf("fleetsim: unknown policy %q (known: %v)", name, PolicyNames())
 }
