@@ -27,8 +27,8 @@ func init() {
 	cmd := &cobra.Command{
 		Use:   "control-plane --fleet FILE",
 		Short: "Run the xDS control plane: engine signals and demand in, per-frontend weights out",
-		Long: `control-plane scrapes every engine of the fleet (/metrics in vLLM's names and
-/health), takes demand reports from the ext_proc services (gRPC Reports), runs
+		Long: `control-plane scrapes every engine of the fleet (/metrics in the names of its
+engines[].server, vLLM's or SGLang's, and its health path), takes demand reports from the ext_proc services (gRPC Reports), runs
 the optimizer every --interval (and at once when an engine's health changes),
 and publishes per frontend node, over ADS (state of the world and delta) on
 --xds-listen:
