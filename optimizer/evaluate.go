@@ -1,6 +1,10 @@
 package optimizer
 
-import "math"
+import (
+	"maps"
+	"math"
+	"slices"
+)
 
 // Evaluator prices routings of one solution's admitted traffic: every
 // (frontend, class) routes what the solution routes (Flow.RoutedPerS), by
@@ -63,8 +67,8 @@ func (ev *Evaluator) set(bi int, weights map[string]float64) {
 		ev.m.arcs[k].x = 0
 	}
 	sum := 0.0
-	for _, v := range weights {
-		if v > 0 {
+	for _, id := range slices.Sorted(maps.Keys(weights)) { // map order would vary the last bits
+		if v := weights[id]; v > 0 {
 			sum += v
 		}
 	}
