@@ -33,6 +33,7 @@ func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--maglev-table-size", "100"}, "--maglev-table-size: must be a prime"},
 		{[]string{"--weight-scale", "1"}, "--weight-scale: must be in [10, 1000000]"},
 		{[]string{"--health-check-interval", "0s"}, "--health-check-interval / --health-check-timeout: must be positive"},
+		{[]string{"--time-scale", "0"}, "--time-scale: fleet: time scale must be a positive number, got 0"},
 		// Two bad flags: both named, one a line.
 		{[]string{"--headroom", "0", "--hash-balance-factor", "50"}, "--hash-balance-factor: must be 0 (off) or ≥ 100, got 50\n--headroom: must be in (0, 1), got 0"},
 	} {
