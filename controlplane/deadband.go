@@ -128,9 +128,8 @@ func (c *Controller) newDeadband(p *optimizer.Problem, sol *optimizer.Solution, 
 // the hit rate of the engine it leaves, weighted by old) recomputed at
 // the prefill rate of the engine it goes to (weighted by proposed).
 func (db *deadband) missMs(prompt float64, old, proposed map[string]float64) float64 {
-	// In engine order: the sums must not vary with map order.
 	h, hw := 0.0, 0.0
-	for _, id := range ordered.Keys(old) {
+	for _, id := range ordered.Keys(old) { // in key order: bit for bit in every run
 		if w := old[id]; w > 0 {
 			h += w * db.hit[id]
 			hw += w
