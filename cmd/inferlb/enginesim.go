@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/cliconfig"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/spf13/cobra"
 )
@@ -79,12 +80,12 @@ while after they start, as a server loading its model does.`,
 			}
 			for _, name := range profileFlags {
 				if cmd.Flags().Changed(name) && (fleetPath != "" || listen == "") {
-					return fmt.Errorf("--%s is a standalone profile flag (--listen without --fleet); with --fleet the fleet's profile applies", name)
+					return fmt.Errorf("%s is a standalone profile flag (--listen without --fleet); with --fleet the fleet's profile applies", cliconfig.Name(cmd.Flags(), name))
 				}
 			}
 			for _, name := range []string{"max-running", "max-batched-tokens", "block-size", "max-context-tokens"} {
 				if v, _ := cmd.Flags().GetInt(name); cmd.Flags().Changed(name) && v < 1 {
-					return fmt.Errorf("--%s: must be at least 1, got %d", name, v)
+					return fmt.Errorf("%s: must be at least 1, got %d", cliconfig.Name(cmd.Flags(), name), v)
 				}
 			}
 			var spec *fleet.Spec
@@ -193,6 +194,8 @@ while after they start, as a server loading its model does.`,
 	f.IntVar(&prof.KVCapacityTokens, "kv-capacity-tokens", d.KVCapacityTokens, "standalone profile: KV cache size in tokens")
 	f.IntVar(&prof.BlockSize, "block-size", d.BlockSize, "standalone profile: KV block size in tokens")
 	f.IntVar(&prof.MaxContextTokens, "max-context-tokens", d.MaxContextTokens, "standalone profile: context limit (vLLM max_model_len)")
+	_ = cmd.MarkFlagFilename("fleet", "yaml", "yml")
+	cliconfig.Add(cmd)
 	return cmd
 }
 
