@@ -59,14 +59,14 @@ func (a attemptLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 			if requests {
 				a.s.requestEnded(e, p)
 			} else {
-				a.s.attemptFailed(e, p)
+				a.s.attemptFailed(e)
 			}
 		}
 	}
 }
 
 // attemptFailed counts one entry of the upstream log: a failed attempt.
-func (s *Server) attemptFailed(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) {
+func (s *Server) attemptFailed(e *accesslogdatav3.HTTPAccessLogEntry) {
 	cp := e.GetCommonProperties()
 	addr := sockAddr(cp.GetUpstreamRemoteAddress())
 	if addr == "" {

@@ -93,10 +93,3 @@ func (t *requestTable) useRetry(d *Decider, id string) {
 		d.ChargeRetry(&r.dc)
 	}
 }
-
-// len is the number of requests in flight.
-func (t *requestTable) len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.byID)
-}

@@ -151,7 +151,7 @@ dependence), and needs --gpu and a KV size from /metrics.`,
 					fmt.Fprintln(out, "# WARNING: kv_capacity_tokens unknown (the engine's /metrics has no cache config): fill it in below")
 				}
 			}
-			return writeProfile(out, f, base, target, modelName, gpu, prompt, output)
+			return writeProfile(out, f, base, target, modelName, prompt, output)
 		},
 	}
 	fl := cmd.Flags()
@@ -281,7 +281,7 @@ func (e engineConfig) apply(p *fleet.Profile, f optimizer.Fit, prompt int, fresh
 	}
 }
 
-func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, modelName, gpu string, prompt, output int) error {
+func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, modelName string, prompt, output int) error {
 	fmt.Fprintf(out, "# inferlb profile against %s, model %s, %d/%d-token requests\n", target, modelName, prompt, output)
 	fmt.Fprintf(out, "#   capacity %.3f req/s\n", f.CapacityRPS)
 	fmt.Fprintf(out, "#   TTFT(u) = %.3f + %.3f·u + %.3f·u/(1−u) ms   R² %.4f  RMSE %.3f ms\n", f.TTFT.Base, f.TTFT.Linear, f.TTFT.Queue, f.TTFTR2, f.TTFTRMSE)

@@ -27,7 +27,7 @@ func TestWriteProfileEntryRoundTrips(t *testing.T) {
 	fit := optimizer.Fit{CapacityRPS: 9.87654, TTFT: optimizer.Curve{Base: 41.23456, Linear: 5.5, Queue: 2.0004},
 		TBOT: optimizer.Curve{Base: 7.1111, Linear: 3, Queue: 0.25}}
 	var out bytes.Buffer
-	if err := writeProfile(&out, fit, &base, "http://127.0.0.1:1", base.Model, base.GPU, 1000, 200); err != nil {
+	if err := writeProfile(&out, fit, &base, "http://127.0.0.1:1", base.Model, 1000, 200); err != nil {
 		t.Fatal(err)
 	}
 	entry := out.String()[strings.Index(out.String(), "profiles:"):]

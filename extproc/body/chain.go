@@ -247,7 +247,7 @@ func (w *chainWriter) message(p *parser, m *msgRec, tokens int, anchor bool) {
 			w.text(raw[1:len(raw)-1], m.canon)
 		case '[':
 			sub := parser{b: raw, partsChain: w}
-			_, _ = sub.parts(0) // validated already
+			_, _ = sub.parts() // validated already
 		}
 	}
 	w.tokBase += tokens

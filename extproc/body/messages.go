@@ -397,7 +397,7 @@ func (p *parser) content(idx int) (int, error) {
 	case 'n':
 		return 0, p.literal("null")
 	case '[':
-		return p.parts(idx)
+		return p.parts()
 	}
 	if isValueStart(p.peek()) {
 		if err := p.skip(1); err != nil {
@@ -411,7 +411,7 @@ func (p *parser) content(idx int) (int, error) {
 // parts reads an array of content parts, counting the tokens of every
 // "text" string. With p.parts non-nil it also feeds the text parts to that
 // chain.
-func (p *parser) parts(idx int) (int, error) {
+func (p *parser) parts() (int, error) {
 	p.i++ // '['
 	p.ws()
 	if p.peek() == ']' {

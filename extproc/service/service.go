@@ -51,7 +51,6 @@ func ServerOptions(bodyLimit int) []grpc.ServerOption {
 		// 220 KB body needs no flow-control round trip.
 		grpc.InitialWindowSize(4 << 20),
 		grpc.InitialConnWindowSize(64 << 20),
-		grpc.SharedWriteBuffer(true),
 		// Every in-flight HTTP request holds one ext_proc stream, so
 		// hundreds are open at once. A pool of long-lived workers serves
 		// them on goroutines whose stacks have already grown: with fewer

@@ -133,7 +133,6 @@ type engine struct {
 	// Counters a /metrics scrape would read (vLLM's histograms' sums and
 	// counts).
 	ttftSum, ttftCount, itlSum, itlCount, success float64
-	loadSum                                       float64 // Σ in-flight over samples
 }
 
 // frontend is one frontend node (one Envoy, one ext_proc).

@@ -106,22 +106,6 @@ var vocabPacked, vocabLen = func() ([]uint64, []uint8) {
 	return p, l
 }()
 
-// firstWords returns the first n space-separated words of s.
-func firstWords(s string, n int) string {
-	if n <= 0 {
-		return ""
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == ' ' {
-			n--
-			if n == 0 {
-				return s[:i]
-			}
-		}
-	}
-	return s
-}
-
 // mix64 is SplitMix64's finalizer: a cheap bijective hash for deriving seeds.
 func mix64(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15
