@@ -278,7 +278,8 @@ func keyHash(tag byte, v string) uint64 {
 	return mix(h.Sum64())
 }
 
-// mix is a 64-bit finalizer (splitmix64), so keys spread over the whole range.
+// mix is MurmurHash3's 64-bit finalizer (fmix64), so keys spread over the
+// whole range; 0 is kept free (it means "no key").
 func mix(h uint64) uint64 {
 	h ^= h >> 33
 	h *= 0xff51afd7ed558ccd

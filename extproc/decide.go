@@ -76,9 +76,9 @@ func (d *Decider) Observer() *Observer { return d.obs }
 // Policy returns the policy in force (nil before the first).
 func (d *Decider) Policy() *Policy { return d.policy.Load() }
 
-// SetPolicy compiles and installs a RoutingPolicy; it returns the policy
-// installed and the one it replaced. On error the old policy stays in force.
-func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy, err error) {
+// SetPolicy compiles and installs a RoutingPolicy and returns it. On error
+// the old policy stays in force.
+func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (*Policy, error) {
 	d.statesMu.Lock()
 	defer d.statesMu.Unlock()
 	p, err := Compile(rp, func(name string) *classState {
@@ -90,14 +90,15 @@ func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy,
 		return st
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	for _, c := range p.classes {
 		if c.TokenizerSHA256 != "" {
 			c.tokenizer = d.tokenizers[c.TokenizerSHA256]
 		}
 	}
-	return p, d.policy.Swap(p), nil
+	d.policy.Store(p)
+	return p, nil
 }
 
 // Input is what the decision reads from one request: the API it is for,

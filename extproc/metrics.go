@@ -1,6 +1,10 @@
 package extproc
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"hash/fnv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	decisions      *prometheus.CounterVec // class, priority, outcome
@@ -13,7 +17,7 @@ type metrics struct {
 	responses      *prometheus.CounterVec // engine, code
 	headerLatency  prometheus.Histogram
 	policyUpdates  *prometheus.CounterVec // result
-	policyInfo     *prometheus.GaugeVec   // version
+	policyVersion  prometheus.Gauge       // VersionHash of the policy in force
 	streams        prometheus.Gauge
 	// requestsExpired counts admitted requests dropped from the request
 	// table without an access-log entry; unknownLogs access-log entries for
@@ -69,10 +73,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "inferlb_extproc_policy_updates_total",
 			Help: "RoutingPolicy updates received, by result (applied, rejected).",
 		}, []string{"result"}),
-		policyInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inferlb_extproc_policy_info",
-			Help: "1 for the RoutingPolicy version in force.",
-		}, []string{"version"}),
+		// A number, not a {version} label: one series for the process's
+		// life, however many versions it applies.
+		policyVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inferlb_extproc_policy_version_hash",
+			Help: "VersionHash of the RoutingPolicy version in force (0 before the first): frontends on the same version show the same number.",
+		}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inferlb_extproc_streams",
 			Help: "Open ext_proc streams.",
@@ -90,6 +96,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
-		m.responses, m.headerLatency, m.policyUpdates, m.policyInfo, m.streams, m.contextBounds)
+		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m
+}
+
+// VersionHash is the number inferlb_extproc_policy_version_hash shows for a
+// RoutingPolicy version: the low 53 bits of the version's FNV-1a hash, so
+// that the float64 sample holds it exactly; never 0, which means no policy.
+func VersionHash(version string) float64 {
+	h := fnv.New64a()
+	h.Write([]byte(version))
+	if v := h.Sum64() & (1<<53 - 1); v != 0 {
+		return float64(v)
+	}
+	return 1
 }

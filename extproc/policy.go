@@ -254,9 +254,9 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		if e.GetAddress() == "" {
 			return nil, fmt.Errorf("policy: engines[%d] (%q): empty address", i, e.GetId())
 		}
-		// One address is one engine (the fleet spec refuses duplicates);
-		// a second entry used to overwrite the first silently, so evidence
-		// from that upstream was reported against whichever id came last.
+		// One address is one engine (the fleet spec refuses duplicates):
+		// evidence is keyed by the upstream address, so a second entry
+		// would have it reported against whichever id came last.
 		if err := labelValue(e.GetId()); err != nil {
 			return nil, fmt.Errorf("policy: engines[%d]: id: %w", i, err)
 		}

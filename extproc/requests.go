@@ -20,7 +20,7 @@ const DefaultMaxRequestAge = time.Hour
 // ext_proc ends its gRPC stream as soon as the decision is sent, so that a
 // stream whose routing decision is made no longer depends on this process
 // (were ext_proc in the response path, its death would cut every stream in
-// flight in fail-closed mode). What the stream's end used to tell — the
+// flight in fail-closed mode). What a stream's end would tell — the
 // request finished: release its in-flight slot, refund the retries it did
 // not use, record which engine served and how long it took — comes from the
 // access-log entry Envoy writes when the request ends, matched by the id

@@ -123,16 +123,13 @@ func (s *Server) Policy() *Policy { return s.dec.Policy() }
 // SetPolicy compiles and installs a RoutingPolicy. On error the old policy
 // stays in force.
 func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
-	p, old, err := s.dec.SetPolicy(rp)
+	p, err := s.dec.SetPolicy(rp)
 	if err != nil {
 		s.m.policyUpdates.WithLabelValues("rejected").Inc()
 		return err
 	}
 	s.m.policyUpdates.WithLabelValues("applied").Inc()
-	if old != nil {
-		s.m.policyInfo.DeleteLabelValues(old.Version)
-	}
-	s.m.policyInfo.WithLabelValues(p.Version).Set(1)
+	s.m.policyVersion.Set(VersionHash(p.Version))
 	if cp := s.dec.clients.Load(); cp != nil {
 		var unknown []string
 		for _, n := range cp.Names() {

@@ -163,3 +163,52 @@ func TestContextBoundMethods(t *testing.T) {
 		s.abandon(st.id)
 	}
 }
+
+// The policy version is one series however many versions a frontend applies
+// (a {version} label would leave a series per version in Prometheus), and
+// its value tells versions apart; a rejected policy leaves it alone.
+func TestPolicyVersionMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := New(Options{Registry: reg})
+	series := func() []float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vals []float64
+		for _, mf := range mfs {
+			if mf.GetName() == "inferlb_extproc_policy_version_hash" {
+				for _, m := range mf.GetMetric() {
+					vals = append(vals, m.GetGauge().GetValue())
+				}
+			}
+		}
+		return vals
+	}
+	if v := series(); len(v) != 1 || v[0] != 0 {
+		t.Fatalf("before any policy: %v, want one series at 0", v)
+	}
+	for _, version := range []string{"a1", "b2", "c3"} {
+		p := testPolicy()
+		p.Version = version
+		if err := s.SetPolicy(p); err != nil {
+			t.Fatal(err)
+		}
+		if v := series(); len(v) != 1 || v[0] != VersionHash(version) {
+			t.Fatalf("after %s: %v, want one series at %v", version, v, VersionHash(version))
+		}
+	}
+	if VersionHash("a1") == VersionHash("b2") || VersionHash("") == 0 {
+		t.Fatal("VersionHash does not tell versions apart from each other or from no policy")
+	}
+	bad := testPolicy()
+	bad.Version = "bad"
+	bad.DefaultPriority = "no-such-priority"
+	if err := s.SetPolicy(bad); err == nil {
+		t.Fatal("a policy with an unknown default priority was accepted")
+	}
+	if v := series(); len(v) != 1 || v[0] != VersionHash("c3") {
+		t.Fatalf("after a rejected policy: %v, want c3's %v", v, VersionHash("c3"))
+	}
+}

@@ -160,15 +160,15 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.ShutdownGrace = 10 * time.Second
 	}
 	// The same limit must reach both the server (413 beyond it) and gRPC's
-	// receive limit: left at 0, the server took its 4 MiB default while gRPC
-	// was capped at 1 MiB, so bodies in between failed the stream instead.
+	// receive limit: with gRPC at its 1 MiB default and the server at 4 MiB,
+	// bodies in between would fail the stream instead of getting a 413.
 	switch {
 	case cfg.Listen == "":
 		// net.Listen would take "" as every interface on a random port:
 		// an ext_proc service Envoy cannot find, open to the network.
 		return errors.New("no ext_proc listen address (--listen)")
 	case cfg.ReportInterval < 0 || cfg.ShutdownGrace < 0:
-		// 0 means the default; a negative one used to mean it silently too.
+		// 0 means the default; a negative one is a mistake, not a default.
 		return fmt.Errorf("negative report interval %v or shutdown grace %v", cfg.ReportInterval, cfg.ShutdownGrace)
 	case cfg.BodyLimit < 0:
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoytest"
@@ -99,7 +101,7 @@ func TestRun(t *testing.T) {
 	if code, _ := get(t, "http://"+h+"/healthz"); code != 200 {
 		t.Fatalf("healthz %d", code)
 	}
-	if _, m := get(t, "http://"+h+"/metrics"); !strings.Contains(m, `inferlb_extproc_policy_info{version="cp-7"} 1`) {
+	if _, m := get(t, "http://"+h+"/metrics"); !strings.Contains(m, "inferlb_extproc_policy_version_hash "+strconv.FormatFloat(extproc.VersionHash("cp-7"), 'g', -1, 64)+"\n") {
 		t.Fatalf("metrics lack the policy version")
 	}
 	// The admin port is read-only: POST and friends are 405, not GET.

@@ -301,7 +301,7 @@ func (x *inferlb) cycle() {
 // apply installs a node's resources: the policy into its Decider, the EDS
 // assignments into its clusters.
 func (x *inferlb) apply(f int, r *translate.Resources) error {
-	if _, _, err := x.dec[f].SetPolicy(r.Policy); err != nil {
+	if _, err := x.dec[f].SetPolicy(r.Policy); err != nil {
 		return err
 	}
 	for _, cla := range r.Endpoints {
@@ -427,7 +427,7 @@ func newOldController(s *Sim) (*oldController, error) {
 	o := &oldController{s: s, pl: pl, lbCfg: lbConfig(translate.DefaultOptions())}
 	for _, f := range s.fronts {
 		d := extproc.NewDecider(s.wall())
-		if _, _, err := d.SetPolicy(staticPolicy(s, f.spec.NodeID, "old_")); err != nil {
+		if _, err := d.SetPolicy(staticPolicy(s, f.spec.NodeID, "old_")); err != nil {
 			return nil, err
 		}
 		o.dec = append(o.dec, d)
