@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane/dashboard"
@@ -286,7 +287,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.log.Info("control plane serving", "xds", r.xdsAddr, "admin", r.adminAddr, "fleet", r.cfg.Fleet.Name,
 		"engines", len(r.targets), "interval", r.cfg.Interval)
 
-	g, ctx := newGroup(ctx)
+	// Every part ends when the first fails or ctx ends.
+	g, ctx := errgroup.WithContext(ctx)
 	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
 	g.Go(func() error { return r.srv.Serve(xl) })
 	g.Go(func() error {
@@ -698,34 +700,4 @@ func (r *Runner) adminHandler() http.Handler {
 `)
 	})
 	return mux
-}
-
-// group runs goroutines that all end when the first fails or ctx ends.
-type group struct {
-	wg     sync.WaitGroup
-	cancel context.CancelFunc
-	once   sync.Once
-	err    error
-}
-
-func newGroup(ctx context.Context) (*group, context.Context) {
-	ctx, cancel := context.WithCancel(ctx)
-	return &group{cancel: cancel}, ctx
-}
-
-func (g *group) Go(f func() error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := f(); err != nil {
-			g.once.Do(func() { g.err = err })
-			g.cancel()
-		}
-	}()
-}
-
-func (g *group) Wait() error {
-	g.wg.Wait()
-	g.cancel()
-	return g.err
 }

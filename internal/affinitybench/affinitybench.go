@@ -338,10 +338,7 @@ type group struct {
 	stop []func()
 }
 
-func (g *group) goRun(f func()) {
-	g.wg.Add(1)
-	go func() { defer g.wg.Done(); f() }()
-}
+func (g *group) goRun(f func()) { g.wg.Go(f) }
 
 func (g *group) close() {
 	for i := len(g.stop) - 1; i >= 0; i-- {
