@@ -45,7 +45,7 @@ func TestLearnedSplitTableRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := dec.SetPolicy(r.Nodes["fe-east"].Resources.Policy); err != nil {
+		if _, _, err := dec.SetPolicy(r.Nodes["fe-east"].Resources.Policy); err != nil {
 			t.Fatal(err)
 		}
 		return r

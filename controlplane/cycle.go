@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 	"github.com/inferlb/inferlb/xds/translate"
@@ -61,8 +62,12 @@ type Config struct {
 	// engine loses traffic even when capacity is not binding.
 	PenaltyCostMs float64
 	// DeadbandTV: smallest total-variation change of a (frontend, class)'s
-	// weights worth publishing.
+	// weights worth publishing; above it, new weights are published when
+	// what they gain outweighs the cache misses they cause (deadband.go).
 	DeadbandTV float64
+	// DemandSmoothing is the time constant of the demand the optimizer
+	// plans with (demand.go); 0 plans with the intake's window as is.
+	DemandSmoothing time.Duration
 	// ShedDeadband: smallest change of a shed fraction worth publishing.
 	ShedDeadband float64
 	// IdleDemandPerS is the demand assumed for a (frontend, class) with no
@@ -80,6 +85,18 @@ type Config struct {
 	// shedding. MaxRetries per request while the budget is positive.
 	RetryBudget float64
 	MaxRetries  uint32
+	// ShapeSmoothing is the time constant with which each class's work per
+	// request (tokens per request, cached share of the prompt; shape.go)
+	// follows what is observed.
+	ShapeSmoothing time.Duration
+	// MaxCachedShare caps the share of prompt tokens counted as prefix-cache
+	// hits (no prefill work), [0, 1).
+	MaxCachedShare float64
+	// MarginalStretch (optimizer.Problem.MarginalStretch): an engine is
+	// full where one more request would cost this many times its zero-load
+	// latency (its own and the congestion it adds), if that comes before
+	// the headroom; 0: the headroom alone.
+	MarginalStretch float64
 }
 
 // PenaltyOptions shape outlier penalties.
@@ -118,14 +135,18 @@ func DefaultConfig() Config {
 		StabilityMs:      30,
 		PenaltyCostMs:    1500,
 		DeadbandTV:       0.03,
+		DemandSmoothing:  30 * time.Second,
 		ShedDeadband:     0.01,
 		IdleDemandPerS:   0.05,
 		UnknownHealth:    0.5,
 		BackgroundFloor:  0.1,
 		Penalty: PenaltyOptions{LatencyTolerance: 0.5, LatencyScale: 2, ErrorTolerance: 0.02, ErrorScale: 0.5,
 			MinSamples: 3, E2ESlackMs: 50, Max: 0.9, HalfLife: 10 * time.Second, ProbeRPS: 0.5, MinProbeShare: 0.01, MaxProbeShare: 0.1},
-		RetryBudget: 0.2,
-		MaxRetries:  2,
+		RetryBudget:     0.2,
+		MaxRetries:      2,
+		ShapeSmoothing:  20 * time.Second,
+		MaxCachedShare:  0.9,
+		MarginalStretch: 12,
 	}
 }
 
@@ -150,6 +171,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.DeadbandTV >= 0 && c.DeadbandTV < 1) {
 		bad("deadband_tv", c.DeadbandTV, "must be in [0, 1)")
+	}
+	if c.DemandSmoothing < 0 {
+		bad("demand_smoothing", c.DemandSmoothing, "must be ≥ 0 (0: off)")
 	}
 	if !(c.ShedDeadband >= 0 && c.ShedDeadband < 1) {
 		bad("shed_deadband", c.ShedDeadband, "must be in [0, 1)")
@@ -179,6 +203,15 @@ func (c Config) Validate() error {
 	if !(c.RetryBudget >= 0 && c.RetryBudget <= 1) {
 		bad("retry_budget", c.RetryBudget, "must be in [0, 1]")
 	}
+	if c.ShapeSmoothing < 0 {
+		bad("shape_smoothing", c.ShapeSmoothing, "must be ≥ 0")
+	}
+	if !(c.MaxCachedShare >= 0 && c.MaxCachedShare < 1) {
+		bad("max_cached_share", c.MaxCachedShare, "must be in [0, 1)")
+	}
+	if !(c.MarginalStretch == 0 || c.MarginalStretch > 1) || math.IsInf(c.MarginalStretch, 0) {
+		bad("marginal_stretch", c.MarginalStretch, "must be 0 (off) or > 1, and finite")
+	}
 	return errors.Join(errs...)
 }
 
@@ -188,6 +221,9 @@ type Inputs struct {
 	Engines  []signals.Engine
 	Demand   map[signals.DemandKey]signals.DemandRate
 	Evidence map[string]signals.Evidence // by engine address
+	// DemandWindow is the span Demand's rates average over (the intake's
+	// window), for their noise (demand.go); 0 means 10 s.
+	DemandWindow time.Duration
 	// Prefixes is the prefix view by class (signals.Intake.Prefixes), from
 	// which the split tables are learned (affinity.go).
 	Prefixes map[string]signals.ClassPrefixes
@@ -204,6 +240,11 @@ type EngineView struct {
 	// ObservedUtilization is work per second over replica capacity.
 	ObservedUtilization float64 `json:"observed_utilization"`
 	PlannedUtilization  float64 `json:"planned_utilization"`
+	// SolvedUtilization is what this cycle's allocation plans for the
+	// engine, UtilizationLimit the cap it was planned under (the headroom,
+	// or lower where MaxStretch puts the engine's hockey stick).
+	SolvedUtilization float64 `json:"solved_utilization"`
+	UtilizationLimit  float64 `json:"utilization_limit"`
 	// Residuals: observed / predicted at the observed load and queue (0: no
 	// evidence): TTFT and TBOT from the engine's metrics, E2E from
 	// ext_proc's timing of whole requests. The predictions are in ms.
@@ -225,8 +266,13 @@ type ClassDecision struct {
 	Weights  map[string]float64 `json:"weights"`
 	Proposed map[string]float64 `json:"proposed"`
 	// Held: the deadband kept the published weights.
-	Held        bool               `json:"held"`
-	TVDistance  float64            `json:"tv_distance"`
+	Held       bool    `json:"held"`
+	TVDistance float64 `json:"tv_distance"`
+	// Gain is what the proposal saves over the published weights and
+	// MissCost what its cache misses cost, both ms·req/s (deadband.go);
+	// 0 when the deadband did not need to price them.
+	Gain        float64            `json:"deadband_gain_ms_per_s"`
+	MissCost    float64            `json:"deadband_miss_cost_ms_per_s"`
 	Shed        map[string]float64 `json:"shed_by_priority,omitempty"`
 	Explain     []optimizer.Weight `json:"explanations,omitempty"`
 	Demand      float64            `json:"demand_per_s"`
@@ -262,6 +308,9 @@ type Result struct {
 	Nodes        map[string]*NodeDecision `json:"nodes"`
 	// Affinity is each class's split table (the same at every node).
 	Affinity map[string]*AffinityView `json:"affinity"`
+	// Shapes is each class's work per request the allocation was planned
+	// with (shape.go).
+	Shapes map[string]ClassShape `json:"shapes"`
 	// Publish lists the nodes whose resources changed, to publish.
 	Publish []*translate.Resources `json:"-"`
 }
@@ -287,6 +336,16 @@ type Controller struct {
 	version   int64
 	// tables holds each class's published split-table rules.
 	tables map[string][]translate.PrefixRule
+	// smoothed is the demand the optimizer planned with, at smoothedAt
+	// (demand.go).
+	smoothed   map[signals.DemandKey]smoothedDemand
+	smoothedAt time.Time
+	// shapes holds each class's smoothed work estimate, shapeView its value
+	// this cycle, traffic each class's requests/s per engine under the
+	// weights in force (classTraffic) as of this cycle.
+	shapes    map[string]*shapeState
+	shapeView map[string]ClassShape
+	traffic   map[string]map[string]float64
 }
 
 type problemFrame struct {
@@ -311,7 +370,8 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 	}
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
 		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, cause: map[string]string{}, impaired: map[string]bool{},
-		published: map[string]*NodeDecision{}, planned: map[string]float64{}, tables: map[string][]translate.PrefixRule{}}
+		published: map[string]*NodeDecision{}, planned: map[string]float64{}, tables: map[string][]translate.PrefixRule{},
+		shapes: map[string]*shapeState{}}
 	f := &c.problem
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
 	f.priorities = slices.Clone(spec.Priorities)
@@ -457,15 +517,23 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	// now. Background load is measured against this, not against the last
 	// cycle's plan: a surge of our own demand (or a restart) read against
 	// an older plan looked like background load, cut every busy engine's
-	// capacity and shed even the top priority.
+	// capacity and shed even the top priority. Both sides count work with
+	// the same shapes, learned first (shape.go): planned with the spec's
+	// 200/200-token mean against ~1k-token prompts, our own traffic read
+	// as background load.
+	c.traffic = c.classTraffic(in.Demand)
+	c.shapeView = c.updateShapes(in.Now, in.Demand, in.Engines, c.traffic)
+	res.Shapes = c.shapeView
 	c.planned = c.plannedFromPublished(in.Demand)
 	c.lastStep = in.Now
+	demand := c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
 	decay := 1.0
 	if dt > 0 {
 		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
 	}
 	// 1–2. Engine views and penalties (penalty.go).
-	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs}
+	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs,
+		MarginalStretch: c.cfg.MarginalStretch}
 	health := map[string]translate.Health{}
 	recovered := map[string]bool{}
 	views, states, as, up := c.observe(in)
@@ -493,8 +561,9 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		p.Priorities = append(p.Priorities, optimizer.Priority{Name: pr.Name, ShedCost: pr.ShedCost})
 	}
 	for _, cl := range f.classes {
-		p.Classes = append(p.Classes, optimizer.Class{ID: cl.Name, PromptTokens: cl.MeanPromptTokens,
-			OutputTokens: cl.MeanOutputTokens, Eligible: f.eligible[cl.Name]})
+		sh := c.shapeOf(cl)
+		p.Classes = append(p.Classes, optimizer.Class{ID: cl.Name, PromptTokens: sh.PromptTokens,
+			OutputTokens: sh.OutputTokens, CachedPromptShare: sh.CachedShare, Eligible: f.eligible[cl.Name]})
 	}
 	last := &optimizer.Allocation{Weights: map[string]map[string]map[string]float64{}}
 	for i, fe := range f.frontends {
@@ -502,17 +571,15 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 		p.RTTMs = append(p.RTTMs, f.rtt[i])
 		row := make([]optimizer.Demand, len(f.classes))
 		for ci, cl := range f.classes {
+			// The class's learned shape (p.Classes) for every frontend: one
+			// estimate from all reports is steadier than each frontend's,
+			// and frontends alike in round trips still pool.
 			d := optimizer.Demand{RatePerS: make([]float64, len(f.priorities))}
-			var req, pt, ot float64
+			var req float64
 			for k, pr := range f.priorities {
-				r := in.Demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				r := demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				d.RatePerS[k] = r.RequestsPerS
 				req += r.RequestsPerS
-				pt += r.PromptTokens * r.RequestsPerS
-				ot += r.OutputTokens * r.RequestsPerS
-			}
-			if req > 0 {
-				d.PromptTokens, d.OutputTokens = pt/req, ot/req
 			}
 			if req < c.cfg.IdleDemandPerS && len(f.eligible[cl.Name]) > 0 {
 				// No demand reported: plan for a trickle at the middle priority.
@@ -559,8 +626,14 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	res.Objective = sol.Objective
 	engUtil := map[string]float64{}
-	for _, er := range sol.Engines {
+	for j, er := range sol.Engines {
 		engUtil[er.ID] = er.Utilization
+		if j < len(res.Engines) && res.Engines[j].ID == er.ID {
+			res.Engines[j].SolvedUtilization = er.Utilization
+			if er.CapacityRPS > 0 {
+				res.Engines[j].UtilizationLimit = er.LimitRPS / er.CapacityRPS
+			}
+		}
 	}
 
 	// The split tables, one per class for every node.
@@ -584,6 +657,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	defaultPriority := f.priorities[len(f.priorities)/2].Name
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
+	db := c.deadbandCycle(p, sol, in.Engines, demand, f.priorities) // deadband.go
 	for _, fe := range f.frontends {
 		prev := c.published[fe.NodeID]
 		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
@@ -609,8 +683,13 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 				c.probe(cd.Proposed, cd.Demand, c.penalties, up)
 				for _, s := range flow.Shed {
 					if s.Fraction > 0 {
-						cd.Shed[s.Priority] = s.Fraction
 						cd.shedLevels[levelOf[s.Priority]] = s.Fraction
+					}
+				}
+				cd.shedLevels = consistentShed(cd.shedLevels, prios)
+				for _, pr := range prios {
+					if fr, ok := cd.shedLevels[pr.Level]; ok {
+						cd.Shed[pr.Name] = fr
 						shedding = true
 					}
 				}
@@ -639,14 +718,15 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 						shedMoved = true
 					}
 				}
-				if !healthMoved && cd.TVDistance < c.cfg.DeadbandTV && sameSupport(prevCD.Weights, cd.Proposed) {
-					cd.Weights, cd.Held = prevCD.Weights, true
+				if !healthMoved && !c.touchesRecovered(cl.Name, recovered) {
+					db.apply(fe.NodeID, cl, flow != nil, prevCD, cd)
 				}
 				if !shedMoved && prevCD.shedLevels != nil {
 					cd.shedLevels, cd.Shed = prevCD.shedLevels, prevCD.Shed
 					shedding = len(cd.shedLevels) > 0
 				}
 			}
+			db.decided(fe.NodeID, cl.Name, cd.Weights)
 			util = round2(util)
 			if prevCD != nil && prevCD.util >= 0 && math.Abs(prevCD.util-util) < 0.05 {
 				util = prevCD.util // utilization jitter is not worth a policy push
@@ -750,6 +830,46 @@ func (c *Controller) InflightLimit(class string) int {
 	return n
 }
 
+// IntakeOptions are the Reports intake's names (the fleet's frontends,
+// classes and priorities) and plausibility bounds for what an honest
+// ext_proc under this controller's policies can report: a frontend carries
+// at most its max_requests_per_s (default twice the fleet's capacity); an
+// instance has at most its classes' local in-flight limits in flight; a
+// request makes at most 1 + MaxRetries attempts and reports at most the
+// largest context of the fleet in prompt and in output tokens (ext_proc
+// caps both at its class's context limit). Window and clock are the
+// caller's.
+func (c *Controller) IntakeOptions() signals.IntakeOptions {
+	spec := c.spec
+	o := signals.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
+		MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
+	for _, f := range spec.Frontends {
+		o.Nodes = append(o.Nodes, f.NodeID)
+	}
+	for _, p := range spec.Priorities {
+		o.Priorities = append(o.Priorities, p.Name)
+	}
+	inflight := 0.0
+	for _, cl := range spec.Classes {
+		o.Classes = append(o.Classes, cl.Name)
+		inflight += float64(c.InflightLimit(cl.Name))
+	}
+	for _, f := range spec.Frontends {
+		b := f.MaxRequestsPerS
+		if b <= 0 {
+			b = 2 * c.CapacityRPS()
+		}
+		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
+	}
+	for _, m := range spec.Models {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(m.MaxContextTokens))
+	}
+	for _, p := range spec.Profiles {
+		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(p.MaxContextTokens))
+	}
+	return o
+}
+
 // CapacityRPS is the fleet's capacity in reference requests per second (each
 // engine's profile capacity times its replicas).
 func (c *Controller) CapacityRPS() float64 {
@@ -762,50 +882,19 @@ func (c *Controller) CapacityRPS() float64 {
 
 // plannedFromPublished is the load (reference req/s per engine) the
 // published weights send at the given demand, counting only what ext_proc
-// admits (shed requests never reach an engine).
+// admits (shed requests never reach an engine), each class's requests at
+// its learned work (shapeOf).
 func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.DemandRate) map[string]float64 {
 	planned := map[string]float64{}
-	for _, fe := range c.problem.frontends {
-		nd := c.published[fe.NodeID]
-		if nd == nil {
-			continue
-		}
-		for _, cl := range c.problem.classes {
-			cd := nd.Classes[cl.Name]
-			if cd == nil {
-				continue
-			}
-			rate := 0.0
-			for _, pr := range c.problem.priorities {
-				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
-				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
-			}
-			sum := 0.0
-			for _, w := range cd.Weights {
-				sum += w
-			}
-			if sum <= 0 {
-				continue
-			}
-			for id, w := range cd.Weights {
-				if _, ok := c.profiles[id]; ok {
-					planned[id] += w / sum * rate * c.workRatio(id, nil, cl)
-				}
-			}
+	traffic := c.classTraffic(dem)
+	for _, cl := range c.problem.classes {
+		sh := c.shapeOf(cl)
+		for id, rate := range traffic[cl.Name] {
+			p := c.profiles[id]
+			planned[id] += rate * p.Ratio(sh)
 		}
 	}
 	return planned
-}
-
-// workRatio converts a flow's requests into the engine's reference requests.
-func (c *Controller) workRatio(id string, flow *optimizer.Flow, cl fleet.Class) float64 {
-	p := c.profiles[id]
-	prompt, output := cl.MeanPromptTokens, cl.MeanOutputTokens
-	ref := p.RefPromptTokens*p.PromptTokenSec + p.RefOutputTokens*p.OutputTokenSec
-	if ref <= 0 {
-		return 1
-	}
-	return (prompt*p.PromptTokenSec + output*p.OutputTokenSec) / ref
 }
 
 // minPenalty: smaller penalties are dropped to 0. Every penalty costs
@@ -865,17 +954,14 @@ func round2(v float64) float64 { return math.Round(v*100) / 100 }
 func tv(a, b map[string]float64) float64 {
 	na, nb := norm(a), norm(b)
 	d := 0.0
-	for k := range unionKeys(na, nb) {
+	for _, k := range ordered.Keys(unionKeys(na, nb)) {
 		d += math.Abs(na[k] - nb[k])
 	}
 	return d / 2
 }
 
 func norm(a map[string]float64) map[string]float64 {
-	s := 0.0
-	for _, v := range a {
-		s += v
-	}
+	s := ordered.Sum(a)
 	out := make(map[string]float64, len(a))
 	for k, v := range a {
 		if s > 0 {
@@ -902,6 +988,43 @@ func unionKeys[K comparable, V any](a, b map[K]V) map[K]bool {
 	}
 	for k := range b {
 		out[k] = true
+	}
+	return out
+}
+
+// minShedFraction: smaller shed fractions are solver noise and dropped.
+const minShedFraction = 1e-3
+
+// consistentShed makes a flow's shed fractions what ext_proc enforces:
+// ext_proc sheds a level only while every less important level is shed
+// entirely (extproc.Compile), and the optimizer sheds least important
+// first, so a level it sheds has every less important one shed too — but
+// it reports a level without demand (nothing to shed) as 0, and a fully
+// shed one as a hair below 1. Both made ext_proc ignore the shedding of
+// the levels above: under a 1.3× overload of a single priority the
+// control plane shed it and ext_proc admitted everything. So every level
+// less important than the most important one shed is published as 1, and
+// fractions below minShedFraction are dropped.
+func consistentShed(levels map[uint32]float64, prios []translate.Priority) map[uint32]float64 {
+	out := map[uint32]float64{}
+	top, any := uint32(0), false
+	for _, pr := range prios {
+		f := levels[pr.Level]
+		if f < minShedFraction {
+			continue
+		}
+		out[pr.Level] = math.Min(f, 1)
+		if !any || pr.Level < top {
+			top, any = pr.Level, true
+		}
+	}
+	if !any {
+		return out
+	}
+	for _, pr := range prios {
+		if pr.Level > top {
+			out[pr.Level] = 1
+		}
 	}
 	return out
 }

@@ -49,6 +49,7 @@ type fake struct {
 	down       bool
 	reqPerS    float64
 	promptTokS float64
+	cachedTokS float64 // prompt tokens/s served from the prefix cache
 	genTokS    float64
 	ttftMs     float64
 	tbotMs     float64
@@ -61,11 +62,14 @@ func engines(now time.Time, f map[string]fake) []signals.Engine {
 	for _, id := range ids {
 		x := f[id]
 		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true})
-		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5}
+		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5,
+			PrefixQueries: 1e5}
 		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
 		m1 := m0
 		m1.Success += x.reqPerS
 		m1.PromptTokens += x.promptTokS
+		m1.PrefixQueries += x.promptTokS
+		m1.PrefixHits += x.cachedTokS
 		m1.GenTokens += x.genTokS
 		m1.TTFTCount += x.reqPerS
 		m1.TTFTSum += x.reqPerS * x.ttftMs / 1000

@@ -93,7 +93,8 @@ func (h *history) record(at time.Time, engines []signals.Engine, demand map[sign
 	for k, name := range h.priorities {
 		pidx[name] = k
 	}
-	for key, d := range demand {
+	for _, key := range signals.DemandKeys(demand) {
+		d := demand[key]
 		if i, ok := fidx[key.Node]; ok {
 			p.demand[i] += d.RequestsPerS
 			p.shed[i] += d.ShedPerS

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/xds/signals"
 )
 
@@ -72,7 +73,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 		reps := float64(max(e.Replicas, 1))
 		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
 		if state == signals.Up {
-			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*prof.OutputTokenSec
+			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*c.outputTokenSec(e.ID)
 			v.ObservedUtilization = work / reps
 			// Background: load beyond what our traffic explains (the
 			// weights in force times the demand admitted now), from the
@@ -186,9 +187,9 @@ func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence
 			if ev.Completed >= po.MinSamples && ev.CompletionSeconds > 0 {
 				j := c.problem.engineIdx[e.ID]
 				pred := 0.0
-				for node, n := range ev.CompletedByNode {
+				for _, node := range ordered.Keys(ev.CompletedByNode) {
 					if i, ok := c.problem.nodeIdx[node]; ok {
-						pred += n * c.problem.rtt[i][j]
+						pred += ev.CompletedByNode[node] * c.problem.rtt[i][j]
 					}
 				}
 				perReqPrompt := ev.CompletionPromptTokens / ev.Completed
@@ -332,10 +333,11 @@ func (c *Controller) probe(w map[string]float64, demandPerS float64, penalties m
 	if share <= 0 {
 		return
 	}
-	total, rest := 0.0, 0.0
+	// In engine order: the sums must not vary with map order.
+	ids := ordered.Keys(w)
+	total, rest := ordered.Sum(w), 0.0
 	raised := map[string]bool{}
-	for id, x := range w {
-		total += x
+	for id := range w {
 		if penalties[id] > 0 && up[id] {
 			raised[id] = true
 		}
@@ -344,8 +346,8 @@ func (c *Controller) probe(w map[string]float64, demandPerS float64, penalties m
 		return
 	}
 	probed := 0.0
-	for id, x := range w {
-		if raised[id] {
+	for _, id := range ids {
+		if x := w[id]; raised[id] {
 			probed += math.Max(x/total, share)
 		} else {
 			rest += x / total

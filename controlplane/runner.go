@@ -167,21 +167,12 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	}
 	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{}),
 		scraped: make(chan struct{}), scrapeDone: make(chan struct{}, 1), hist: newHistory(cfg.Fleet, cfg.History)}
-	var nodes, classes, prios, ids []string
-	for _, f := range cfg.Fleet.Frontends {
-		nodes = append(nodes, f.NodeID)
-	}
-	for _, c := range cfg.Fleet.Classes {
-		classes = append(classes, c.Name)
-	}
-	for _, p := range cfg.Fleet.Priorities {
-		prios = append(prios, p.Name)
-	}
+	var ids []string
 	for _, e := range cfg.Fleet.Engines {
 		ids = append(ids, e.ID)
 		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
 	}
-	if r.intake, err = signals.NewIntake(r.intakeOptions(nodes, classes, prios)); err != nil {
+	if r.intake, err = signals.NewIntake(r.intakeOptions()); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
 	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
@@ -210,33 +201,11 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	return r, nil
 }
 
-// intakeOptions are the Reports intake's names and plausibility bounds,
-// from the fleet: a frontend carries at most its max_requests_per_s (default
-// twice the fleet's capacity); an instance has at most its classes' local
-// in-flight limits in flight; a request makes at most 1 + MaxRetries
-// attempts and asks for at most the largest context of the fleet.
-func (r *Runner) intakeOptions(nodes, classes, prios []string) signals.IntakeOptions {
-	cfg := r.cfg
-	o := signals.IntakeOptions{Window: cfg.DemandWindow, Nodes: nodes, Classes: classes, Priorities: prios, Now: cfg.Now,
-		MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
-		MaxAttempts: 1 + float64(cfg.Cycle.MaxRetries), MaxClockSkew: cfg.MaxClockSkew}
-	inflight := 0.0
-	for _, c := range cfg.Fleet.Classes {
-		inflight += float64(r.ctrl.InflightLimit(c.Name))
-	}
-	for _, f := range cfg.Fleet.Frontends {
-		b := f.MaxRequestsPerS
-		if b <= 0 {
-			b = 2 * r.ctrl.CapacityRPS()
-		}
-		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
-	}
-	for _, m := range cfg.Fleet.Models {
-		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(m.MaxContextTokens))
-	}
-	for _, p := range cfg.Fleet.Profiles {
-		o.MaxTokensPerRequest = max(o.MaxTokensPerRequest, float64(p.MaxContextTokens))
-	}
+// intakeOptions are the Reports intake's names and bounds (the
+// controller's) with the runner's window, clock and clock skew.
+func (r *Runner) intakeOptions() signals.IntakeOptions {
+	o := r.ctrl.IntakeOptions()
+	o.Window, o.Now, o.MaxClockSkew = r.cfg.DemandWindow, r.cfg.Now, r.cfg.MaxClockSkew
 	return o
 }
 
@@ -421,7 +390,7 @@ func (r *Runner) inputs() Inputs {
 	r.mu.Lock()
 	engines := r.tracker.Engines(now)
 	r.mu.Unlock()
-	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev}
+	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, DemandWindow: r.cfg.DemandWindow}
 }
 
 func (r *Runner) allReported() bool {
@@ -627,11 +596,12 @@ func (r *Runner) adminHandler() http.Handler {
 			demand[k.Node+"/"+k.Class+"/"+k.Priority] = v
 		}
 		var views []EngineView
+		var shapes map[string]ClassShape
 		if res := r.Last(); res != nil {
-			views = res.Engines
+			views, shapes = res.Engines, res.Shapes
 		}
 		writeJSON(w, map[string]any{"at": now, "engines": eng, "cycle_view": views, "demand": demand,
-			"evidence": ev, "intake": r.intake.Status()})
+			"evidence": ev, "intake": r.intake.Status(), "shapes": shapes})
 	})
 	mux.HandleFunc("GET /explain", func(w http.ResponseWriter, req *http.Request) {
 		res := r.Last()

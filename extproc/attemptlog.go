@@ -75,11 +75,15 @@ func (s *Server) attemptFailed(e *accesslogdatav3.HTTPAccessLogEntry) {
 	code := int(e.GetResponse().GetResponseCode().GetValue())
 	// A 2xx/4xx whose stream the engine then broke (an engine dying
 	// mid-stream) is a failure too.
-	f := cp.GetResponseFlags()
-	if code != 0 && code < 500 && !f.GetUpstreamRemoteReset() && !f.GetUpstreamConnectionTermination() {
+	cut := upstreamCut(cp)
+	if code != 0 && code < 500 && !cut {
 		return // not a failure (the bootstrap's filter sends only failures)
 	}
-	s.reqs.useRetry(s.dec, e.GetRequest().GetRequestHeaders()[headers.RequestID])
+	if !cut || code == 0 {
+		// Envoy retries only before response headers: a stream cut after
+		// them uses no retry.
+		s.reqs.useRetry(s.dec, e.GetRequest().GetRequestHeaders()[headers.RequestID])
+	}
 	id := s.dec.Failed(addr)
 	cc := "5xx"
 	if code == 0 || code < 500 {
@@ -100,8 +104,11 @@ func (s *Server) requestEnded(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) 
 	cp := e.GetCommonProperties()
 	addr := sockAddr(cp.GetUpstreamRemoteAddress())
 	code := int(e.GetResponse().GetResponseCode().GetValue())
-	if addr == "" || code == 0 || code >= 500 {
-		return // failures come from the upstream log, per attempt
+	if addr == "" || code == 0 || code >= 500 || upstreamCut(cp) {
+		// Failures come from the upstream log, per attempt; a stream the
+		// engine cut after its headers is one of them (counting its answer
+		// too would make two responses of one attempt).
+		return
 	}
 	s.m.responses.WithLabelValues(engineLabel(p.EngineID(addr), addr), codeClass(code)).Inc()
 	// A request cut short (client gone, reset, idle timeout) is answered,
@@ -118,6 +125,14 @@ func (s *Server) requestEnded(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) 
 		s.m.headerLatency.Observe(header.Seconds())
 		s.m.completion.Observe(total.Seconds())
 	}
+}
+
+// upstreamCut says whether the engine broke the attempt's stream (a reset
+// or a closed connection), which the upstream log counts as a failure
+// whatever the status it had sent.
+func upstreamCut(cp *accesslogdatav3.AccessLogCommon) bool {
+	f := cp.GetResponseFlags()
+	return f.GetUpstreamRemoteReset() || f.GetUpstreamConnectionTermination()
 }
 
 func dur(d *durationpb.Duration) time.Duration {

@@ -17,7 +17,7 @@ import (
 // header get the default list.
 func TestClientPriorities(t *testing.T) {
 	d := NewDecider(time.Now())
-	if _, err := d.SetPolicy(testPolicy()); err != nil {
+	if _, _, err := d.SetPolicy(testPolicy()); err != nil {
 		t.Fatal(err)
 	}
 	d.SetClientPriorities(&ClientPriorities{Header: "x-client-id",

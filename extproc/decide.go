@@ -76,9 +76,9 @@ func (d *Decider) Observer() *Observer { return d.obs }
 // Policy returns the policy in force (nil before the first).
 func (d *Decider) Policy() *Policy { return d.policy.Load() }
 
-// SetPolicy compiles and installs a RoutingPolicy and returns it. On error
-// the old policy stays in force.
-func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (*Policy, error) {
+// SetPolicy compiles and installs a RoutingPolicy; it returns the policy
+// installed and the one it replaced. On error the old policy stays in force.
+func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy, err error) {
 	d.statesMu.Lock()
 	defer d.statesMu.Unlock()
 	p, err := Compile(rp, func(name string) *classState {
@@ -90,15 +90,14 @@ func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (*Policy, error) {
 		return st
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, c := range p.classes {
 		if c.TokenizerSHA256 != "" {
 			c.tokenizer = d.tokenizers[c.TokenizerSHA256]
 		}
 	}
-	d.policy.Store(p)
-	return p, nil
+	return p, d.policy.Swap(p), nil
 }
 
 // Input is what the decision reads from one request: the API it is for,
@@ -256,14 +255,9 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		shedKey = keyHash
 	}
 	outcome := p.admit(c, level, shedKey)
-	// The output the request will cost: what it asks for, else the class's
-	// typical length.
-	output := br.MaxTokens
-	if output < 0 {
-		output = c.MeanOutputTokens
-	}
-	d.obs.Demand(c.Name, prio, outcome != admitted, br.PromptTokens, output)
-	d.obs.Prefixes(c.Name, &br.Chain, &kd, br.PromptTokens+max(output, 0), d.fresh())
+	prompt, output := c.cost(br)
+	d.obs.Demand(c.Name, prio, outcome != admitted, prompt, output)
+	d.obs.Prefixes(c.Name, &br.Chain, &kd, prompt+output, d.fresh())
 	dc.Policy, dc.Class, dc.Priority, dc.Level = p, c, prio, level
 	src := kd.Source
 	if kd.Off {
@@ -333,11 +327,25 @@ func (d *Decider) Finished(dc *Decision, upstream string, code int, header, tota
 		d.obs.Answered(upstream, id)
 		return
 	}
-	output := dc.Body.MaxTokens
+	prompt, output := dc.Class.cost(&dc.Body)
+	d.obs.Completed(upstream, id, header, total, prompt, output)
+}
+
+// cost is the prompt and output tokens a request of the class costs in
+// reports: its prompt, and the output it asks for, else the class's typical
+// length; each at most the class's context limit (a request beyond it is
+// refused by the engine, and a client's max_tokens of a billion would make
+// the control plane refuse the whole report: it bounds a request's tokens
+// by the fleet's largest context).
+func (c *Class) cost(br *body.Request) (prompt, output int) {
+	prompt, output = max(br.PromptTokens, 0), br.MaxTokens
 	if output < 0 {
-		output = dc.Class.MeanOutputTokens
+		output = max(c.MeanOutputTokens, 0)
 	}
-	d.obs.Completed(upstream, id, header, total, dc.Body.PromptTokens, output)
+	if c.MaxContext > 0 {
+		prompt, output = min(prompt, c.MaxContext), min(output, c.MaxContext)
+	}
+	return prompt, output
 }
 
 // Failed records one failed upstream attempt at addr (Envoy's upstream log:

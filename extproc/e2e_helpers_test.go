@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
@@ -40,6 +41,7 @@ type engine struct {
 	failEvery int // fail every n-th request with 500 (0 = never)
 	n         int
 	hold      chan struct{} // non-nil: block until closed
+	keys      []string      // the affinity key of every attempt, in arrival order
 	arrived   atomic.Int64
 	failed    atomic.Int64
 	warmup    int64 // requests of the rig's readiness check (before arrived was reset)
@@ -56,6 +58,7 @@ func newEngine(t *testing.T, id string) *engine {
 		_, _ = io.Copy(io.Discard, r.Body)
 		e.arrived.Add(1)
 		e.mu.Lock()
+		e.keys = append(e.keys, r.Header.Get(headers.AffinityKey))
 		e.n++
 		fail := e.failEvery > 0 && e.n%e.failEvery == 0
 		hold := e.hold

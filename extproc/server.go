@@ -123,7 +123,7 @@ func (s *Server) Policy() *Policy { return s.dec.Policy() }
 // SetPolicy compiles and installs a RoutingPolicy. On error the old policy
 // stays in force.
 func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
-	p, err := s.dec.SetPolicy(rp)
+	p, _, err := s.dec.SetPolicy(rp)
 	if err != nil {
 		s.m.policyUpdates.WithLabelValues("rejected").Inc()
 		return err

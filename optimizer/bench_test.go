@@ -14,6 +14,12 @@ import (
 // allocation of the same fleet and a demand 1% different: the steady-state
 // control loop.
 func fleetProblem(frontends, engines int, warm bool) *Problem {
+	return fleetProblemWith(frontends, engines, warm, nil)
+}
+
+// fleetProblemWith is fleetProblem with set applied before the warm start's
+// solve (so that the last allocation is the same problem's).
+func fleetProblemWith(frontends, engines int, warm bool, set func(*Problem)) *Problem {
 	rng := rand.New(rand.NewPCG(7, uint64(engines)))
 	const regions = 10
 	rtt := make([][]float64, regions)
@@ -98,6 +104,9 @@ func fleetProblem(frontends, engines int, warm bool) *Problem {
 			}
 		}
 	}
+	if set != nil {
+		set(p)
+	}
 	if warm {
 		sol, _ := Solve(p, Options{})
 		p.Last = sol.Allocation()
@@ -117,7 +126,10 @@ func benchSolve(b *testing.B, frontends, engines int, warm bool) {
 }
 
 func benchSolveTol(b *testing.B, frontends, engines int, warm bool, tol float64) {
-	p := fleetProblem(frontends, engines, warm)
+	benchProblem(b, fleetProblem(frontends, engines, warm), tol)
+}
+
+func benchProblem(b *testing.B, p *Problem, tol float64) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sol *Solution
@@ -133,6 +145,13 @@ func benchSolveTol(b *testing.B, frontends, engines int, warm bool, tol float64)
 
 func BenchmarkSolve100x1000x4(b *testing.B)     { benchSolve(b, 100, 1000, false) }
 func BenchmarkSolve100x1000x4Warm(b *testing.B) { benchSolve(b, 100, 1000, true) }
+
+// The warm case with the engines' full limits (MarginalStretch 12, as the
+// control plane solves): the fleet's long-prompt classes then overload some
+// engines, and part of the demand is shed.
+func BenchmarkSolve100x1000x4WarmFull(b *testing.B) {
+	benchProblem(b, fleetProblemWith(100, 1000, true, func(p *Problem) { p.MarginalStretch = 12 }), 0)
+}
 
 // The same at a 0.1% certified gap instead of the default 0.01%.
 func BenchmarkSolve100x1000x4Gap1e3(b *testing.B) { benchSolveTol(b, 100, 1000, false, 1e-3) }

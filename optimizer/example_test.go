@@ -42,3 +42,29 @@ func Example() {
 	// west-1: weight 0.49, utilization 0.36, network 60 ms, latency 1951 ms, congestion 888 ms
 	// shed 0%
 }
+
+// What a request costs an H100 depends on its shape: a 1,500-token chat
+// turn whose history is 85% in the prefix cache costs about one 200/200
+// reference request; the same turn uncached costs three, and reaches the
+// latency curves' hockey stick sooner (the utilization at which one more
+// request costs 12× its zero-load latency, Problem.MarginalStretch):
+// prefill shares every decode step.
+func ExampleProfile_Capacity() {
+	prof, err := optimizer.NewProfile(optimizer.StepModel{PrefillTokensPerS: 25000, OverheadMs: 10,
+		DecodeStepMs: 6.5, DecodeStepPerSeqMs: 0.055, MaxRunning: 256, KVCapacityTokens: 450000}, 200, 200)
+	if err != nil {
+		panic(err)
+	}
+	for _, s := range []optimizer.Shape{
+		{PromptTokens: 200, OutputTokens: 200},
+		{PromptTokens: 1500, OutputTokens: 180, CachedShare: 0.85},
+		{PromptTokens: 1500, OutputTokens: 180},
+	} {
+		fmt.Printf("%4.0f prompt tokens (%2.0f%% cached), %3.0f output: %4.1f req/s, %.2f reference requests, full at u = %.2f\n",
+			s.PromptTokens, 100*s.CachedShare, s.OutputTokens, prof.Capacity(s), prof.Ratio(s), prof.FullUtilization(s, 12, 0.95))
+	}
+	// Output:
+	//  200 prompt tokens ( 0% cached), 200 output: 41.5 req/s, 1.00 reference requests, full at u = 0.87
+	// 1500 prompt tokens (85% cached), 180 output: 42.6 req/s, 0.97 reference requests, full at u = 0.86
+	// 1500 prompt tokens ( 0% cached), 180 output: 13.4 req/s, 3.09 reference requests, full at u = 0.64
+}

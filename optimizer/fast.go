@@ -540,7 +540,7 @@ func (s *fastSolver) exchange() float64 {
 		}
 		for b2 := b1 + 1; b2 < len(m.blocks); b2++ {
 			q := &m.blocks[b2]
-			if q.c != p.c || q.hi-q.lo != n || q.prompt != p.prompt || q.output != p.output {
+			if q.c != p.c || q.hi-q.lo != n || q.shape != p.shape {
 				continue
 			}
 			a1, a2 := m.arcs[p.lo:p.hi], m.arcs[q.lo:q.hi]

@@ -47,6 +47,9 @@ type DemandEntry struct {
 	// Mean request shape; 0 means the class's.
 	PromptTokens float64 `yaml:"prompt_tokens"`
 	OutputTokens float64 `yaml:"output_tokens"`
+	// CachedPromptShare is the share of the prompt tokens the engines'
+	// prefix caches hold (no prefill work); with a shape only.
+	CachedPromptShare float64 `yaml:"cached_prompt_share"`
 }
 
 // EngineState is the observed state of one engine.
@@ -231,7 +234,10 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
 		}
 		seen[[2]int{i, c}] = true
 		dm := &p.Demand[i][c]
-		dm.PromptTokens, dm.OutputTokens = de.PromptTokens, de.OutputTokens
+		dm.PromptTokens, dm.OutputTokens, dm.CachedPromptShare = de.PromptTokens, de.OutputTokens, de.CachedPromptShare
+		if de.CachedPromptShare != 0 && de.PromptTokens <= 0 && de.OutputTokens <= 0 {
+			return nil, fmt.Errorf("%w: demand[%d]: cached_prompt_share needs prompt_tokens or output_tokens (the shape it belongs to)", ErrInvalidProblem, k)
+		}
 		for name, r := range de.RatePerS {
 			pk, ok := priIdx[name]
 			if !ok {

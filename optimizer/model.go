@@ -24,14 +24,14 @@ type model struct {
 }
 
 type block struct {
-	i, c           int
-	d              float64
-	dp             []float64 // demand per priority
-	s              []float64 // shed per priority (solution)
-	lo, hi         int       // arcs[lo:hi]
-	prompt, output float64
-	nu             float64 // demand dual
-	hasLast        bool
+	i, c    int
+	d       float64
+	dp      []float64 // demand per priority
+	s       []float64 // shed per priority (solution)
+	lo, hi  int       // arcs[lo:hi]
+	shape   Shape
+	nu      float64 // demand dual
+	hasLast bool
 }
 
 type arc struct {
@@ -47,7 +47,7 @@ type arc struct {
 // second-order Taylor expansion beyond ue so that iterates past saturation
 // stay finite.
 type engModel struct {
-	C, limit float64 // available capacity and Headroom·C, reference req/s
+	C, limit float64 // available capacity and Headroom·C (or lower: fullLimits), reference req/s
 	lin, q   float64
 	ue       float64
 	nominal  float64 // capacity without the penalty (for PenaltyMs)
@@ -124,10 +124,7 @@ func compile(p *Problem) *model {
 				continue
 			}
 			cl := &p.Classes[c]
-			b := block{i: i, c: c, d: tot, dp: d.RatePerS, s: make([]float64, m.nPri), prompt: cl.PromptTokens, output: cl.OutputTokens}
-			if d.PromptTokens > 0 || d.OutputTokens > 0 {
-				b.prompt, b.output = d.PromptTokens, d.OutputTokens
-			}
+			b := block{i: i, c: c, d: tot, dp: d.RatePerS, s: make([]float64, m.nPri), shape: p.FlowShape(i, c)}
 			var last map[string]float64
 			if p.Last != nil && p.Last.Weights != nil {
 				last = p.Last.Weights[p.Frontends[i].ID][cl.ID]
@@ -159,8 +156,8 @@ func compile(p *Problem) *model {
 					continue
 				}
 				pr := &p.Engines[j].Profile
-				ttft, tbot := pr.Latency(b.prompt, b.output, 0)
-				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.output*tbot + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.ratio(b.prompt, b.output)}
+				ttft, tbot := pr.Latency(b.shape, 0)
+				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.shape.OutputTokens*tbot + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.Ratio(b.shape)}
 				if last != nil {
 					a.x0 = tot * lastW[j]
 					a.sigma = m.sigma
@@ -173,6 +170,10 @@ func compile(p *Problem) *model {
 			}
 			m.blocks = append(m.blocks, b)
 		}
+	}
+
+	if p.MarginalStretch > 0 {
+		m.fullLimits()
 	}
 
 	// Shed cost: M·(1 + ShedCost/max ShedCost) with M twice the largest
@@ -203,6 +204,49 @@ func compile(p *Problem) *model {
 	}
 	sort.SliceStable(m.shedOrd, func(a, b int) bool { return m.shed[m.shedOrd[a]] < m.shed[m.shedOrd[b]] })
 	return m
+}
+
+// fullLimits lowers each engine's limit to where one more request costs
+// MarginalStretch times its zero-load latency (Problem.MarginalStretch):
+// the utilization at which that happens for each flow's shape
+// (Profile.FullUtilization), averaged over the flows that may use the
+// engine, weighted by the work each would bring if spread evenly over its
+// eligible engines. An engine's limit is one utilization for every flow:
+// judging each flow by its own marginal cost would refuse long prompts
+// first (one adds the congestion of twenty short ones) on a fleet at a
+// third of its capacity.
+func (m *model) fullLimits() {
+	p := m.p
+	num, den := make([]float64, len(m.eng)), make([]float64, len(m.eng))
+	type key struct { // engines of one profile share their limit (pools)
+		p Profile
+		s Shape
+	}
+	memo := map[key]float64{}
+	for bi := range m.blocks {
+		b := &m.blocks[bi]
+		n := float64(b.hi - b.lo)
+		for k := b.lo; k < b.hi; k++ {
+			a := &m.arcs[k]
+			kk := key{p.Engines[a.j].Profile, b.shape}
+			u, ok := memo[kk]
+			if !ok {
+				u = kk.p.FullUtilization(b.shape, p.MarginalStretch, p.Headroom)
+				memo[kk] = u
+			}
+			w := b.d * a.r / n
+			num[a.j] += w * u
+			den[a.j] += w
+		}
+	}
+	for j := range m.eng {
+		e := &m.eng[j]
+		if den[j] > 0 {
+			if u := num[j] / den[j]; u < p.Headroom {
+				e.limit = u * e.C
+			}
+		}
+	}
 }
 
 // loads recomputes engine loads from the arcs.

@@ -47,7 +47,7 @@ func (m *model) groupFrontends() (group []int, reps []int) {
 			h.Write(buf[:])
 		}
 		for _, d := range p.Demand[i] {
-			for _, v := range []float64{d.PromptTokens, d.OutputTokens} {
+			for _, v := range []float64{d.PromptTokens, d.OutputTokens, d.CachedPromptShare} {
 				u := math.Float64bits(v)
 				for k := 0; k < 8; k++ {
 					buf[k] = byte(u >> (8 * k))
@@ -81,7 +81,7 @@ func (m *model) sameFrontend(i, k int) bool {
 		}
 	}
 	for c := range p.Demand[i] {
-		if p.Demand[i][c].PromptTokens != p.Demand[k][c].PromptTokens || p.Demand[i][c].OutputTokens != p.Demand[k][c].OutputTokens {
+		if p.FlowShape(i, c) != p.FlowShape(k, c) {
 			return false
 		}
 	}
@@ -101,7 +101,8 @@ func (m *model) poolKey(j int) uint64 {
 	}
 	pr := &p.Engines[j].Profile
 	for _, v := range []float64{pr.CapacityRPS, pr.PromptTokenSec, pr.OutputTokenSec, pr.RefPromptTokens, pr.RefOutputTokens,
-		pr.PrefillTokensPerS, pr.TTFT.Base, pr.TTFT.Linear, pr.TTFT.Queue, pr.TBOT.Base, pr.TBOT.Linear, pr.TBOT.Queue} {
+		pr.PrefillTokensPerS, pr.TTFT.Base, pr.TTFT.Linear, pr.TTFT.Queue, pr.TBOT.Base, pr.TBOT.Linear, pr.TBOT.Queue,
+		pr.Batch.DecodeStepMs, pr.Batch.DecodeStepPerSeqMs, float64(pr.Batch.MaxRunning), float64(pr.Batch.KVCapacityTokens)} {
 		put(v)
 	}
 	put(p.PenaltyCostMs * p.Engines[j].Penalty)
@@ -181,7 +182,7 @@ func (m *model) pool() *pooling {
 	}
 	q := &Problem{
 		Priorities: p.Priorities,
-		Headroom:   p.Headroom, StabilityMs: p.StabilityMs, RemapFactor: p.RemapFactor,
+		Headroom:   p.Headroom, StabilityMs: p.StabilityMs, RemapFactor: p.RemapFactor, MarginalStretch: p.MarginalStretch,
 		PenaltyCostMs: p.PenaltyCostMs,
 	}
 	q.Demand = make([][]Demand, len(reps))
@@ -190,7 +191,8 @@ func (m *model) pool() *pooling {
 		q.Demand[g] = make([]Demand, len(p.Classes))
 		for c := range p.Classes {
 			q.Demand[g][c] = Demand{RatePerS: make([]float64, len(p.Priorities)),
-				PromptTokens: p.Demand[i][c].PromptTokens, OutputTokens: p.Demand[i][c].OutputTokens}
+				PromptTokens: p.Demand[i][c].PromptTokens, OutputTokens: p.Demand[i][c].OutputTokens,
+				CachedPromptShare: p.Demand[i][c].CachedPromptShare}
 		}
 	}
 	for i := range p.Frontends {
@@ -412,5 +414,5 @@ func (m *model) disaggregate(pm *model, pl *pooling) {
 func (m *model) ratio(bi, q int, pl *pooling) float64 {
 	b := &m.blocks[bi]
 	pr := &m.p.Engines[pl.members[q][0]].Profile
-	return pr.ratio(b.prompt, b.output)
+	return pr.Ratio(b.shape)
 }

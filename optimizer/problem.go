@@ -53,6 +53,20 @@ type Problem struct {
 	// problem stays convex.
 	PenaltyCostMs float64
 
+	// MarginalStretch, when > 0, also caps each engine's utilization where
+	// one more request costs MarginalStretch times its zero-load latency —
+	// its own latency and the congestion it adds to every request on the
+	// engine (TTFT + output × TBOT, without the network): the latency
+	// curves' hockey stick for the shapes of the flows that may use it
+	// (Profile.FullUtilization, averaged over those flows by the work they
+	// bring). Past it a few more requests slow everyone down by seconds;
+	// demand beyond it is overload and is shed, lowest priority first, as
+	// demand beyond the headroom is. How far below the headroom that is
+	// depends on the shape: long uncached prompts interleave prefill with
+	// every decode step and turn early, short cached requests late, a
+	// batch bound by its running slots not at all. 0: the headroom alone.
+	MarginalStretch float64
+
 	// RemapFactor converts a change of weights into moved requests: with
 	// Envoy's weighted Maglev the share of keys that move is about 1.35× the
 	// total-variation distance of the weights. 0 means 1.35.
@@ -68,8 +82,10 @@ type Frontend struct {
 type Class struct {
 	ID string
 	// PromptTokens and OutputTokens are the mean request shape, used where a
-	// Demand carries none.
+	// Demand carries none; CachedPromptShare ∈ [0, 1] is the share of the
+	// prompt tokens served from the engines' prefix caches (Shape).
 	PromptTokens, OutputTokens float64
+	CachedPromptShare          float64
 	// Eligible lists indices into Problem.Engines that may serve the class.
 	Eligible []int
 }
@@ -100,8 +116,21 @@ type Priority struct {
 type Demand struct {
 	// RatePerS[p] is the request rate of priority p (len = len(Priorities)).
 	RatePerS []float64
-	// PromptTokens and OutputTokens override the class's mean shape when > 0.
+	// PromptTokens and OutputTokens override the class's mean shape when
+	// either is > 0, and CachedPromptShare then overrides the class's
+	// cached share.
 	PromptTokens, OutputTokens float64
+	CachedPromptShare          float64
+}
+
+// FlowShape is the request shape of frontend i's class c: the demand's
+// when it states one, else the class's.
+func (p *Problem) FlowShape(i, c int) Shape {
+	d, cl := &p.Demand[i][c], &p.Classes[c]
+	if d.PromptTokens > 0 || d.OutputTokens > 0 {
+		return Shape{PromptTokens: d.PromptTokens, OutputTokens: d.OutputTokens, CachedShare: d.CachedPromptShare}
+	}
+	return Shape{PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, CachedShare: cl.CachedPromptShare}
 }
 
 // Total returns the demand summed over priorities.
@@ -139,6 +168,9 @@ func (p *Problem) Validate() error {
 	}
 	if !(p.StabilityMs >= 0) || !finite(p.StabilityMs) {
 		return fmt.Errorf("%w: stability cost is %g ms, must be ≥ 0", ErrInvalidProblem, p.StabilityMs)
+	}
+	if !(p.MarginalStretch == 0 || p.MarginalStretch > 1) || !finite(p.MarginalStretch) {
+		return fmt.Errorf("%w: marginal stretch is %g, must be 0 (off) or > 1", ErrInvalidProblem, p.MarginalStretch)
 	}
 	if !(p.RemapFactor >= 0) || !finite(p.RemapFactor) {
 		return fmt.Errorf("%w: remap factor is %g, must be ≥ 0", ErrInvalidProblem, p.RemapFactor)
@@ -186,6 +218,9 @@ func (p *Problem) Validate() error {
 		if !(cl.PromptTokens >= 0) || !(cl.OutputTokens >= 0) || cl.PromptTokens+cl.OutputTokens <= 0 || !finite(cl.PromptTokens+cl.OutputTokens) {
 			return fmt.Errorf("%w: class %q has shape %g prompt / %g output tokens", ErrInvalidProblem, cl.ID, cl.PromptTokens, cl.OutputTokens)
 		}
+		if err := frac("class "+cl.ID+" cached prompt share", cl.CachedPromptShare); err != nil {
+			return err
+		}
 		dup := map[int]bool{}
 		for _, j := range cl.Eligible {
 			if j < 0 || j >= len(p.Engines) || dup[j] {
@@ -228,6 +263,9 @@ func (p *Problem) Validate() error {
 			}
 			if !(d.PromptTokens >= 0) || !(d.OutputTokens >= 0) || !finite(d.PromptTokens+d.OutputTokens) {
 				return fmt.Errorf("%w: frontend %q class %q has token shape %g/%g", ErrInvalidProblem, f.ID, cl.ID, d.PromptTokens, d.OutputTokens)
+			}
+			if err := frac(fmt.Sprintf("frontend %q class %q cached prompt share", f.ID, cl.ID), d.CachedPromptShare); err != nil {
+				return err
 			}
 			if d.Total() > 0 && len(cl.Eligible) == 0 {
 				return fmt.Errorf("%w: frontend %q has %g req/s of class %q, which lists no engine", ErrNoEligibleEngine, f.ID, d.Total(), cl.ID)

@@ -52,11 +52,12 @@ func (c Curve) check(what string) error {
 // model) pair, stated for a reference request of RefPromptTokens prompt and
 // RefOutputTokens output tokens.
 //
-// Work model: a request of p prompt and o output tokens occupies the replica
-// for p·PromptTokenSec + o·OutputTokenSec seconds of its capacity, so its
-// capacity for that shape is 1/(p·PromptTokenSec + o·OutputTokenSec)
-// requests per second, and the utilization of an engine is the sum over its
-// traffic of rate × work / (replicas available).
+// Work model: a request of p prompt tokens, of which the share h is a
+// prefix-cache hit, and o output tokens occupies the replica for
+// p·(1−h)·PromptTokenSec + o·OutputTokenSecAt(p+o) seconds of its capacity
+// (a cached token needs no prefill; see Shape and BatchModel), so its
+// capacity for that shape is the inverse of that, and the utilization of an
+// engine is the sum over its traffic of rate × work / (replicas available).
 //
 // Shape scaling: a request of another shape whose work is r times the
 // reference work sees r times the reference's load-dependent delay (the
@@ -85,6 +86,69 @@ type Profile struct {
 	// between output tokens, in milliseconds, against utilization.
 	TTFT Curve `json:"ttft" yaml:"ttft"`
 	TBOT Curve `json:"tbot" yaml:"tbot"`
+	// Batch, when set (NewProfile sets it from the step model), makes the
+	// cost of an output token depend on the request's context: a batch
+	// bound by KV space (KVCapacityTokens / context < MaxRunning) runs
+	// fewer sequences per step, so each token carries more of the step's
+	// fixed cost. Zero: OutputTokenSec for every context.
+	Batch BatchModel `json:"batch,omitzero" yaml:"batch,omitempty"`
+}
+
+// BatchModel is the part of the step model that sets the batch size at
+// saturation: Beff = min(MaxRunning, KVCapacityTokens / context), and one
+// output token costs DecodeStepMs/Beff + DecodeStepPerSeqMs of the step.
+type BatchModel struct {
+	DecodeStepMs       float64 `json:"decode_step_ms" yaml:"decode_step_ms"`
+	DecodeStepPerSeqMs float64 `json:"decode_step_per_seq_ms" yaml:"decode_step_per_seq_ms"`
+	MaxRunning         int     `json:"max_running" yaml:"max_running"`
+	KVCapacityTokens   int     `json:"kv_capacity_tokens" yaml:"kv_capacity_tokens"`
+}
+
+// tokenMs is the step time per output token at saturation for a context of
+// the given tokens (0 when the model is unset).
+func (b BatchModel) tokenMs(context float64) float64 {
+	if b.MaxRunning <= 0 {
+		return 0
+	}
+	beff := float64(b.MaxRunning)
+	if b.KVCapacityTokens > 0 && context > 0 {
+		if kv := float64(b.KVCapacityTokens) / context; kv < beff {
+			beff = math.Max(1, kv)
+		}
+	}
+	return b.DecodeStepMs/beff + b.DecodeStepPerSeqMs
+}
+
+// Shape is a request's mean work: its prompt and output tokens, and the
+// share of the prompt that the engine's prefix cache already holds.
+type Shape struct {
+	PromptTokens, OutputTokens float64
+	// CachedShare in [0, 1] is the share of the prompt tokens served from
+	// the prefix cache. A cached token costs no prefill, neither engine
+	// time nor time to first token; its KV still occupies the batch (the
+	// whole context, prompt and output, sets the KV-bound batch size).
+	CachedShare float64
+}
+
+// UncachedPromptTokens is the prompt the engine has to prefill.
+func (s Shape) UncachedPromptTokens() float64 { return s.PromptTokens * (1 - s.CachedShare) }
+
+// ContextTokens is the KV the request holds at its end.
+func (s Shape) ContextTokens() float64 { return s.PromptTokens + s.OutputTokens }
+
+func (s Shape) check(what string) error {
+	if !(s.PromptTokens >= 0) || !(s.OutputTokens >= 0) || !finite(s.PromptTokens+s.OutputTokens) {
+		return fmt.Errorf("%w: %s has token shape %g prompt / %g output", ErrInvalidProblem, what, s.PromptTokens, s.OutputTokens)
+	}
+	if !(s.CachedShare >= 0 && s.CachedShare <= 1) {
+		return fmt.Errorf("%w: %s has cached prompt share %g, must be in [0, 1]", ErrInvalidProblem, what, s.CachedShare)
+	}
+	return nil
+}
+
+// Reference is the profile's reference request (nothing cached).
+func (p *Profile) Reference() Shape {
+	return Shape{PromptTokens: p.RefPromptTokens, OutputTokens: p.RefOutputTokens}
 }
 
 // Validate checks that the profile is convex, increasing and consistent.
@@ -113,7 +177,11 @@ func (p *Profile) Validate() error {
 	if p.TTFT.Linear+p.TTFT.Queue+p.TBOT.Linear+p.TBOT.Queue <= 0 {
 		return fmt.Errorf("%w: latency does not grow with load (all linear and queue terms are 0)", ErrNonConvexProfile)
 	}
-	w := p.work(p.RefPromptTokens, p.RefOutputTokens)
+	if b := p.Batch; b.MaxRunning < 0 || b.KVCapacityTokens < 0 || !(b.DecodeStepMs >= 0) || !(b.DecodeStepPerSeqMs >= 0) ||
+		!finite(b.DecodeStepMs+b.DecodeStepPerSeqMs) {
+		return fmt.Errorf("%w: batch model %+v needs non-negative, finite values", ErrNonConvexProfile, b)
+	}
+	w := p.work(p.Reference())
 	if !(w > 0) {
 		return fmt.Errorf("%w: reference request has zero work (prompt_token_sec %g, output_token_sec %g)",
 			ErrNonConvexProfile, p.PromptTokenSec, p.OutputTokenSec)
@@ -125,21 +193,36 @@ func (p *Profile) Validate() error {
 	return nil
 }
 
-// work is the replica-seconds one request of the given shape uses.
-func (p *Profile) work(prompt, output float64) float64 {
-	return prompt*p.PromptTokenSec + output*p.OutputTokenSec
+// work is the replica-seconds one request of the given shape uses: its
+// uncached prompt at PromptTokenSec, its output at OutputTokenSec scaled by
+// the batch model for its context (the reference context costs exactly
+// OutputTokenSec).
+func (p *Profile) work(s Shape) float64 {
+	return s.UncachedPromptTokens()*p.PromptTokenSec + s.OutputTokens*p.OutputTokenSecAt(s.ContextTokens())
+}
+
+// OutputTokenSecAt is the replica-seconds one output token of a request
+// with the given context (prompt + output tokens) uses: OutputTokenSec at
+// the reference context, more where the context is long enough that KV
+// space, not MaxRunning, bounds the batch (see BatchModel).
+func (p *Profile) OutputTokenSecAt(context float64) float64 {
+	ref := p.Batch.tokenMs(p.RefPromptTokens + p.RefOutputTokens)
+	if !(ref > 0) {
+		return p.OutputTokenSec
+	}
+	return p.OutputTokenSec * p.Batch.tokenMs(context) / ref
 }
 
 // Capacity returns the requests per second of the given shape one replica
 // sustains at utilization 1.
-func (p *Profile) Capacity(prompt, output float64) float64 {
-	return 1 / p.work(prompt, output)
+func (p *Profile) Capacity(s Shape) float64 {
+	return 1 / p.work(s)
 }
 
 // WithCapacity returns a copy whose reference capacity is rps, scaling both
 // per-token costs (the prompt/output cost ratio is kept).
 func (p Profile) WithCapacity(rps float64) Profile {
-	w := p.work(p.RefPromptTokens, p.RefOutputTokens)
+	w := p.work(p.Reference())
 	k := 1 / (rps * w)
 	p.PromptTokenSec *= k
 	p.OutputTokenSec *= k
@@ -147,24 +230,59 @@ func (p Profile) WithCapacity(rps float64) Profile {
 	return p
 }
 
-// ratio is the work of a request of the given shape relative to the
-// reference request: the factor on its load and its congestion delay.
-func (p *Profile) ratio(prompt, output float64) float64 {
-	return p.work(prompt, output) / p.work(p.RefPromptTokens, p.RefOutputTokens)
+// Ratio is the work of a request of the given shape relative to the
+// reference request: the factor on its load (in reference requests) and on
+// its congestion delay.
+func (p *Profile) Ratio(s Shape) float64 {
+	return p.work(s) / p.work(p.Reference())
 }
 
 // Latency returns the predicted TTFT and TBOT (ms) of a request with the
-// given shape at utilization u.
-func (p *Profile) Latency(prompt, output, u float64) (ttft, tbot float64) {
-	r := p.ratio(prompt, output)
-	ttft = p.baseTTFT(prompt) + r*(p.TTFT.Linear*u+p.TTFT.Queue*hq(u))
+// given shape at utilization u. Its zero-load TTFT counts the prefill of
+// its uncached prompt only.
+func (p *Profile) Latency(s Shape, u float64) (ttft, tbot float64) {
+	r := p.Ratio(s)
+	ttft = p.baseTTFT(s.UncachedPromptTokens()) + r*(p.TTFT.Linear*u+p.TTFT.Queue*hq(u))
 	tbotScale := r
-	if output > 0 && p.RefOutputTokens > 0 {
+	if s.OutputTokens > 0 && p.RefOutputTokens > 0 {
 		// n·ΔTBOT scales with r, so ΔTBOT scales with r·n_ref/n.
-		tbotScale = r * p.RefOutputTokens / output
+		tbotScale = r * p.RefOutputTokens / s.OutputTokens
 	}
 	tbot = p.TBOT.Base + tbotScale*(p.TBOT.Linear*u+p.TBOT.Queue*hq(u))
 	return ttft, tbot
+}
+
+// FullUtilization is the utilization at which one more request of the
+// given shape costs stretch times its zero-load latency: its own latency
+// L(u) (TTFT + output × TBOT at the engine) plus the congestion it adds to
+// every request there, d(u·L(u))/du = L(u) + u·L'(u), which is what the
+// optimizer's objective charges at the margin. Past it the latency curves
+// are in their hockey stick: a few more requests slow everyone down by
+// seconds. A shape whose marginal cost stays below stretch × L(0) up to
+// max gets max.
+func (p *Profile) FullUtilization(s Shape, stretch, max float64) float64 {
+	lat := func(u float64) float64 {
+		ttft, tbot := p.Latency(s, u)
+		return ttft + s.OutputTokens*tbot
+	}
+	const h = 1e-6
+	marginal := func(u float64) float64 {
+		return lat(u) + u*(lat(u+h)-lat(math.Max(0, u-h)))/(u+h-math.Max(0, u-h))
+	}
+	target := stretch * lat(0)
+	if !(target > 0) || marginal(max) <= target {
+		return max
+	}
+	lo, hi := 0.0, max
+	for range 50 {
+		mid := (lo + hi) / 2
+		if marginal(mid) <= target {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 func (p *Profile) baseTTFT(prompt float64) float64 {
@@ -260,6 +378,8 @@ func NewProfile(m StepModel, prompt, output float64) (Profile, error) {
 		PrefillTokensPerS: m.PrefillTokensPerS,
 		TTFT:              ct,
 		TBOT:              cb,
+		Batch: BatchModel{DecodeStepMs: m.DecodeStepMs, DecodeStepPerSeqMs: m.DecodeStepPerSeqMs,
+			MaxRunning: m.MaxRunning, KVCapacityTokens: m.KVCapacityTokens},
 	}
 	return p, p.Validate()
 }

@@ -78,7 +78,7 @@ func TestProperties(t *testing.T) {
 				for _, j := range cl.Eligible {
 					pr := &p.Engines[j].Profile
 					if e := &p.Engines[j]; e.ReadyReplicas*e.Health*(1-e.Penalty) > 0 {
-						rmax = math.Max(rmax, pr.ratio(cl.PromptTokens, cl.OutputTokens))
+						rmax = math.Max(rmax, pr.Ratio(Shape{PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens}))
 					}
 				}
 				work += p.Demand[i][c].Total() * rmax

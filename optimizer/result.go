@@ -23,7 +23,7 @@ func (m *model) result(method Method) *Solution {
 			// λ after its update; the reference sets λ from its duals.
 			price[j] = e.lam
 			er.CapacityPriceMs = price[j]
-			er.TTFTMs, er.TBOTMs = pr.Latency(pr.RefPromptTokens, pr.RefOutputTokens, er.Utilization)
+			er.TTFTMs, er.TBOTMs = pr.Latency(pr.Reference(), er.Utilization)
 		}
 		sol.Engines[j] = er
 	}
@@ -170,7 +170,7 @@ func (m *model) explain(b *block, a *arc, capPrice float64) Explanation {
 	var ex Explanation
 	ex.Utilization = u
 	ex.NetworkMs = p.RTTMs[b.i][a.j]
-	ex.TTFTMs, ex.TBOTMs = pr.Latency(b.prompt, b.output, u)
+	ex.TTFTMs, ex.TBOTMs = pr.Latency(b.shape, u)
 	ex.QueueingMs = a.r * e.kAt(u)
 	ex.OutlierCostMs = p.PenaltyCostMs * p.Engines[a.j].Penalty
 	// The latency the objective charges: zero-load latency (a.a less the

@@ -202,7 +202,8 @@ type EngineResult struct {
 	ID string `json:"id"`
 	// LoadRPS is the load in reference requests per second; CapacityRPS is
 	// the available capacity (capacity × ready × health × (1 − penalty)) and
-	// LimitRPS = Headroom × CapacityRPS.
+	// LimitRPS = Headroom × CapacityRPS, or less where
+	// Problem.MarginalStretch caps the engine.
 	LoadRPS     float64 `json:"load_rps"`
 	CapacityRPS float64 `json:"capacity_rps"`
 	LimitRPS    float64 `json:"limit_rps"`

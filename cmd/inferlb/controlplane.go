@@ -137,9 +137,13 @@ over time, and the optimizer's reasons for any weight (docs/demo.md).`,
 	f.Uint32Var(&d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "health-check-unhealthy-threshold", d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "failed checks before Envoy marks a host unhealthy")
 	f.Float64Var(&d.Cycle.Headroom, "headroom", d.Cycle.Headroom, "planned utilization cap of available capacity, in (0, 1)")
 	f.Float64Var(&d.Cycle.OverloadHeadroom, "overload-headroom", d.Cycle.OverloadHeadroom, "utilization cap when demand does not fit under --headroom (the rest is shed), in [headroom, 1)")
+	f.Float64Var(&d.Cycle.MarginalStretch, "marginal-stretch", d.Cycle.MarginalStretch, "an engine is full where one more request would cost this many times its zero-load latency (its own and the congestion it adds), if before --headroom; 0 = the headroom alone")
+	f.DurationVar(&d.Cycle.ShapeSmoothing, "shape-smoothing", d.Cycle.ShapeSmoothing, "time constant with which each class's tokens per request and cached prompt share follow what is observed")
+	f.Float64Var(&d.Cycle.MaxCachedShare, "max-cached-share", d.Cycle.MaxCachedShare, "largest share of prompt tokens counted as prefix-cache hits (no prefill work), in [0, 1)")
 	f.Float64Var(&d.Cycle.StabilityMs, "stability-ms", d.Cycle.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
 	f.Float64Var(&d.Cycle.PenaltyCostMs, "penalty-cost-ms", d.Cycle.PenaltyCostMs, "optimizer cost per request per unit of an engine's outlier penalty (failures, slowness), ms")
 	f.Float64Var(&d.Cycle.DeadbandTV, "deadband", d.Cycle.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
+	f.DurationVar(&d.Cycle.DemandSmoothing, "demand-smoothing", d.Cycle.DemandSmoothing, "time constant of the demand the optimizer plans with (0 = the demand window's rates as they are)")
 	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of an outlier penalty while the engine's traffic looks normal again")
 	f.Float64Var(&d.Cycle.Penalty.ProbeRPS, "probe-rps", d.Cycle.Penalty.ProbeRPS, "requests/s a penalized engine keeps of each class, to judge its recovery")
 	f.Float64Var(&d.Cycle.Penalty.MaxProbeShare, "max-probe-share", d.Cycle.Penalty.MaxProbeShare, "largest share of a class a penalized engine keeps for probing")
@@ -157,7 +161,8 @@ var configFlags = map[string]string{
 	"stale_after": "--stale-after", "demand_window": "--demand-window", "warmup": "--warmup",
 	"smoothing": "--smoothing", "history": "--history",
 	"headroom": "--headroom", "stability_ms": "--stability-ms", "penalty_cost_ms": "--penalty-cost-ms",
-	"deadband_tv": "--deadband", "penalty.half_life": "--penalty-half-life",
+	"marginal_stretch": "--marginal-stretch", "shape_smoothing": "--shape-smoothing", "max_cached_share": "--max-cached-share",
+	"deadband_tv": "--deadband", "demand_smoothing": "--demand-smoothing", "penalty.half_life": "--penalty-half-life",
 	"maglev_table_size": "--maglev-table-size", "hash_balance_factor": "--hash-balance-factor",
 	"weight_scale":                                       "--weight-scale",
 	"health_check.interval/timeout":                      "--health-check-interval / --health-check-timeout",

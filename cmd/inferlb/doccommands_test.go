@@ -152,6 +152,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml", want: "| session_hash |"},
 	{cmd: "inferlb sim --duration 60s --json --policy inferlb examples/sim/hot-region.yaml", want: `"best_achievable_hit_rate"`},
 	{cmd: "inferlb sim --duration 60s --out sim-out examples/sim/engine-failure.yaml", want: "Best achievable hit rate"},
+	{cmd: "inferlb sim --duration 60s --seeds 3 --policy inferlb,random_key examples/sim/steady-3region.yaml", want: "Medians over 3 seeds (1–3)"},
 	{cmd: "inferlb sim --bench --engines 100 --requests 20000", want: "req/CPU-s"},
 	{cmd: "make sim-report", skip: "every scenario with every policy (minutes); its output is docs/results, and the sim entries above run the same code"},
 	// Benchmarks.

@@ -20,6 +20,7 @@ func newSimCmd() *cobra.Command {
 	var (
 		policies          []string
 		seed              uint64
+		seeds             int
 		out, dataDir      string
 		parallel          int
 		asJSON, bench     bool
@@ -35,7 +36,10 @@ and workload (with its faults) once per routing policy, and prints one table
 per scenario: TTFT p50/p90/p99, TPOT p50/p99, SLO goodput, prefix-cache hit
 rate (and the best achievable with the fleet's caches pooled), shed and failed
 shares, retries, weight churn per control cycle, conversations remapped and
-the busiest engine's load over the mean.
+the busiest engine's load over the mean, in in-flight requests and in
+utilization (work over capacity: the balance figure with mixed GPUs).
+--seeds N runs each policy N times (seeds --seed, --seed+1, ...) and reports
+the median of every figure.
 
 The engines are the engine simulator's model; inferlb runs its own ext_proc
 decisions and control loop (controlplane.Controller.Step) in the loop; Envoy's
@@ -50,6 +54,7 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
   inferlb sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml
   inferlb sim --duration 60s --json --policy inferlb examples/sim/hot-region.yaml
   inferlb sim --duration 60s --out sim-out examples/sim/engine-failure.yaml
+  inferlb sim --duration 60s --seeds 3 --policy inferlb,random_key examples/sim/steady-3region.yaml
   inferlb sim --bench --engines 100 --requests 20000`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			defer fleetsim.WithSimGC()()
@@ -64,6 +69,9 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
 			}
 			if parallel < 1 {
 				return fmt.Errorf("sim: --parallel must be at least 1, got %d", parallel)
+			}
+			if cmd.Flags().Changed("seeds") && (seeds < 1 || seeds > fleetsim.MaxSeeds) {
+				return fmt.Errorf("sim: --seeds must be in [1, %d], got %d", fleetsim.MaxSeeds, seeds)
 			}
 			known := map[string]bool{}
 			for _, p := range fleetsim.PolicyNames() {
@@ -95,7 +103,7 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
 					pols = sc.Policies
 				}
 				bar := newProgress(cmd.ErrOrStderr(), sc.Name, pols)
-				res, err := fleetsim.RunScenario(cmd.Context(), sc, fleetsim.RunOptions{Policies: pols, Seed: seed,
+				res, err := fleetsim.RunScenario(cmd.Context(), sc, fleetsim.RunOptions{Policies: pols, Seed: seed, Seeds: seeds,
 					DataDir: dataDir, Parallel: parallel, Progress: bar.update})
 				bar.done()
 				if err != nil {
@@ -136,6 +144,7 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
 	f := cmd.Flags()
 	f.StringSliceVar(&policies, "policy", nil, "policies to run, comma-separated (default: the scenario's, else all)")
 	f.Uint64Var(&seed, "seed", 0, "random seed (default: the scenario's)")
+	f.IntVar(&seeds, "seeds", 0, "run every policy with this many seeds (--seed, --seed+1, ...) and report medians (default: the scenario's seeds, else 1)")
 	f.StringVar(&out, "out", "", "directory for results.json and charts per scenario, and a summary")
 	f.StringVar(&dataDir, "data-dir", fleetsim.DefaultDataDir, "directory of the traces the azure and mooncake workloads replay")
 	f.IntVar(&parallel, "parallel", min(2, runtime.NumCPU()), "policies simulated at once")

@@ -29,6 +29,7 @@ func TestSimErrors(t *testing.T) {
 		{nil, "give at least one scenario file"},
 		{[]string{"--policy", "magic", "../../examples/sim/steady-3region.yaml"}, `--policy: unknown policy "magic"`},
 		{[]string{"--parallel", "0", "../../examples/sim/steady-3region.yaml"}, "--parallel must be at least 1"},
+		{[]string{"--seeds", "0", "../../examples/sim/steady-3region.yaml"}, "--seeds must be in [1, 50], got 0"},
 		{[]string{"--bench", "../../examples/sim/steady-3region.yaml"}, "--bench takes no scenario files"},
 		{[]string{"--bench", "--engines", "0"}, "--engines and --requests must be positive"},
 		{[]string{"--duration", "-1s", "../../examples/sim/steady-3region.yaml"}, "--duration: duration must be positive"},
@@ -42,13 +43,13 @@ func TestSimErrors(t *testing.T) {
 }
 
 // A short run prints the table with every policy asked for, and the
-// reference hit rate.
+// reference hit rate; with --seeds, medians and says so.
 func TestSimTable(t *testing.T) {
-	out, err := runSim(t, "--duration", "20s", "--policy", "inferlb,round_robin", "../../examples/sim/steady-3region.yaml")
+	out, err := runSim(t, "--duration", "20s", "--seeds", "2", "--policy", "inferlb,random_key", "../../examples/sim/steady-3region.yaml")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, w := range []string{"steady-3region — ", "| inferlb |", "| round_robin |", "Best achievable hit rate"} {
+	for _, w := range []string{"steady-3region — ", "| inferlb |", "| random_key |", "max/mean util |", "Medians over 2 seeds (1–2)", "Best achievable hit rate"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("output lacks %q:\n%s", w, out)
 		}

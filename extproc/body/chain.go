@@ -108,9 +108,24 @@ func (w *chainWriter) reset(c *Chain) {
 	w.tokBase, w.tokMsg, w.msgStart, w.msgLen = 0, 0, 0, 0
 }
 
-// point records a point at the current depth.
+// point records a point at the current depth. A point at the depth of the
+// last one (a message ending exactly at a geometric depth) is that point:
+// its flags are merged. Two points of one chain never share a hash, so a
+// request counts each prefix once (the control plane refuses prefix counts
+// above the requests reported).
 func (w *chainWriter) point(flags uint8, tokens int) {
 	c := w.c
+	if c.N > 0 && uint64(c.Points[c.N-1].Depth) == min(w.depth, 1<<32-1) {
+		// Same depth, same stream, same hash: the point is after the
+		// anchor exactly when it already was.
+		last := &c.Points[c.N-1]
+		last.Flags |= flags &^ PointAfterAnchor
+		last.Tokens = uint32(max(tokens, 0))
+		if flags&PointAnchor != 0 {
+			c.Anchor, w.done = c.N-1, true
+		}
+		return
+	}
 	if w.done {
 		flags |= PointAfterAnchor
 	}

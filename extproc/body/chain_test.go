@@ -60,6 +60,11 @@ func refChain(b []byte, kind Kind) (pts []refPoint, anchor int, ok bool) {
 	anchor = -1
 	next := FirstPointBytes
 	emit := func(end bool, tok int) {
+		if n := len(pts); n > 0 && pts[n-1].depth == len(stream) {
+			// A message ending at a geometric depth: one point.
+			pts[n-1].end, pts[n-1].tokens = pts[n-1].end || end, tok
+			return
+		}
 		pts = append(pts, refPoint{hash: xxhash.Sum64(stream), depth: len(stream), end: end, tokens: tok})
 	}
 	write := func(bs []byte) {
@@ -168,6 +173,9 @@ func checkChain(t *testing.T, b []byte, kind Kind, r *Request) {
 	}
 	for i, w := range want {
 		g := got[i]
+		if i > 0 && (g.Depth <= got[i-1].Depth || g.Hash == got[i-1].Hash) {
+			t.Fatalf("point %d: %+v after %+v: a prefix would be counted twice: %q", i, g, got[i-1], b)
+		}
 		if g.Hash != w.hash || int(g.Depth) != w.depth || (g.Flags&PointMessageEnd != 0) != w.end {
 			t.Fatalf("point %d: %+v, reference %+v: %q", i, g, w, b)
 		}
@@ -266,6 +274,49 @@ func TestChainTurnsAndSharedPreamble(t *testing.T) {
 	if len(a3.Chain.At()) <= len(a1.Chain.At()) || a3.Chain.Points[a3.Chain.N-1].Flags&PointAfterAnchor == 0 {
 		t.Fatalf("later turn's points: %+v", a3.Chain.At())
 	}
+}
+
+// A message that ends exactly at a geometric depth, or a completion prompt
+// whose end is at its anchor depth, gives one point there, not two with
+// the same hash (a request would count the prefix twice in its report,
+// and the control plane refuses counts above the class's requests).
+func TestChainPointAtMessageEnd(t *testing.T) {
+	// "system\x00" + text + 0x1f + 0x1e: 9 bytes around the text.
+	sys := strings.Repeat("s", FirstPointBytes-9)
+	b := chatMsgsBody([][2]string{{"system", sys}, {"user", "hello"}})
+	var r Request
+	if err := Parse(b, Chat, &r); err != nil {
+		t.Fatal(err)
+	}
+	pts := r.Chain.At()
+	if len(pts) != 2 || pts[0].Depth != FirstPointBytes || pts[0].Flags&PointMessageEnd == 0 || r.Chain.Anchor != 1 {
+		t.Fatalf("points %+v (anchor %d), want the system message's end at %d and the anchor after it", pts, r.Chain.Anchor, FirstPointBytes)
+	}
+	checkChain(t, b, Chat, &r)
+	// The completion's prompt plus 0x1f ends at the anchor depth.
+	c := []byte(fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("p", CompletionAnchorBytes-1)))
+	if err := Parse(c, Completion, &r); err != nil {
+		t.Fatal(err)
+	}
+	pts = r.Chain.At()
+	last := pts[len(pts)-1]
+	if last.Depth != CompletionAnchorBytes || last.Flags&(PointAnchor|PointMessageEnd) != PointAnchor|PointMessageEnd || r.Chain.Anchor != len(pts)-1 {
+		t.Fatalf("completion points %+v (anchor %d)", pts, r.Chain.Anchor)
+	}
+	checkChain(t, c, Completion, &r)
+}
+
+func chatMsgsBody(msgs [][2]string) []byte {
+	type m struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	var ms []m
+	for _, x := range msgs {
+		ms = append(ms, m{x[0], x[1]})
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "messages": ms})
+	return b
 }
 
 func TestChainFuzzSeedsMatchReference(t *testing.T) {

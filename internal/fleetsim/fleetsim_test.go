@@ -203,6 +203,8 @@ func TestScenarioErrors(t *testing.T) {
 			[]string{"line 2: fleet: nowhere.yaml"}},
 		{"policies", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nworkload: {kind: sessions, sessions_per_s: 1, regions: [{at: 0s, shares: {us-east: 1}}]}\npolicies: [inferlb, magic, inferlb]\n",
 			[]string{`policies[1]: unknown policy "magic"`, `policies[2]: policy "inferlb" twice`}},
+		{"seeds", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nseeds: 0\nworkload: {kind: sessions, sessions_per_s: 1, regions: [{at: 0s, shares: {us-east: 1}}]}\n",
+			[]string{"line 4: seeds: must be in [1, 50], got 0"}},
 		{"empty", "", []string{"empty scenario: no YAML document"}},
 	} {
 		_, err := ParseScenario([]byte(c.doc), "t.yaml")
@@ -270,7 +272,11 @@ func TestWriteOut(t *testing.T) {
 		t.Fatalf("results.json: %+v", back)
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "README.md"))
-	if !strings.Contains(string(md), "| inferlb |") {
-		t.Fatalf("summary has no table row for inferlb:\n%s", md)
+	if !strings.Contains(string(md), "| inferlb |") || !strings.Contains(string(md), "(small/engines.md)") {
+		t.Fatalf("summary has no table row for inferlb or no link to the engine tables:\n%s", md)
+	}
+	eng, _ := os.ReadFile(filepath.Join(dir, "small", "engines.md"))
+	if !strings.Contains(string(eng), "## inferlb") || !strings.Contains(string(eng), "| us-east-h100-1 | H100 | us-east |") {
+		t.Fatalf("engines.md has no per-engine rows for inferlb:\n%s", eng)
 	}
 }

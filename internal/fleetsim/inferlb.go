@@ -20,6 +20,7 @@ import (
 	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoylb"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 	"github.com/inferlb/inferlb/xds/translate"
@@ -118,11 +119,23 @@ func staticPolicy(s *Sim, node, prefix string) *policyv1.RoutingPolicy {
 		rp.Classes = append(rp.Classes, &policyv1.ClassPolicy{Name: c.Name, Cluster: prefix + c.Name, Model: c.Model,
 			Residency: c.Residency, MinContextTokens: uint32(c.MinContextTokens), MaxContextTokens: uint32(c.ContextLimit),
 			MeanOutputTokens: uint32(c.MeanOutputTokens)})
+		if m, ok := s.spec.ModelByName(c.Model); ok {
+			last := rp.Classes[len(rp.Classes)-1]
+			last.TokenizerSha256, last.ChatTemplateTokens = m.TokenizerSHA256, uint32(m.ChatTemplateTokens)
+		}
 	}
 	for _, e := range s.spec.Engines {
 		rp.Engines = append(rp.Engines, &policyv1.EngineRef{Id: e.ID, Address: e.Address, Region: e.Region})
 	}
 	return rp
+}
+
+// newDecider is a frontend's ext_proc decisions, with the simulator's
+// tokenizer loaded (tokenizer.go).
+func newDecider(s *Sim) *extproc.Decider {
+	d := extproc.NewDecider(s.wall())
+	d.SetTokenizers(map[string]*hf.Tokenizer{s.tok.SHA256(): s.tok})
+	return d
 }
 
 // decided is the per-request state of the policies that run ext_proc's
@@ -182,13 +195,15 @@ func lbConfig(o translate.Options) envoylb.Config {
 	return c
 }
 
-func newInferlb(s *Sim) (*inferlb, error) {
+// newInferlb runs the control plane on spec: the scenario's fleet, or a
+// variant of it (affinityOff).
+func newInferlb(s *Sim, spec *fleet.Spec) (*inferlb, error) {
 	pl, err := newPlane(s, true)
 	if err != nil {
 		return nil, err
 	}
 	cfg := controlplane.DefaultConfig()
-	ctrl, err := controlplane.NewController(s.spec, cfg, nil)
+	ctrl, err := controlplane.NewController(spec, cfg, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -197,12 +212,26 @@ func newInferlb(s *Sim) (*inferlb, error) {
 		x.addr[e.Address] = i
 	}
 	for range s.fronts {
-		x.dec = append(x.dec, extproc.NewDecider(s.wall()))
+		x.dec = append(x.dec, newDecider(s))
 		x.clusters = append(x.clusters, map[string]*lbCluster{})
 	}
 	x.applied = make([]*translate.Resources, len(s.fronts))
 	x.pending = make([]*policyv1.ReportRequest, len(s.fronts))
 	return x, nil
+}
+
+// affinityOff is spec with cache affinity off for every class, as an
+// operator sets it with classes[].affinity.mode: off; the control plane
+// publishes it in RoutingPolicy and ext_proc gives every request a fresh
+// key. The scenario's spec is shared by policies running at once: the
+// classes are copied, not changed.
+func affinityOff(spec *fleet.Spec) *fleet.Spec {
+	sp := *spec
+	sp.Classes = slices.Clone(spec.Classes)
+	for i := range sp.Classes {
+		sp.Classes[i].Affinity.Mode = fleet.AffinityOff
+	}
+	return &sp
 }
 
 func (x *inferlb) Start() {
@@ -277,7 +306,7 @@ func (x *inferlb) cycle() {
 	now := s.wall()
 	dem, ev := x.pl.intake.Snapshot(now)
 	res, err := x.ctrl.Step(s.ctx, controlplane.Inputs{Now: now, Engines: x.pl.tracker.Engines(now), Demand: dem, Evidence: ev,
-		Prefixes: x.pl.intake.Prefixes(now)})
+		DemandWindow: runDefaults.DemandWindow, Prefixes: x.pl.intake.Prefixes(now)})
 	if err != nil {
 		s.rec.noteDetail("control cycle failed", err.Error())
 		return
@@ -301,7 +330,7 @@ func (x *inferlb) cycle() {
 // apply installs a node's resources: the policy into its Decider, the EDS
 // assignments into its clusters.
 func (x *inferlb) apply(f int, r *translate.Resources) error {
-	if _, err := x.dec[f].SetPolicy(r.Policy); err != nil {
+	if _, _, err := x.dec[f].SetPolicy(r.Policy); err != nil {
 		return err
 	}
 	for _, cla := range r.Endpoints {
@@ -426,8 +455,8 @@ func newOldController(s *Sim) (*oldController, error) {
 	}
 	o := &oldController{s: s, pl: pl, lbCfg: lbConfig(translate.DefaultOptions())}
 	for _, f := range s.fronts {
-		d := extproc.NewDecider(s.wall())
-		if _, err := d.SetPolicy(staticPolicy(s, f.spec.NodeID, "old_")); err != nil {
+		d := newDecider(s)
+		if _, _, err := d.SetPolicy(staticPolicy(s, f.spec.NodeID, "old_")); err != nil {
 			return nil, err
 		}
 		o.dec = append(o.dec, d)

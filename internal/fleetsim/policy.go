@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/enginesim/model"
 	"github.com/inferlb/inferlb/internal/envoylb"
 )
@@ -41,11 +42,16 @@ const (
 	PolicySGLang     = "sglang_cache_aware"
 	PolicyDynamo     = "dynamo_kv"
 	PolicyInferlb    = "inferlb"
+	// PolicyRandomKey is inferlb with cache affinity off for every class
+	// (the fleet spec's classes[].affinity.mode off): the same control
+	// loop, shedding and retries, but every request a fresh random key.
+	// Issue 12's baseline for what affinity itself buys.
+	PolicyRandomKey = "random_key"
 )
 
 // PolicyNames lists every policy, rivals first.
 func PolicyNames() []string {
-	return []string{PolicyRoundRobin, PolicyP2C, PolicyNearest, PolicySession, PolicyOld, PolicyLLMD, PolicySGLang, PolicyDynamo, PolicyInferlb}
+	return []string{PolicyRoundRobin, PolicyP2C, PolicyNearest, PolicySession, PolicyOld, PolicyLLMD, PolicySGLang, PolicyDynamo, PolicyRandomKey, PolicyInferlb}
 }
 
 func newPolicy(name string, s *Sim) (Policy, error) {
@@ -67,7 +73,9 @@ func newPolicy(name string, s *Sim) (Policy, error) {
 	case PolicyDynamo:
 		return &dynamo{base: base{s: s}}, nil
 	case PolicyInferlb:
-		return newInferlb(s)
+		return newInferlb(s, s.spec)
+	case PolicyRandomKey:
+		return newInferlb(s, affinityOff(s.spec))
 	}
 	return nil, fmt.Errorf("fleetsim: unknown policy %q (known: %v)", name, PolicyNames())
 }
@@ -244,9 +252,9 @@ func (c *lbCluster) rebuild(s *Sim) error {
 	return nil
 }
 
-// pick chooses the host for p (retries exclude the hosts tried, with
-// Envoy's host_selection_retry_max_attempts 5), counts it active and
-// returns its engine.
+// pick chooses the host for p (retries exclude the hosts tried, with the
+// frontend bootstrap's host_selection_retry_max_attempts), counts it active
+// and returns its engine.
 func (c *lbCluster) pick(p *request) int {
 	if c == nil || c.lb == nil {
 		return -1
@@ -255,7 +263,7 @@ func (c *lbCluster) pick(p *request) int {
 	if len(p.tried) > 0 {
 		reject = func(h int) bool { return slices.Contains(p.tried, int32(c.engineOf[h])) }
 	}
-	h := c.lb.Choose(p.key, c, reject, 5)
+	h := c.lb.Choose(p.key, c, reject, envoyconfigs.HostSelectionRetryMaxAttempts)
 	if h < 0 {
 		return -1
 	}

@@ -8,6 +8,9 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/optimizer"
 )
 
 // outcome is how a request ended (or, from Admit, that it may go on).
@@ -43,10 +46,14 @@ type recorder struct {
 	oracle             *pooledLRU
 	oracleQ, oracleHit float64
 	// series
-	samples   []float64   // sample times (s since traffic start)
-	load      [][]float32 // sample → engine in-flight
-	loadSum   []float64
-	loadN     int
+	samples []float64   // sample times (s since traffic start)
+	load    [][]float32 // sample → engine in-flight
+	loadSum []float64
+	loadN   int
+	// work[j] is the capacity-seconds engine j spent on measured requests
+	// (workCost's per-token costs); tokSec[j] those costs.
+	work      []float64
+	tokSec    []tokenCost
 	weightsT  []float64
 	weights   []map[string]float64
 	churnSum  float64
@@ -63,8 +70,16 @@ type mark struct {
 	Label string  `json:"label"`
 }
 
+// tokenCost is an engine's work model: seconds of one replica's capacity
+// per uncached prompt token and per output token.
+type tokenCost struct{ prompt, output float64 }
+
 func newRecorder(s *Sim) *recorder {
-	r := &recorder{s: s, loadSum: make([]float64, len(s.engines)), noteCount: map[string]int{}, noteFirst: map[string]string{}}
+	r := &recorder{s: s, loadSum: make([]float64, len(s.engines)), work: make([]float64, len(s.engines)),
+		noteCount: map[string]int{}, noteFirst: map[string]string{}}
+	for _, e := range s.engines {
+		r.tokSec = append(r.tokSec, engineTokenCost(s.spec, e.spec))
+	}
 	if !s.opt.NoSeries {
 		blocks := 0
 		for _, e := range s.engines {
@@ -113,6 +128,10 @@ func (r *recorder) done(p *request, out outcome) {
 			rec.tpot = float32((p.mr.LastToken - p.mr.FirstToken).Seconds() / float64(p.mr.Generated-1))
 		}
 		rec.cached = int32(p.mr.CachedTokens)
+		if r.measured(p.arrival) {
+			c := r.tokSec[p.engine]
+			r.work[p.engine] += float64(len(p.prompt)-p.mr.CachedTokens)*c.prompt + float64(p.mr.Generated)*c.output
+		}
 		if p.w.Turn > 1 && int(p.conv) < len(r.s.convLast) {
 			if last := r.s.convLast[p.conv]; last >= 0 {
 				rec.remap = 0
@@ -303,4 +322,22 @@ func (c *pooledLRU) insert(hs []uint64) {
 		delete(c.m, el.Value.(uint64))
 		c.l.Remove(el)
 	}
+}
+
+// engineTokenCost is the work model the control plane plans with for the
+// engine (optimizer.Profile's PromptTokenSec and OutputTokenSec, from its
+// fleet profile at the model's reference shape): what "capacity" means in
+// the utilization figure. Zero when the profile cannot be built (the
+// engine then reads as idle rather than failing the run).
+func engineTokenCost(spec *fleet.Spec, e fleet.Engine) tokenCost {
+	fp, ok := spec.ProfileOf(e)
+	refP, refO, okRef := optimizer.ReferenceShape(spec, e.Model)
+	if !ok || !okRef {
+		return tokenCost{}
+	}
+	prof, err := optimizer.ProfileFromFleet(fp, refP, refO)
+	if err != nil {
+		return tokenCost{}
+	}
+	return tokenCost{prompt: prof.PromptTokenSec, output: prof.OutputTokenSec}
 }

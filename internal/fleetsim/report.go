@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -17,14 +16,17 @@ import (
 
 // ScenarioResult is every policy's figures on one scenario.
 type ScenarioResult struct {
-	Scenario    string  `json:"scenario"`
-	Description string  `json:"description"`
-	Fleet       string  `json:"fleet"`
-	Seed        uint64  `json:"seed"`
-	DurationS   float64 `json:"duration_s"`
-	WarmupS     float64 `json:"warmup_s"`
-	SLOTTFTMs   float64 `json:"slo_ttft_ms"`
-	SLOTPOTMs   float64 `json:"slo_tpot_ms"`
+	Scenario    string `json:"scenario"`
+	Description string `json:"description"`
+	Fleet       string `json:"fleet"`
+	Seed        uint64 `json:"seed"`
+	// Seeds are the seeds the figures are medians of (absent: one run,
+	// Seed's).
+	Seeds     []uint64 `json:"seeds,omitempty"`
+	DurationS float64  `json:"duration_s"`
+	WarmupS   float64  `json:"warmup_s"`
+	SLOTTFTMs float64  `json:"slo_ttft_ms"`
+	SLOTPOTMs float64  `json:"slo_tpot_ms"`
 	// BestHitRate is the prefix-cache hit rate of the pooled reference
 	// cache (the fleet's whole KV capacity as one LRU cache; see docs/sim.md).
 	BestHitRate float64         `json:"best_achievable_hit_rate"`
@@ -36,8 +38,10 @@ type RunOptions struct {
 	// Policies to run (default: the scenario's).
 	Policies []string
 	Seed     uint64
-	DataDir  string
-	// Parallel runs that many policies at once (default 1).
+	// Seeds overrides the scenario's number of seeds when not 0.
+	Seeds   int
+	DataDir string
+	// Parallel runs that many simulations at once (default 1).
 	Parallel int
 	// Progress is told each policy's share done (may be called from
 	// several goroutines, not at once for one policy).
@@ -45,7 +49,8 @@ type RunOptions struct {
 }
 
 // RunScenario runs every policy on the scenario, each in its own
-// simulation of the same work.
+// simulation of the same work, once per seed; with several seeds every
+// figure is the median over them (seeds.go).
 func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioResult, error) {
 	pols := opt.Policies
 	if len(pols) == 0 {
@@ -57,40 +62,79 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 	if opt.Seed != 0 {
 		out.Seed = opt.Seed
 	}
+	n := sc.Seeds
+	if opt.Seeds != 0 {
+		n = opt.Seeds
+	}
+	if n < 1 || n > MaxSeeds {
+		return nil, fmt.Errorf("fleetsim: %d seeds, want 1 to %d", n, MaxSeeds)
+	}
+	for k := range n {
+		out.Seeds = append(out.Seeds, out.Seed+uint64(k))
+	}
+	if n == 1 {
+		out.Seeds = nil
+	}
 	par := max(opt.Parallel, 1)
 	sem := make(chan struct{}, par)
-	errs := make([]error, len(pols))
-	best := make([]float64, len(pols))
+	errs := make([]error, len(pols)*n)
+	best := make([]float64, len(pols)*n)
+	runs := make([]*PolicyResult, len(pols)*n)
+	var (
+		progMu sync.Mutex
+		prog   = make([]float64, len(pols)*n)
+	)
 	var wg sync.WaitGroup
 	for i, p := range pols {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			o := Options{Scenario: sc, Policy: p, Seed: opt.Seed, DataDir: opt.DataDir}
-			if opt.Progress != nil {
-				o.Progress = func(d float64) { opt.Progress(p, d) }
-			}
-			t0 := time.Now()
-			s, err := newSim(ctx, o)
-			if err == nil {
-				err = s.loop()
-			}
-			var r *PolicyResult
-			if err == nil {
-				r, err = s.result()
-			}
-			if err != nil {
-				errs[i] = fmt.Errorf("%s / %s: %w", sc.Name, p, err)
-				return
-			}
-			r.WallSeconds = math.Round(time.Since(t0).Seconds()*100) / 100
-			if s.rec.oracleQ > 0 {
-				best[i] = s.rec.oracleHit / s.rec.oracleQ
-			}
-			out.Policies[i] = r
-		}()
+		for k := range n {
+			at := i*n + k
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				// Seed 0 means the scenario's: the first seed is passed as
+				// is, later ones explicitly.
+				seed := opt.Seed
+				if k > 0 {
+					seed = out.Seed + uint64(k)
+				}
+				o := Options{Scenario: sc, Policy: p, Seed: seed, DataDir: opt.DataDir}
+				if opt.Progress != nil {
+					o.Progress = func(d float64) {
+						progMu.Lock()
+						defer progMu.Unlock()
+						prog[at] = d
+						sum := 0.0
+						for _, v := range prog[i*n : i*n+n] {
+							sum += v
+						}
+						opt.Progress(p, sum/float64(n))
+					}
+				}
+				t0 := time.Now()
+				s, err := newSim(ctx, o)
+				if err == nil {
+					err = s.loop()
+				}
+				var r *PolicyResult
+				if err == nil {
+					r, err = s.result()
+				}
+				if err != nil {
+					if n > 1 {
+						err = fmt.Errorf("seed %d: %w", out.Seed+uint64(k), err)
+					}
+					errs[at] = fmt.Errorf("%s / %s: %w", sc.Name, p, err)
+					return
+				}
+				r.WallSeconds = math.Round(time.Since(t0).Seconds()*100) / 100
+				if s.rec.oracleQ > 0 {
+					best[at] = s.rec.oracleHit / s.rec.oracleQ
+				}
+				runs[at] = r
+			}()
+		}
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -98,8 +142,10 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 			return nil, err
 		}
 	}
-	sort.Float64s(best)
-	out.BestHitRate = best[len(best)/2]
+	for i := range pols {
+		out.Policies[i] = medianResult(runs[i*n:i*n+n], out.Seeds)
+	}
+	out.BestHitRate = median(best)
 	return out, nil
 }
 
@@ -137,12 +183,15 @@ func (q Quantiles) MarshalJSON() ([]byte, error) {
 
 // WriteTable writes one scenario's table as Markdown: one row per policy.
 func WriteTable(w io.Writer, r *ScenarioResult) {
-	fmt.Fprintf(w, "| policy | TTFT p50 | p90 | p99 | TPOT p50 | p99 | SLO goodput | hit rate | shed | failed | retries | churn/cycle | remapped | max/mean load |\n")
-	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| policy | TTFT p50 | p90 | p99 | TPOT p50 | p99 | SLO goodput | hit rate | shed | failed | retries | churn/cycle | remapped | max/mean load | max/mean util |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Policies {
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %d | %.3f | %.1f%% | %.2f |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %d | %.3f | %.1f%% | %.2f | %.2f |\n",
 			p.Policy, msStr(p.TTFT.P50), msStr(p.TTFT.P90), msStr(p.TTFT.P99), msStr(p.TPOTP50Ms), msStr(p.TPOTP99Ms),
-			100*p.Goodput, 100*p.HitRate, p.ShedPct, pct(p.Failed, p.Arrived), p.Retries, p.ChurnPerCycle, 100*p.Remapped, p.MaxMeanLoad)
+			100*p.Goodput, 100*p.HitRate, p.ShedPct, pct(p.Failed, p.Arrived), p.Retries, p.ChurnPerCycle, 100*p.Remapped, p.MaxMeanLoad, p.MaxMeanUtil)
+	}
+	if len(r.Seeds) > 1 {
+		fmt.Fprintf(w, "\nMedians over %d seeds (%d–%d); counts (retries) are totals.\n", len(r.Seeds), r.Seeds[0], r.Seeds[len(r.Seeds)-1])
 	}
 	fmt.Fprintf(w, "\nBest achievable hit rate with the fleet's caches pooled (reference): %.1f%%.\n", 100*r.BestHitRate)
 	for _, p := range r.Policies {
@@ -188,7 +237,30 @@ func WriteOut(dir string, r *ScenarioResult) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
+	var b strings.Builder
+	WriteEngineTables(&b, r)
+	if err := os.WriteFile(filepath.Join(d, "engines.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
 	return writeCharts(d, r)
+}
+
+// WriteEngineTables writes, per policy, one row per engine: requests
+// served, TTFT p50/p99 of them, hit rate, follow-up turns it took cold,
+// mean in-flight requests and utilization (work over capacity).
+func WriteEngineTables(w io.Writer, r *ScenarioResult) {
+	fmt.Fprintf(w, "# %s: per engine\n\nGenerated by `make sim-report`. Utilization is each engine's work (uncached prompt tokens and generated tokens, priced by the control plane's work model of its profile) over its capacity; load its mean in-flight requests.", r.Scenario)
+	if len(r.Seeds) > 1 {
+		fmt.Fprintf(w, " Medians over %d seeds; served and remapped-in are totals.", len(r.Seeds))
+	}
+	fmt.Fprintln(w)
+	for _, p := range r.Policies {
+		fmt.Fprintf(w, "\n## %s\n\n| engine | gpu | region | served | TTFT p50 | p99 | hit rate | remapped in | load | utilization |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n", p.Policy)
+		for _, e := range p.Engines {
+			fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %.1f%% | %d | %.2f | %.1f%% |\n", e.ID, e.GPU, e.Region, e.Served,
+				msStr(e.TTFTP50Ms), msStr(e.TTFTP99Ms), 100*e.HitRate, e.RemappedIn, e.Load, 100*e.Utilization)
+		}
+	}
 }
 
 // WriteSummary writes dir/README.md: every scenario's table, with links to
@@ -197,9 +269,14 @@ func WriteSummary(dir string, rs []*ScenarioResult, header string) error {
 	var b strings.Builder
 	b.WriteString(header)
 	for _, r := range rs {
-		fmt.Fprintf(&b, "\n## %s\n\n%s. Fleet `%s`, %.0f s of traffic (the first %.0f s left out), seed %d, SLO TTFT ≤ %.0f ms and TPOT ≤ %.0f ms.\n\n",
-			r.Scenario, strings.TrimSuffix(r.Description, "."), r.Fleet, r.DurationS, r.WarmupS, r.Seed, r.SLOTTFTMs, r.SLOTPOTMs)
+		seeds := fmt.Sprintf("seed %d", r.Seed)
+		if len(r.Seeds) > 1 {
+			seeds = fmt.Sprintf("medians over seeds %d–%d", r.Seeds[0], r.Seeds[len(r.Seeds)-1])
+		}
+		fmt.Fprintf(&b, "\n## %s\n\n%s. Fleet `%s`, %.0f s of traffic (the first %.0f s left out), %s, SLO TTFT ≤ %.0f ms and TPOT ≤ %.0f ms.\n\n",
+			r.Scenario, strings.TrimSuffix(r.Description, "."), r.Fleet, r.DurationS, r.WarmupS, seeds, r.SLOTTFTMs, r.SLOTPOTMs)
 		WriteTable(&b, r)
+		fmt.Fprintf(&b, "\nPer engine: [%s/engines.md](%[1]s/engines.md).\n", r.Scenario)
 		fmt.Fprintf(&b, "\n![TTFT CDF](%[1]s/ttft_cdf.png) ![p99 over time](%[1]s/p99_over_time.png)\n![inferlb weights](%[1]s/weights_inferlb.png) ![old controller weights](%[1]s/weights_old_controller.png)\n![engine load](%[1]s/utilization.png)\n", r.Scenario)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -42,14 +42,45 @@ type PolicyResult struct {
 	// MaxMeanLoad is the busiest engine's mean in-flight requests over the
 	// mean of all engines (1 = perfectly even).
 	MaxMeanLoad float64 `json:"max_mean_engine_load"`
-	// EngineLoad is each engine's mean in-flight requests.
-	EngineLoad  map[string]float64 `json:"engine_load"`
-	WallSeconds float64            `json:"wall_seconds"`
-	Events      []mark             `json:"events,omitempty"`
-	Notes       []string           `json:"notes,omitempty"`
+	// MaxMeanUtil is the same ratio of utilizations: each engine's work
+	// over its capacity (EngineFigures.Utilization). With mixed GPUs this
+	// is the balance figure: a latency-minimizing allocation should give
+	// an H100 more requests than an A100, not more of its capacity.
+	MaxMeanUtil float64 `json:"max_mean_engine_utilization"`
+	// Engines are the per-engine figures, in the fleet's engine order.
+	Engines     []EngineFigures `json:"engines"`
+	WallSeconds float64         `json:"wall_seconds"`
+	// BySeed has each seed's headline figures when the others are medians
+	// over several seeds.
+	BySeed []SeedFigures `json:"by_seed,omitempty"`
+	Events []mark        `json:"events,omitempty"`
+	Notes  []string      `json:"notes,omitempty"`
 
 	// Series for the charts (not in the JSON).
 	series *series
+}
+
+// EngineFigures are one engine's figures over the measured requests it
+// served.
+type EngineFigures struct {
+	ID     string `json:"id"`
+	GPU    string `json:"gpu"`
+	Region string `json:"region"`
+	Served int    `json:"served"`
+	// TTFT at the client of the requests it served.
+	TTFTP50Ms float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms float64 `json:"ttft_p99_ms"`
+	HitRate   float64 `json:"prefix_hit_rate"`
+	// RemappedIn is the number of follow-up turns it served whose previous
+	// turn another engine served (cold caches it took).
+	RemappedIn int `json:"remapped_in"`
+	// Load is its mean in-flight requests (running, waiting, in overhead).
+	Load float64 `json:"load"`
+	// Utilization is its work over its capacity: uncached prompt tokens and
+	// generated tokens of the requests it served, priced by the control
+	// plane's work model of its profile (optimizer.Profile's per-token
+	// costs), per second of the measured span and per replica.
+	Utilization float64 `json:"utilization"`
 }
 
 // series are the time series of one run.
@@ -69,7 +100,10 @@ const p99Window = 10.0
 
 func (s *Sim) result() (*PolicyResult, error) {
 	r := s.rec
-	res := &PolicyResult{Policy: s.opt.Policy, Cycles: r.cycles, Notes: r.notesText(), Events: r.marks, EngineLoad: map[string]float64{}}
+	res := &PolicyResult{Policy: s.opt.Policy, Cycles: r.cycles, Notes: r.notesText(), Events: r.marks}
+	perTTFT := make([][]float64, len(s.engines))
+	perPrompt, perCached := make([]float64, len(s.engines)), make([]float64, len(s.engines))
+	perRemap := make([]int, len(s.engines))
 	var ttft, tpot []float64
 	var prompt, cached float64
 	good, follow, moved := 0, 0, 0
@@ -95,6 +129,14 @@ func (s *Sim) result() (*PolicyResult, error) {
 			}
 			prompt += float64(rec.prompt)
 			cached += float64(rec.cached)
+			if j := rec.engine; j >= 0 {
+				perTTFT[j] = append(perTTFT[j], t)
+				perPrompt[j] += float64(rec.prompt)
+				perCached[j] += float64(rec.cached)
+				if rec.remap == 1 {
+					perRemap[j]++
+				}
+			}
 			if t <= s.sc.SLO.TTFT.Seconds() && float64(rec.tpot) <= s.sc.SLO.TPOT.Seconds() {
 				good++
 			}
@@ -149,18 +191,28 @@ func (s *Sim) result() (*PolicyResult, error) {
 		// nothing but this figure's trailing digits.
 		res.ChurnPerCycle = math.Round(r.churnSum/float64(r.churnN)*1e6) / 1e6
 	}
-	if r.loadN > 0 {
-		mx, sum := 0.0, 0.0
-		for j, v := range r.loadSum {
-			m := v / float64(r.loadN)
-			res.EngineLoad[s.spec.Engines[j].ID] = round3(m)
-			mx = math.Max(mx, m)
-			sum += m
+	span := (s.sc.Duration - s.sc.Warmup).Seconds()
+	load, util := make([]float64, len(s.engines)), make([]float64, len(s.engines))
+	for j, e := range s.engines {
+		if r.loadN > 0 {
+			load[j] = r.loadSum[j] / float64(r.loadN)
 		}
-		if mean := sum / float64(len(r.loadSum)); mean > 0 {
-			res.MaxMeanLoad = mx / mean
+		if span > 0 {
+			util[j] = r.work[j] / span / float64(max(e.spec.Replicas, 1))
 		}
+		ef := EngineFigures{ID: e.spec.ID, GPU: e.spec.GPU, Region: e.spec.Region, Served: len(perTTFT[j]), RemappedIn: perRemap[j],
+			Load: round3(load[j]), Utilization: round3(util[j])}
+		if len(perTTFT[j]) > 0 { // else 0, with Served 0
+			sort.Float64s(perTTFT[j])
+			ef.TTFTP50Ms = round3(1000 * quantile(perTTFT[j], 0.5))
+			ef.TTFTP99Ms = round3(1000 * quantile(perTTFT[j], 0.99))
+		}
+		if perPrompt[j] > 0 {
+			ef.HitRate = round3(perCached[j] / perPrompt[j])
+		}
+		res.Engines = append(res.Engines, ef)
 	}
+	res.MaxMeanLoad, res.MaxMeanUtil = maxOverMean(load), maxOverMean(util)
 	if !s.opt.NoSeries {
 		sr := &series{ttft: ttft, weightsT: r.weightsT, weights: r.weights, samples: r.samples, load: r.load}
 		sort.Float64s(sr.ttft)
@@ -181,6 +233,19 @@ func (s *Sim) result() (*PolicyResult, error) {
 		res.series = sr
 	}
 	return res, nil
+}
+
+// maxOverMean is the largest value over the mean (0 when the mean is 0).
+func maxOverMean(xs []float64) float64 {
+	mx, sum := 0.0, 0.0
+	for _, v := range xs {
+		mx = math.Max(mx, v)
+		sum += v
+	}
+	if len(xs) == 0 || sum <= 0 {
+		return 0
+	}
+	return mx / (sum / float64(len(xs)))
 }
 
 func ms(xs []float64) []float64 {

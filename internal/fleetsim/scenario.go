@@ -32,9 +32,12 @@ type Scenario struct {
 	// figures (caches and controllers settle).
 	Duration, Warmup time.Duration
 	Seed             uint64
-	SLO              SLO
-	Workload         Workload
-	Faults           []Fault
+	// Seeds is how many seeds the figures are medians of: Seed, Seed+1, …
+	// (default 1; one run's p99 is noisy).
+	Seeds    int
+	SLO      SLO
+	Workload Workload
+	Faults   []Fault
 	// Policies to run, by name (default: all).
 	Policies []string
 	Control  Control
@@ -127,6 +130,7 @@ type scenarioDoc struct {
 	Duration    string       `yaml:"duration"`
 	Warmup      string       `yaml:"warmup"`
 	Seed        *int         `yaml:"seed"`
+	Seeds       *int         `yaml:"seeds"`
 	SLO         *sloDoc      `yaml:"slo"`
 	Workload    *workloadDoc `yaml:"workload"`
 	Faults      []faultDoc   `yaml:"faults"`
@@ -195,6 +199,9 @@ type controlDoc struct {
 	HealthCheckInterval string  `yaml:"health_check_interval"`
 	OldGain             float64 `yaml:"old_gain"`
 }
+
+// MaxSeeds bounds the seeds one scenario's figures are medians of.
+const MaxSeeds = 50
 
 // maxScenarioBytes bounds a scenario file.
 const maxScenarioBytes = 1 << 20
@@ -346,6 +353,13 @@ func (v *validator) scenario(d *scenarioDoc, dir string) *Scenario {
 			v.bad("seed", "must be ≥ 0, got %d", *d.Seed)
 		}
 		sc.Seed = uint64(*d.Seed)
+	}
+	sc.Seeds = 1
+	if d.Seeds != nil {
+		if *d.Seeds < 1 || *d.Seeds > MaxSeeds {
+			v.bad("seeds", "must be in [1, %d], got %d", MaxSeeds, *d.Seeds)
+		}
+		sc.Seeds = *d.Seeds
 	}
 	sc.Duration = v.duration("duration", d.Duration, 0, false)
 	if d.Duration == "" {

@@ -30,6 +30,7 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/enginesim/model"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/internal/workload"
 )
 
@@ -100,8 +101,11 @@ type Sim struct {
 	nextRow  *workload.Request
 	convLast []int32 // conversation → engine of its last served turn (−1 none)
 
-	rec       *recorder
-	ctx       context.Context
+	rec *recorder
+	ctx context.Context
+	// tok is what the simulated ext_procs count context needs with
+	// (tokenizer.go); spec's models name it.
+	tok       *hf.Tokenizer
 	sysTokens map[sysKey][]uint64
 	// arrays of finished sessions, for new ones (recycle)
 	spareBytes [][]byte
@@ -272,6 +276,10 @@ func newSim(ctx context.Context, opt Options) (*Sim, error) {
 	s := &Sim{sc: sc, spec: sc.Fleet, opt: opt, seed: seed, ctx: ctx,
 		arr: rand.New(rand.NewPCG(seed, 0x617272)), rng: rand.New(rand.NewPCG(seed, 0x73696d)), classIx: map[string]int{}, frontOf: map[string]*frontend{},
 		rate: 1, surge: 1, phase: 1, sysTokens: map[sysKey][]uint64{}}
+	var err error
+	if s.spec, s.tok, err = withSimTokenizer(sc.Fleet); err != nil {
+		return nil, fmt.Errorf("fleetsim: the simulator's tokenizer: %w", err)
+	}
 	spec := s.spec
 	for i, fe := range spec.Frontends {
 		f := &frontend{ix: i, spec: fe, active: make([]int, len(spec.Engines))}

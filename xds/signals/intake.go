@@ -1,11 +1,15 @@
 package signals
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,6 +76,18 @@ func reject(reason string, format string, args ...any) *Rejection {
 // DemandKey names one demand stream.
 type DemandKey struct {
 	Node, Class, Priority string
+}
+
+// Compare orders keys by node, class and priority.
+func (k DemandKey) Compare(o DemandKey) int {
+	return cmp.Or(strings.Compare(k.Node, o.Node), strings.Compare(k.Class, o.Class), strings.Compare(k.Priority, o.Priority))
+}
+
+// DemandKeys are m's keys in order: sums over a demand map walk it so,
+// since map order varies from run to run and float addition is not
+// associative (replicas must agree bit for bit).
+func DemandKeys[V any](m map[DemandKey]V) []DemandKey {
+	return slices.SortedFunc(maps.Keys(m), DemandKey.Compare)
 }
 
 // DemandRate is a demand stream's rates over the window.
@@ -389,7 +405,13 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 	latSum := map[string]float64{}
 	earliest := map[string]time.Time{}
 	in.mu.Lock()
-	for k, reps := range in.byInstance {
+	// Instances in order: their reports' sums (per node, per engine address)
+	// must not vary with map order.
+	keys := slices.SortedFunc(maps.Keys(in.byInstance), func(a, b [2]string) int {
+		return cmp.Or(strings.Compare(a[0], b[0]), strings.Compare(a[1], b[1]))
+	})
+	for _, k := range keys {
+		reps := in.byInstance[k]
 		keep := reps[:0]
 		ins := &instance{node: k[0], dem: map[DemandKey]*acc{}}
 		for _, rp := range reps {
@@ -469,7 +491,8 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 	nodeTotal := map[string]float64{}
 	for _, ins := range insts {
 		k := capped(ins.node, ins.total)
-		for dk, a := range ins.dem {
+		for _, dk := range DemandKeys(ins.dem) {
+			a := ins.dem[dk]
 			x := dem[dk]
 			if x == nil {
 				x = &acc{}

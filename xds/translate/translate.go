@@ -476,8 +476,8 @@ func classCluster(name, healthPath string, o Options) *clusterv3.Cluster {
 // priority 1). Exported so tests and the admin view compute the same.
 func IntWeights(shares map[string]float64, scale uint32) map[string]uint32 {
 	sum := 0.0
-	for _, s := range shares {
-		if s > 0 && !math.IsInf(s, 0) {
+	for _, id := range slices.Sorted(maps.Keys(shares)) { // map order would vary the last bits
+		if s := shares[id]; s > 0 && !math.IsInf(s, 0) {
 			sum += s
 		}
 	}
