@@ -134,7 +134,41 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 	if err := labelValue(p.Version); err != nil {
 		return nil, fmt.Errorf("policy: version: %w", err)
 	}
-	levels := map[uint32]string{}
+	levels, err := p.compilePriorities(rp)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for i, cp := range rp.GetClasses() {
+		c, err := compileClass(i, cp, p.maxLevel, levels, seen)
+		if err != nil {
+			return nil, err
+		}
+		seen[c.Name] = true
+		c.state = states(c.Name)
+		p.classes = append(p.classes, c)
+		p.byModel[c.Model] = append(p.byModel[c.Model], c)
+	}
+	sort.Slice(p.classes, func(i, j int) bool { return p.classes[i].Name < p.classes[j].Name })
+	for _, cs := range p.byModel {
+		// Most general class first (smallest context guarantee), then name.
+		sort.Slice(cs, func(i, j int) bool {
+			if gi, gj := cs[i].guarantee(), cs[j].guarantee(); gi != gj {
+				return gi < gj
+			}
+			return cs[i].Name < cs[j].Name
+		})
+	}
+	if err := p.compileEngines(rp); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// compilePriorities reads the priorities and the default one into p; levels
+// maps each level in use to its priority's name.
+func (p *Policy) compilePriorities(rp *policyv1.RoutingPolicy) (levels map[uint32]string, err error) {
+	levels = map[uint32]string{}
 	for i, pr := range rp.GetPriorities() {
 		if pr.GetName() == "" {
 			return nil, fmt.Errorf("policy: priorities[%d]: empty name", i)
@@ -170,102 +204,96 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		}
 		p.defaultLevel = l
 	}
-	seen := map[string]bool{}
-	for i, cp := range rp.GetClasses() {
-		c := &Class{
-			Name: cp.GetName(), Cluster: cp.GetCluster(), Model: cp.GetModel(), Residency: cp.GetResidency(),
-			MinContext: int(cp.GetMinContextTokens()), MaxContext: int(cp.GetMaxContextTokens()),
-			RetryFraction: cp.GetRetryBudgetFraction(), MaxRetries: int(cp.GetMaxRetries()),
-			InflightLimit: int(cp.GetLocalInflightLimit()), Utilization: cp.GetUtilization(),
-			MeanOutputTokens: int(cp.GetMeanOutputTokens()),
-			TokenizerSHA256:  cp.GetTokenizerSha256(), TemplateTokens: int(cp.GetChatTemplateTokens()),
-		}
-		c.clusterHdr, c.classHdr = setHeader(headers.Cluster, c.Cluster), setHeader(headers.Class, c.Name)
-		where := fmt.Sprintf("policy: classes[%d] (%q)", i, c.Name)
-		switch {
-		case c.Name == "":
-			return nil, fmt.Errorf("policy: classes[%d]: empty name", i)
-		case seen[c.Name]:
-			return nil, fmt.Errorf("%s: duplicate class name", where)
-		case c.Model == "":
-			return nil, fmt.Errorf("%s: empty model", where)
-		case c.Cluster == "":
-			return nil, fmt.Errorf("%s: empty cluster", where)
-		case !fraction(c.RetryFraction):
-			return nil, fmt.Errorf("%s: retry_budget_fraction %v outside [0,1]", where, c.RetryFraction)
-		case !fraction(c.Utilization) && !(c.Utilization > 1 && !math.IsInf(c.Utilization, 0)):
-			return nil, fmt.Errorf("%s: utilization %v is not a number ≥ 0", where, c.Utilization)
-		case c.MaxRetries > 10:
-			return nil, fmt.Errorf("%s: max_retries %d above 10", where, c.MaxRetries)
-		}
-		if err := validHeaderValue(c.Cluster); err != nil {
-			return nil, fmt.Errorf("%s: cluster: %w", where, err)
-		}
-		if err := validHeaderValue(c.Name); err != nil {
-			return nil, fmt.Errorf("%s: name: %w", where, err)
-		}
-		if err := labelValue(c.Name); err != nil {
-			return nil, fmt.Errorf("%s: name: %w", where, err)
-		}
-		aff, err := compileAffinity(cp.GetAffinity())
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
-		}
-		c.aff = aff
-		seen[c.Name] = true
-		raw := make([]float64, p.maxLevel+1)
-		for l, f := range cp.GetShedFractionByLevel() {
-			if !fraction(f) {
-				return nil, fmt.Errorf("%s: shed fraction %v for level %d outside [0,1]", where, f, l)
-			}
-			if _, ok := levels[l]; !ok {
-				return nil, fmt.Errorf("%s: shed fraction for level %d, which no priority has", where, l)
-			}
-			raw[l] = f
-		}
-		c.shed = make([]float64, len(raw))
-		for l := range raw {
-			ok := true
-			for lower := l + 1; lower < len(raw); lower++ {
-				if _, used := levels[uint32(lower)]; used && raw[lower] < 1 {
-					ok = false
-					break
-				}
-			}
-			if ok {
-				c.shed[l] = raw[l]
-			}
-		}
-		c.state = states(c.Name)
-		p.classes = append(p.classes, c)
-		p.byModel[c.Model] = append(p.byModel[c.Model], c)
+	return levels, nil
+}
+
+// compileClass checks and compiles classes[i]; seen holds the names of the
+// classes before it, levels the priority levels in use.
+func compileClass(i int, cp *policyv1.ClassPolicy, maxLevel uint32, levels map[uint32]string, seen map[string]bool) (*Class, error) {
+	c := &Class{
+		Name: cp.GetName(), Cluster: cp.GetCluster(), Model: cp.GetModel(), Residency: cp.GetResidency(),
+		MinContext: int(cp.GetMinContextTokens()), MaxContext: int(cp.GetMaxContextTokens()),
+		RetryFraction: cp.GetRetryBudgetFraction(), MaxRetries: int(cp.GetMaxRetries()),
+		InflightLimit: int(cp.GetLocalInflightLimit()), Utilization: cp.GetUtilization(),
+		MeanOutputTokens: int(cp.GetMeanOutputTokens()),
+		TokenizerSHA256:  cp.GetTokenizerSha256(), TemplateTokens: int(cp.GetChatTemplateTokens()),
 	}
-	sort.Slice(p.classes, func(i, j int) bool { return p.classes[i].Name < p.classes[j].Name })
-	for _, cs := range p.byModel {
-		// Most general class first (smallest context guarantee), then name.
-		sort.Slice(cs, func(i, j int) bool {
-			if gi, gj := cs[i].guarantee(), cs[j].guarantee(); gi != gj {
-				return gi < gj
-			}
-			return cs[i].Name < cs[j].Name
-		})
+	c.clusterHdr, c.classHdr = setHeader(headers.Cluster, c.Cluster), setHeader(headers.Class, c.Name)
+	where := fmt.Sprintf("policy: classes[%d] (%q)", i, c.Name)
+	switch {
+	case c.Name == "":
+		return nil, fmt.Errorf("policy: classes[%d]: empty name", i)
+	case seen[c.Name]:
+		return nil, fmt.Errorf("%s: duplicate class name", where)
+	case c.Model == "":
+		return nil, fmt.Errorf("%s: empty model", where)
+	case c.Cluster == "":
+		return nil, fmt.Errorf("%s: empty cluster", where)
+	case !fraction(c.RetryFraction):
+		return nil, fmt.Errorf("%s: retry_budget_fraction %v outside [0,1]", where, c.RetryFraction)
+	case !fraction(c.Utilization) && !(c.Utilization > 1 && !math.IsInf(c.Utilization, 0)):
+		return nil, fmt.Errorf("%s: utilization %v is not a number ≥ 0", where, c.Utilization)
+	case c.MaxRetries > 10:
+		return nil, fmt.Errorf("%s: max_retries %d above 10", where, c.MaxRetries)
 	}
+	if err := validHeaderValue(c.Cluster); err != nil {
+		return nil, fmt.Errorf("%s: cluster: %w", where, err)
+	}
+	if err := validHeaderValue(c.Name); err != nil {
+		return nil, fmt.Errorf("%s: name: %w", where, err)
+	}
+	if err := labelValue(c.Name); err != nil {
+		return nil, fmt.Errorf("%s: name: %w", where, err)
+	}
+	aff, err := compileAffinity(cp.GetAffinity())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	c.aff = aff
+	raw := make([]float64, maxLevel+1)
+	for l, f := range cp.GetShedFractionByLevel() {
+		if !fraction(f) {
+			return nil, fmt.Errorf("%s: shed fraction %v for level %d outside [0,1]", where, f, l)
+		}
+		if _, ok := levels[l]; !ok {
+			return nil, fmt.Errorf("%s: shed fraction for level %d, which no priority has", where, l)
+		}
+		raw[l] = f
+	}
+	c.shed = make([]float64, len(raw))
+	for l := range raw {
+		ok := true
+		for lower := l + 1; lower < len(raw); lower++ {
+			if _, used := levels[uint32(lower)]; used && raw[lower] < 1 {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			c.shed[l] = raw[l]
+		}
+	}
+	return c, nil
+}
+
+// compileEngines reads the engines' address → id map into p.
+func (p *Policy) compileEngines(rp *policyv1.RoutingPolicy) error {
 	for i, e := range rp.GetEngines() {
 		if e.GetAddress() == "" {
-			return nil, fmt.Errorf("policy: engines[%d] (%q): empty address", i, e.GetId())
+			return fmt.Errorf("policy: engines[%d] (%q): empty address", i, e.GetId())
 		}
 		// One address is one engine (the fleet spec refuses duplicates):
 		// evidence is keyed by the upstream address, so a second entry
 		// would have it reported against whichever id came last.
 		if err := labelValue(e.GetId()); err != nil {
-			return nil, fmt.Errorf("policy: engines[%d]: id: %w", i, err)
+			return fmt.Errorf("policy: engines[%d]: id: %w", i, err)
 		}
 		if other, dup := p.engines[e.GetAddress()]; dup {
-			return nil, fmt.Errorf("policy: engines[%d] (%q): address %q already belongs to %q", i, e.GetId(), e.GetAddress(), other)
+			return fmt.Errorf("policy: engines[%d] (%q): address %q already belongs to %q", i, e.GetId(), e.GetAddress(), other)
 		}
 		p.engines[e.GetAddress()] = e.GetId()
 	}
-	return p, nil
+	return nil
 }
 
 func fraction(f float64) bool { return f >= 0 && f <= 1 }

@@ -191,76 +191,11 @@ func (p *parser) top(kind Kind, r *Request) error {
 		}
 		p.i++
 		p.ws()
-		switch name {
-		case "model":
-			s, err := p.stringField("model")
-			if err != nil {
-				return err
-			}
-			r.Model, seenModel = s, true
-		case "stream":
-			v, err := p.boolField("stream")
-			if err != nil {
-				return err
-			}
-			r.Stream = v
-		case "max_tokens":
-			n, null, err := p.intField("max_tokens")
-			if err != nil {
-				return err
-			}
-			p.maxTok, p.hasMaxTok = n, !null
-		case "max_completion_tokens":
-			n, null, err := p.intField("max_completion_tokens")
-			if err != nil {
-				return err
-			}
-			p.maxComp, p.hasMaxComp = n, !null
-		case "prompt_cache_key":
-			s, err := p.optStringField("prompt_cache_key")
-			if err != nil {
-				return err
-			}
-			r.PromptCacheKey = s
-		case "user":
-			s, err := p.optStringField("user")
-			if err != nil {
-				return err
-			}
-			r.User = s
-		case "messages":
-			if kind != Chat {
-				if err := p.skip(0); err != nil {
-					return err
-				}
-				break
-			}
-			if err := p.messages(r); err != nil {
-				return err
-			}
-			seenBody = true
-		case "tools":
-			start := p.i
-			if err := p.skip(0); err != nil {
-				return err
-			}
-			p.tools = [2]int{start, p.i}
-		case "prompt":
-			if kind != Completion {
-				if err := p.skip(0); err != nil {
-					return err
-				}
-				break
-			}
-			if err := p.prompt(r); err != nil {
-				return err
-			}
-			seenBody = true
-		default:
-			if err := p.skip(0); err != nil {
-				return err
-			}
+		model, body, err := p.member(name, kind, r)
+		if err != nil {
+			return err
 		}
+		seenModel, seenBody = seenModel || model, seenBody || body
 		p.ws()
 		switch p.peek() {
 		case ',':
@@ -296,6 +231,83 @@ func (p *parser) top(kind Kind, r *Request) error {
 		r.MaxTokens = p.maxTok
 	}
 	return nil
+}
+
+// member reads the value of the top-level member name into r (or skips
+// it), reporting whether it was the model or the request's text (messages
+// for chat, prompt for completions).
+func (p *parser) member(name string, kind Kind, r *Request) (model, body bool, err error) {
+	switch name {
+	case "model":
+		s, err := p.stringField("model")
+		if err != nil {
+			return false, false, err
+		}
+		r.Model, model = s, true
+	case "stream":
+		v, err := p.boolField("stream")
+		if err != nil {
+			return false, false, err
+		}
+		r.Stream = v
+	case "max_tokens":
+		n, null, err := p.intField("max_tokens")
+		if err != nil {
+			return false, false, err
+		}
+		p.maxTok, p.hasMaxTok = n, !null
+	case "max_completion_tokens":
+		n, null, err := p.intField("max_completion_tokens")
+		if err != nil {
+			return false, false, err
+		}
+		p.maxComp, p.hasMaxComp = n, !null
+	case "prompt_cache_key":
+		s, err := p.optStringField("prompt_cache_key")
+		if err != nil {
+			return false, false, err
+		}
+		r.PromptCacheKey = s
+	case "user":
+		s, err := p.optStringField("user")
+		if err != nil {
+			return false, false, err
+		}
+		r.User = s
+	case "messages":
+		if kind != Chat {
+			if err := p.skip(0); err != nil {
+				return false, false, err
+			}
+			break
+		}
+		if err := p.messages(r); err != nil {
+			return false, false, err
+		}
+		body = true
+	case "tools":
+		start := p.i
+		if err := p.skip(0); err != nil {
+			return false, false, err
+		}
+		p.tools = [2]int{start, p.i}
+	case "prompt":
+		if kind != Completion {
+			if err := p.skip(0); err != nil {
+				return false, false, err
+			}
+			break
+		}
+		if err := p.prompt(r); err != nil {
+			return false, false, err
+		}
+		body = true
+	default:
+		if err := p.skip(0); err != nil {
+			return false, false, err
+		}
+	}
+	return model, body, nil
 }
 
 // stringSpan reads a string at p.i and returns the span of its raw contents
