@@ -385,6 +385,57 @@ func overlap(s, e, from, to time.Time) float64 {
 	return float64(hi.Sub(lo)) / float64(e.Sub(s))
 }
 
+// acc sums a demand key's figures over reports, each weighted by the share
+// of its interval inside the window.
+type acc struct{ req, shed, pt, ot float64 }
+
+// instance is one (node, instance)'s demand within the window.
+type instance struct {
+	node  string
+	dem   map[DemandKey]*acc
+	total float64
+}
+
+// add counts a report's demand, weighted by f.
+func (ins *instance) add(node string, f float64, demand []*policyv1.DemandSample) {
+	for _, d := range demand {
+		dk := DemandKey{node, d.Class, d.Priority}
+		a := ins.dem[dk]
+		if a == nil {
+			a = &acc{}
+			ins.dem[dk] = a
+		}
+		a.req += f * float64(d.Requests)
+		a.shed += f * float64(d.Shed)
+		a.pt += f * float64(d.PromptTokens)
+		a.ot += f * float64(d.OutputTokens)
+		ins.total += f * float64(d.Requests)
+	}
+}
+
+// addEvidence counts a report's evidence per engine address, weighted by f;
+// latSum sums the header latencies, whose mean Snapshot takes at the end.
+func addEvidence(ev map[string]*Evidence, latSum map[string]float64, node string, f float64, engines []*policyv1.EngineEvidence) {
+	for _, e := range engines {
+		x := ev[e.Address]
+		if x == nil {
+			x = &Evidence{CompletedByNode: map[string]float64{}}
+			ev[e.Address] = x
+		}
+		x.Responses += f * float64(e.Responses)
+		x.Errors += f * float64(e.Errors)
+		x.HeaderLatencyCnt += f * float64(e.HeaderLatencyCount)
+		latSum[e.Address] += f * e.HeaderLatencySumSeconds
+		x.Completed += f * float64(e.Completed)
+		x.CompletionSeconds += f * e.CompletionSecondsSum
+		x.CompletionPromptTokens += f * float64(e.CompletionPromptTokens)
+		x.CompletionOutputTokens += f * float64(e.CompletionOutputTokens)
+		if e.Completed > 0 {
+			x.CompletedByNode[node] += f * float64(e.Completed)
+		}
+	}
+}
+
 // Snapshot returns demand rates and per-address evidence over the window
 // ending at now, and drops reports older than the window.
 //
@@ -394,12 +445,6 @@ func overlap(s, e, from, to time.Time) float64 {
 // more than its frontend can carry to the global demand.
 func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]Evidence) {
 	from := now.Add(-in.opt.Window)
-	type acc struct{ req, shed, pt, ot float64 }
-	type instance struct {
-		node  string
-		dem   map[DemandKey]*acc
-		total float64
-	}
 	var insts []*instance
 	ev := map[string]*Evidence{}
 	latSum := map[string]float64{}
@@ -426,37 +471,8 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 			if f == 0 {
 				continue
 			}
-			for _, d := range rp.req.Demand {
-				dk := DemandKey{rp.req.NodeId, d.Class, d.Priority}
-				a := ins.dem[dk]
-				if a == nil {
-					a = &acc{}
-					ins.dem[dk] = a
-				}
-				a.req += f * float64(d.Requests)
-				a.shed += f * float64(d.Shed)
-				a.pt += f * float64(d.PromptTokens)
-				a.ot += f * float64(d.OutputTokens)
-				ins.total += f * float64(d.Requests)
-			}
-			for _, e := range rp.req.Engines {
-				x := ev[e.Address]
-				if x == nil {
-					x = &Evidence{CompletedByNode: map[string]float64{}}
-					ev[e.Address] = x
-				}
-				x.Responses += f * float64(e.Responses)
-				x.Errors += f * float64(e.Errors)
-				x.HeaderLatencyCnt += f * float64(e.HeaderLatencyCount)
-				latSum[e.Address] += f * e.HeaderLatencySumSeconds
-				x.Completed += f * float64(e.Completed)
-				x.CompletionSeconds += f * e.CompletionSecondsSum
-				x.CompletionPromptTokens += f * float64(e.CompletionPromptTokens)
-				x.CompletionOutputTokens += f * float64(e.CompletionOutputTokens)
-				if e.Completed > 0 {
-					x.CompletedByNode[rp.req.NodeId] += f * float64(e.Completed)
-				}
-			}
+			ins.add(rp.req.NodeId, f, rp.req.Demand)
+			addEvidence(ev, latSum, rp.req.NodeId, f, rp.req.Engines)
 		}
 		if len(keep) == 0 {
 			delete(in.byInstance, k)
