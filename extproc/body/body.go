@@ -196,15 +196,10 @@ func (p *parser) top(kind Kind, r *Request) error {
 			return err
 		}
 		seenModel, seenBody = seenModel || model, seenBody || body
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.i++
+		if more, err := p.sep('}'); err != nil {
+			return err
+		} else if more {
 			continue
-		case '}':
-			p.i++
-		default:
-			return p.syntax("expected ',' or '}' in object")
 		}
 		break
 	}
@@ -308,6 +303,25 @@ func (p *parser) member(name string, kind Kind, r *Request) (model, body bool, e
 		}
 	}
 	return model, body, nil
+}
+
+// sep reads what follows a member or an element: ',' (more follows:
+// true) or the closing byte ('}' or ']': false), each consumed; anything
+// else is a syntax error, nothing consumed.
+func (p *parser) sep(closing byte) (more bool, err error) {
+	p.ws()
+	switch p.peek() {
+	case ',':
+		p.i++
+		return true, nil
+	case closing:
+		p.i++
+		return false, nil
+	}
+	if closing == '}' {
+		return false, p.syntax("expected ',' or '}' in object")
+	}
+	return false, p.syntax("expected ',' or ']' in array")
 }
 
 // stringSpan reads a string at p.i and returns the span of its raw contents
@@ -551,15 +565,8 @@ func (p *parser) skip(depth int) error {
 			if err := p.skip(depth + 1); err != nil {
 				return err
 			}
-			p.ws()
-			switch p.peek() {
-			case ',':
-				p.i++
-			case '}':
-				p.i++
-				return nil
-			default:
-				return p.syntax("expected ',' or '}' in object")
+			if more, err := p.sep('}'); !more {
+				return err
 			}
 		}
 	case '[':
@@ -574,15 +581,8 @@ func (p *parser) skip(depth int) error {
 			if err := p.skip(depth + 1); err != nil {
 				return err
 			}
-			p.ws()
-			switch p.peek() {
-			case ',':
-				p.i++
-			case ']':
-				p.i++
-				return nil
-			default:
-				return p.syntax("expected ',' or ']' in array")
+			if more, err := p.sep(']'); !more {
+				return err
 			}
 		}
 	case 't':

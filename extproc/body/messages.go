@@ -282,15 +282,10 @@ func (p *parser) messages(r *Request) error {
 		anchor := firstUser && m.role == "user"
 		firstUser = firstUser && !anchor
 		p.chain.message(p, &m, tok, anchor)
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.i++
+		if more, err := p.sep(']'); err != nil {
+			return err
+		} else if more {
 			continue
-		case ']':
-			p.i++
-		default:
-			return p.syntax("expected ',' or ']' in array")
 		}
 		break
 	}
@@ -351,15 +346,10 @@ func (p *parser) message(idx int) (m msgRec, tokens int, err error) {
 				return m, 0, err
 			}
 		}
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.i++
+		if more, err := p.sep('}'); err != nil {
+			return m, 0, err
+		} else if more {
 			continue
-		case '}':
-			p.i++
-		default:
-			return m, 0, p.syntax("expected ',' or '}' in object")
 		}
 		break
 	}
@@ -456,29 +446,19 @@ func (p *parser) parts() (int, error) {
 					} else if err := p.skip(3); err != nil {
 						return 0, err
 					}
-					p.ws()
-					switch p.peek() {
-					case ',':
-						p.i++
+					if more, err := p.sep('}'); err != nil {
+						return 0, err
+					} else if more {
 						continue
-					case '}':
-						p.i++
-					default:
-						return 0, p.syntax("expected ',' or '}' in object")
 					}
 					break
 				}
 			}
 		}
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.i++
+		if more, err := p.sep(']'); err != nil {
+			return 0, err
+		} else if more {
 			continue
-		case ']':
-			p.i++
-		default:
-			return 0, p.syntax("expected ',' or ']' in array")
 		}
 		return total, nil
 	}
@@ -533,15 +513,10 @@ func (p *parser) prompt(r *Request) error {
 				}
 				return p.syntax("expected a value")
 			}
-			p.ws()
-			switch p.peek() {
-			case ',':
-				p.i++
+			if more, err := p.sep(']'); err != nil {
+				return err
+			} else if more {
 				continue
-			case ']':
-				p.i++
-			default:
-				return p.syntax("expected ',' or ']' in array")
 			}
 			return nil
 		}

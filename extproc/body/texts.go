@@ -118,13 +118,8 @@ func (p *parser) eachMember(f func(key string) bool) {
 				return
 			}
 		}
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.i++
+		if more, _ := p.sep('}'); more {
 			continue
-		case '}':
-			p.i++
 		}
 		return
 	}
@@ -146,13 +141,8 @@ func (p *parser) eachElement(f func()) {
 		if p.i == start { // f read nothing: do not loop forever
 			return
 		}
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.i++
+		if more, _ := p.sep(']'); more {
 			continue
-		case ']':
-			p.i++
 		}
 		return
 	}
