@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/big"
 	"net"
 	"slices"
 	"strconv"
@@ -227,17 +228,9 @@ func (o Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-func isPrime(n uint64) bool {
-	if n < 2 {
-		return false
-	}
-	for d := uint64(2); d*d <= n; d++ {
-		if n%d == 0 {
-			return false
-		}
-	}
-	return true
-}
+// isPrime is exact: ProbablyPrime(0) (Baillie-PSW) makes no mistakes
+// below 2^64.
+func isPrime(n uint64) bool { return new(big.Int).SetUint64(n).ProbablyPrime(0) }
 
 // Engine is an engine as a node sees it.
 type Engine struct {
