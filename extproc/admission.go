@@ -3,6 +3,8 @@ package extproc
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/inferlb/inferlb/internal/hashmix"
 )
 
 // classState is the runtime state of one class at this instance; it
@@ -41,12 +43,7 @@ const (
 // of the hash Envoy's Maglev uses, so shedding does not correlate with the
 // engine a key maps to.
 func shedUnit(h uint64) float64 {
-	h ^= h >> 30
-	h *= 0xbf58476d1ce4e5b9
-	h ^= h >> 27
-	h *= 0x94d049bb133111eb
-	h ^= h >> 31
-	return float64(h>>11) / (1 << 53)
+	return float64(hashmix.SplitMix64(h)>>11) / (1 << 53)
 }
 
 type shedReason uint8

@@ -6,6 +6,7 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/internal/hashmix"
 )
 
 // Cache affinity: the key the route hashes (docs/extproc.md).
@@ -281,11 +282,7 @@ func keyHash(tag byte, v string) uint64 {
 // mix is MurmurHash3's 64-bit finalizer (fmix64), so keys spread over the
 // whole range; 0 is kept free (it means "no key").
 func mix(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
+	h = hashmix.Murmur3(h)
 	if h == 0 {
 		h = 1
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/inferlb/inferlb/internal/hashmix"
 	"github.com/inferlb/inferlb/internal/tokens"
 )
 
@@ -117,12 +118,7 @@ var vocabPacked, vocabLen = func() ([]uint64, []uint8) {
 }()
 
 // mix64 is SplitMix64's finalizer: a cheap bijective hash for deriving seeds.
-func mix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
+func mix64(x uint64) uint64 { return hashmix.SplitMix64(x + 0x9e3779b97f4a7c15) }
 
 // vocabIDs are the token ids of the vocabulary's words (one token each).
 var vocabIDs = func() []uint64 {
