@@ -80,7 +80,7 @@ func BenchmarkSignalToEnvoy(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	env := envoytest.Start(b, envoytest.Options{Bootstrap: xdstest.Bootstrap(xdstest.BootstrapOptions{NodeID: "fe-east", Region: "east", XDSAddress: xds})})
+	env := envoytest.Start(b, envoytest.Options{Bootstrap: xdstest.Bootstrap(b, xdstest.BootstrapOptions{NodeID: "fe-east", Region: "east", XDSAddress: xds})})
 	target := eng[3].addr()
 	eds := func() string {
 		cs, err := xdstest.Clusters(env)

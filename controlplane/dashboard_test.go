@@ -318,9 +318,20 @@ func TestDashboardInChromium(t *testing.T) {
 		At    string `json:"at"`
 		Cells []cell `json:"cells"`
 	}
+	// Every /weights document seen while polling, by cycle: the page
+	// refreshes on its own timer, so on a loaded machine it can trail the
+	// newest cycle by one at every read; it must show one that /weights
+	// served, with that cycle's shares.
+	seen := map[string]weightsDoc{}
+	fetch := func() string {
+		var d weightsDoc
+		rig.get(t, "/weights", &d)
+		seen[d.At] = d
+		return d.At
+	}
 	var pub weightsDoc
 	if err := envoytest.Poll(ctx, 30*time.Second, 200*time.Millisecond, func() error {
-		var err error
+		before := fetch()
 		page.At, page.Cells = "", nil
 		raw, err := chromedp.Run(tab, chromedp.Evaluate[[]byte](`({
 			at: document.querySelector("#heatmaps").dataset.at,
@@ -334,11 +345,12 @@ func TestDashboardInChromium(t *testing.T) {
 		if err := json.Unmarshal(raw, &page); err != nil {
 			return err
 		}
-		pub = weightsDoc{}
-		rig.get(t, "/weights", &pub)
-		if page.At != pub.At {
-			return fmt.Errorf("the page shows the cycle at %s, /weights the one at %s", page.At, pub.At)
+		after := fetch()
+		d, ok := seen[page.At]
+		if !ok {
+			return fmt.Errorf("the page shows the cycle at %s, /weights served %s and then %s", page.At, before, after)
 		}
+		pub = d
 		return nil
 	}); err != nil {
 		t.Fatal(err)

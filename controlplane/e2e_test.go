@@ -24,7 +24,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
@@ -212,7 +211,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 
 	for node, delta := range map[string]bool{"fe-east": false, "fe-west": true} {
 		e.ports[node] = envoytest.FreePort(t)
-		e.envoys[node] = envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(xdstest.BootstrapOptions{
+		e.envoys[node] = envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(t, xdstest.BootstrapOptions{
 			NodeID: node, Region: node[3:], XDSAddress: e.xds, Delta: delta, ListenerPort: e.ports[node], Retries: 1})})
 	}
 
@@ -255,8 +254,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		for i := 0; trafficCtx.Err() == nil; i++ {
 			body := `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":4}`
 			req, _ := http.NewRequestWithContext(trafficCtx, http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", e.ports["fe-east"]), bytes.NewBufferString(body))
-			req.Header.Set(headers.Cluster, "inferlb_chat")
-			req.Header.Set(headers.AffinityKey, fmt.Sprintf("conv-%d", i%50))
+			req.Header.Set("x-session-id", fmt.Sprintf("conv-%d", i%50)) // the direct frontend's hash key
 			req.Header.Set("content-type", "application/json")
 			resp, err := client.Do(req)
 			if trafficCtx.Err() != nil {

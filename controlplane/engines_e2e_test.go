@@ -71,7 +71,7 @@ engines:
 	e.startRunner("127.0.0.1:0")
 	defer e.stop()
 	ctx := context.Background()
-	env := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(xdstest.BootstrapOptions{
+	env := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(t, xdstest.BootstrapOptions{
 		NodeID: "fe", Region: "east", XDSAddress: e.xds, ListenerPort: envoytest.FreePort(t)})})
 	hosts := func() (map[string]xdstest.Host, error) {
 		cs, err := xdstest.Clusters(env)

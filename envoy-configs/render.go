@@ -1,7 +1,9 @@
 // Package envoyconfigs holds the commented Envoy bootstrap of an inferlb
 // frontend node (frontend.yaml.tmpl) and renders it in its two variants,
-// fail-closed and fail-open. `inferlb extproc --print-bootstrap` prints one;
-// the tests load both into a real Envoy.
+// fail-closed and fail-open, and a third without ext_proc (direct) for
+// measurements and tests of xDS alone. `inferlb extproc --print-bootstrap`
+// prints one; the tests, `inferlb bench envoy` and the demo run Envoy from
+// it: it is the project's one Envoy bootstrap.
 package envoyconfigs
 
 import (
@@ -23,6 +25,12 @@ var tmpl = template.Must(template.New("frontend").Option("missingkey=error").Par
 const (
 	FailClosed = "fail-closed"
 	FailOpen   = "fail-open"
+	// Direct has no ext_proc: every request takes the fallback route (the
+	// FallbackCluster hashed on x-session-id). Not for production: no
+	// admission, classes or retry budget. It is Envoy's own cost next to
+	// the ext_proc variants (`inferlb bench envoy`) and the frontend of
+	// tests of xDS behaviour alone.
+	Direct = "direct"
 )
 
 // HostSelectionRetryMaxAttempts is the route's
@@ -39,7 +47,7 @@ const HostSelectionRetryMaxAttempts = 20
 
 // Params fill the template.
 type Params struct {
-	// Variant is FailClosed or FailOpen.
+	// Variant is FailClosed, FailOpen or Direct.
 	Variant string
 	// NodeID and NodeCluster identify the frontend to the control plane;
 	// Region is its locality region.
@@ -56,11 +64,18 @@ type Params struct {
 	BodyLimit int
 	// MessageTimeout bounds each ext_proc round trip (e.g. "1s").
 	MessageTimeout string
-	// FallbackCluster is the cluster of the fail-open route (fail-open only).
+	// FallbackCluster is the cluster of the fail-open route (fail-open and
+	// direct only).
 	FallbackCluster string
+	// FallbackRetries is the fail-open route's retry count (0: none; no
+	// ext_proc sets one there).
+	FallbackRetries int
 	// XDSAddresses are the control-plane replicas ("host:port"), all in
 	// Envoy's ADS cluster; empty means XDSHost:XDSPort alone.
 	XDSAddresses []string
+	// XDSDelta selects incremental ADS (DELTA_GRPC) instead of state of
+	// the world.
+	XDSDelta bool
 	// XDSAuth is how Envoy authenticates to the control plane's ADS port
 	// (zero: plaintext without a token, for a control plane run with
 	// --insecure).
@@ -110,14 +125,14 @@ type data struct {
 
 // Render returns the bootstrap YAML (without an admin section).
 func Render(p Params) (string, error) {
-	if p.Variant != FailClosed && p.Variant != FailOpen {
-		return "", fmt.Errorf("envoyconfigs: variant %q: want %q or %q", p.Variant, FailClosed, FailOpen)
+	if p.Variant != FailClosed && p.Variant != FailOpen && p.Variant != Direct {
+		return "", fmt.Errorf("envoyconfigs: variant %q: want %q, %q or %q", p.Variant, FailClosed, FailOpen, Direct)
 	}
-	if p.Variant == FailOpen && p.FallbackCluster == "" {
-		return "", fmt.Errorf("envoyconfigs: fail-open needs a FallbackCluster")
+	if p.Variant != FailClosed && p.FallbackCluster == "" {
+		return "", fmt.Errorf("envoyconfigs: %s needs a FallbackCluster", p.Variant)
 	}
-	if p.NodeID == "" || p.ListenPort <= 0 || p.ExtProcPort <= 0 || (p.XDSPort <= 0 && len(p.XDSAddresses) == 0) || p.BodyLimit <= 0 {
-		return "", fmt.Errorf("envoyconfigs: NodeID, ListenPort, ExtProcPort, XDSPort (or XDSAddresses) and BodyLimit are required")
+	if p.NodeID == "" || p.ListenPort <= 0 || (p.ExtProcPort <= 0 && p.Variant != Direct) || (p.XDSPort <= 0 && len(p.XDSAddresses) == 0) || p.BodyLimit <= 0 {
+		return "", fmt.Errorf("envoyconfigs: NodeID, ListenPort, ExtProcPort (but for direct), XDSPort (or XDSAddresses) and BodyLimit are required")
 	}
 	// A port past 65535 renders a bootstrap Envoy refuses with a message
 	// about its own schema; say which parameter is wrong instead.
@@ -128,6 +143,9 @@ func Render(p Params) (string, error) {
 		if port.v > 65535 {
 			return "", fmt.Errorf("envoyconfigs: %s %d is not a TCP port (1–65535)", port.name, port.v)
 		}
+	}
+	if p.FallbackRetries < 0 {
+		return "", fmt.Errorf("envoyconfigs: FallbackRetries %d is negative", p.FallbackRetries)
 	}
 	if p.NodeCluster == "" {
 		p.NodeCluster = p.NodeID

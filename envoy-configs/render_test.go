@@ -10,23 +10,25 @@ import (
 	"gopkg.in/yaml.v3"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
-	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/xds/translate"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
-// Both variants load into a real Envoy (ports templated), which then holds
+// Every variant loads into a real Envoy (ports templated), which then holds
 // the frontend listener with the ext_proc filter in the configured failure
-// mode. Behaviour (routing, failure modes) is tested in package extproc.
+// mode (direct: without one). Behaviour (routing, failure modes) is tested
+// in package extproc.
 func TestVariantsLoadInEnvoy(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
-	cp := cpfake.Start(t, "")
-	if err := cp.SetClusters("fe-test", []cpfake.Cluster{{Name: "class-a", HashBalanceFactor: 150,
-		Endpoints: []cpfake.Endpoint{{Addr: "127.0.0.1:9", Weight: 1}}}}); err != nil {
+	cp := xdstest.StartControlPlane(t, "")
+	if err := cp.SetClusters("fe-test", 150, translate.FixedClass{Name: "a",
+		Engines: []translate.FixedEngine{{ID: "e", Address: "127.0.0.1:9", Weight: 1}}}); err != nil {
 		t.Fatal(err)
 	}
 	_, p, _ := net.SplitHostPort(cp.Addr)
 	xdsPort, _ := strconv.Atoi(p)
-	for _, v := range []string{envoyconfigs.FailClosed, envoyconfigs.FailOpen} {
+	for _, v := range []string{envoyconfigs.FailClosed, envoyconfigs.FailOpen, envoyconfigs.Direct} {
 		t.Run(v, func(t *testing.T) {
 			y, err := envoyconfigs.Render(envoyconfigs.Params{Variant: v, NodeID: "fe-test", Region: "eu",
 				ListenPort: envoytest.FreePort(t), ExtProcPort: envoytest.FreePort(t), XDSPort: xdsPort,
@@ -44,12 +46,17 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 			if strings.Contains(s, `"failure_mode_allow": true`) != wantAllow {
 				t.Fatalf("%s: failure_mode_allow is not %v in the loaded config", v, wantAllow)
 			}
-			for _, want := range []string{"envoy.filters.http.ext_proc", `"cluster_header": "x-inferlb-cluster"`,
+			for _, want := range []string{`"cluster_header": "x-inferlb-cluster"`,
 				`"header_name": "x-inferlb-affinity-key"`, "envoy.retry_host_predicates.previous_hosts",
 				`"per_connection_buffer_limit_bytes": 1048576`, "class-a"} {
 				if !strings.Contains(s, want) {
 					t.Fatalf("%s: loaded config lacks %s", v, want)
 				}
+			}
+			// The filter's config type (the filter's name alone is in the
+			// dump's list of compiled-in extensions).
+			if strings.Contains(s, "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor") != (v != envoyconfigs.Direct) {
+				t.Fatalf("%s: want the ext_proc filter loaded: %v", v, v != envoyconfigs.Direct)
 			}
 		})
 	}
@@ -58,6 +65,9 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 	}
 	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailOpen, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1}); err == nil {
 		t.Fatal("fail-open without a fallback cluster accepted")
+	}
+	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.Direct, NodeID: "n", ListenPort: 1, XDSPort: 1, BodyLimit: 1}); err == nil {
+		t.Fatal("direct without a fallback cluster accepted")
 	}
 	_, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 70000, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1})
 	if err == nil || !strings.Contains(err.Error(), "ListenPort 70000") {

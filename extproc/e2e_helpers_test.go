@@ -24,10 +24,11 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
-	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
+	"github.com/inferlb/inferlb/xds/translate"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // engine is a stand-in upstream: it answers with its id and the internal
@@ -55,6 +56,9 @@ type engineReply struct {
 func newEngine(t *testing.T, id string) *engine {
 	e := &engine{id: id}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" { // Envoy's active health check: not a request
+			return
+		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		e.arrived.Add(1)
 		e.mu.Lock()
@@ -93,7 +97,7 @@ func (e *engine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://")
 type rig struct {
 	t       *testing.T
 	engines []*engine
-	cp      *cpfake.ControlPlane
+	cp      *xdstest.ControlPlane
 	ext     *extproc.Server
 	envoy   *envoytest.Envoy
 	url     string
@@ -148,7 +152,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	r := &rig{t: t}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	var eps []cpfake.Endpoint
+	var eps []translate.FixedEngine
 	for i := 0; i < o.engines; i++ {
 		e := newEngine(t, fmt.Sprintf("e%d", i))
 		r.engines = append(r.engines, e)
@@ -156,14 +160,14 @@ func startRig(t *testing.T, o rigOptions) *rig {
 		if i < len(o.weights) {
 			w = o.weights[i]
 		}
-		eps = append(eps, cpfake.Endpoint{Addr: e.addr(), Weight: w})
+		eps = append(eps, translate.FixedEngine{ID: e.id, Address: e.addr(), Weight: float64(w)})
 	}
 	other := newEngine(t, "qwen0")
-	r.cp = cpfake.Start(t, "")
-	if err := r.cp.SetClusters(nodeID, []cpfake.Cluster{
-		{Name: "class-llama", Endpoints: eps, HashBalanceFactor: o.balance},
-		{Name: "class-qwen", Endpoints: []cpfake.Endpoint{{Addr: other.addr(), Weight: 1}}},
-	}); err != nil {
+	r.cp = xdstest.StartControlPlane(t, "")
+	if err := r.cp.SetClusters(nodeID, o.balance,
+		translate.FixedClass{Name: "llama", Engines: eps},
+		translate.FixedClass{Name: "qwen", Engines: []translate.FixedEngine{{ID: other.id, Address: other.addr(), Weight: 1}}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	pol := basePolicy()

@@ -27,7 +27,7 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
-	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/envoyrun"
 )
 
 // benchCmd groups the project's measurement commands; other components may
@@ -148,7 +148,7 @@ func benchPolicy() *policyv1.RoutingPolicy {
 		NodeId: benchNode, Region: "local", Version: "bench",
 		Priorities:      []*policyv1.Priority{{Name: "interactive", Level: 0}, {Name: "batch", Level: 1}},
 		DefaultPriority: "interactive",
-		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "class-llama", Model: "llama-3-8b",
+		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: benchCluster, Model: "llama-3-8b",
 			RetryBudgetFraction: 0.1, MaxRetries: 1}},
 	}
 }
@@ -182,7 +182,7 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if err := os.WriteFile(pf, pj, 0o644); err != nil {
 		return nil, err
 	}
-	port, err := envoytest.FreeTCPPort()
+	port, err := envoyrun.FreePort()
 	if err != nil {
 		return nil, err
 	}

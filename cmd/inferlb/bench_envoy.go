@@ -10,93 +10,27 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/inferlb/inferlb/api/headers"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
-	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/extproc/service"
-	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/envoyrun"
+	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/server"
+	"github.com/inferlb/inferlb/xds/translate"
 )
-
-// envoyProc is an Envoy process run by the benchmark, with its log file.
-type envoyProc struct {
-	*child
-	log string
-}
-
-func startEnvoy(ctx context.Context, dir, name, bootstrap string, port, workers int) (*envoyProc, error) {
-	bin, err := envoytest.Binary()
-	if err != nil {
-		return nil, err
-	}
-	cfg := filepath.Join(dir, name+".yaml")
-	bootstrap += "\nadmin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 0 }\n"
-	if err := os.WriteFile(cfg, []byte(bootstrap), 0o644); err != nil {
-		return nil, err
-	}
-	log := filepath.Join(dir, name+".log")
-	cmd := exec.Command(bin, "-c", cfg, "--log-level", "warning", "--log-path", log, "--concurrency", strconv.Itoa(workers),
-		"--disable-hot-restart", "--use-dynamic-base-id", "--drain-time-s", "1")
-	c, err := startProc(ctx, cmd, fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		b, _ := os.ReadFile(log)
-		return nil, fmt.Errorf("envoy %s: %w\n%s", name, err, b)
-	}
-	return &envoyProc{child: c, log: log}, nil
-}
-
-// envoyAlone is the baseline: the same listener limits and timeouts, a
-// static cluster to the upstream, hashed on the session id, no ext_proc.
-func envoyAlone(port, upstreamPort, bodyLimit int) string {
-	return fmt.Sprintf(`static_resources:
-  listeners:
-  - name: alone
-    address: { socket_address: { address: 127.0.0.1, port_value: %d } }
-    per_connection_buffer_limit_bytes: %d
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: alone
-          request_timeout: 0s
-          stream_idle_timeout: 300s
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: { prefix: "/" }
-                route:
-                  cluster: upstream
-                  hash_policy: [{ header: { header_name: x-session-id } }]
-                  timeout: 0s
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    lb_policy: MAGLEV
-    connect_timeout: 1s
-    circuit_breakers: { thresholds: [{ max_requests: 100000, max_pending_requests: 100000, max_connections: 100000 }] }
-    load_assignment:
-      cluster_name: upstream
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } } }] }]
-`, port, bodyLimit, upstreamPort)
-}
 
 // nullProcessor is the cheapest ext_proc service Envoy can have under the
 // same bootstrap: it names the cluster from the request headers and answers
@@ -177,102 +111,29 @@ func init() {
 type benchSetup struct {
 	name  string
 	url   string
-	envoy *envoyProc
+	envoy *envoyrun.Envoy
 	child *child // its ext_proc process, if any
 }
 
+// benchRig is what the Envoy comparison runs: an upstream, the control
+// plane, the two ext_proc processes and the three Envoys.
+type benchRig struct {
+	setups []benchSetup
+	stops  []func() // in reverse order
+}
+
+func (r *benchRig) close() {
+	for i := len(r.stops) - 1; i >= 0; i-- {
+		r.stops[i]()
+	}
+}
+
 func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
-	// Upstream: reads the body, answers a small completion at once.
-	ul, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	rig := &benchRig{}
+	defer rig.close()
+	if err := b.startRig(ctx, rig, dir, bodyLimit); err != nil {
 		return err
 	}
-	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-	us := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("content-type", "application/json")
-		_, _ = w.Write(reply)
-	}), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = us.Serve(ul) }()
-	defer us.Close()
-	upPort := ul.Addr().(*net.TCPAddr).Port
-
-	cp, err := cpfake.New("")
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
-	if err := cp.SetClusters(benchNode, []cpfake.Cluster{{Name: "class-llama", HashBalanceFactor: 150,
-		Endpoints: []cpfake.Endpoint{{Addr: ul.Addr().String(), Weight: 1}}}}); err != nil {
-		return err
-	}
-	if err := cp.SetPolicy(benchPolicy()); err != nil {
-		return err
-	}
-	prof := ""
-	if !b.protocol {
-		prof = b.childProf // the profile is of one run only
-	}
-	ch, err := startExtProcChild(ctx, dir, bodyLimit, cp.Addr, prof)
-	if err != nil {
-		return err
-	}
-	defer ch.stop()
-	nullPort, err := envoytest.FreeTCPPort()
-	if err != nil {
-		return err
-	}
-	nullAddr := fmt.Sprintf("127.0.0.1:%d", nullPort)
-	nullCh, err := startChild(ctx, nullAddr, "bench", "null-extproc", "--listen", nullAddr, "--cluster", "class-llama",
-		"--body-limit", strconv.Itoa(bodyLimit))
-	if err != nil {
-		return err
-	}
-	defer nullCh.stop()
-
-	_, xp, _ := net.SplitHostPort(cp.Addr)
-	xdsPort, _ := strconv.Atoi(xp)
-	frontend := func(name string, extProcAddr string) (*envoyProc, string, error) {
-		_, ep, _ := net.SplitHostPort(extProcAddr)
-		extPort, _ := strconv.Atoi(ep)
-		port, err := envoytest.FreeTCPPort()
-		if err != nil {
-			return nil, "", err
-		}
-		boot, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: benchNode, Region: "local",
-			ListenPort: port, ExtProcPort: extPort, XDSPort: xdsPort, BodyLimit: bodyLimit})
-		if err != nil {
-			return nil, "", err
-		}
-		e, err := startEnvoy(ctx, dir, name, boot, port, b.envoyWorkers)
-		return e, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), err
-	}
-
-	alonePort, err := envoytest.FreeTCPPort()
-	if err != nil {
-		return err
-	}
-	alone, err := startEnvoy(ctx, dir, "alone", envoyAlone(alonePort, upPort, bodyLimit), alonePort, b.envoyWorkers)
-	if err != nil {
-		return err
-	}
-	defer alone.stop()
-	null, nullURL, err := frontend("null-extproc", nullAddr)
-	if err != nil {
-		return err
-	}
-	defer null.stop()
-	with, withURL, err := frontend("with-extproc", ch.addr)
-	if err != nil {
-		return err
-	}
-	defer with.stop()
-	setups := []benchSetup{
-		{name: "Envoy alone", url: fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", alonePort), envoy: alone},
-		{name: "+ null ext_proc", url: nullURL, envoy: null, child: nullCh},
-		{name: "+ inferlb ext_proc", url: withURL, envoy: with, child: ch},
-	}
-
 	maxConc := 0
 	for _, c := range b.concurrency {
 		maxConc = max(maxConc, c)
@@ -297,20 +158,149 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 	// Ready when the frontends have their cluster from the control plane;
 	// every setup has its upstream connections open before measuring.
 	warm := chatBodies(1024, 1)[0]
-	for _, s := range setups {
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			if err := post(s.url, warm, "ready"); err == nil {
-				break
-			} else if time.Now().After(deadline) {
-				return fmt.Errorf("%s not ready: %v", s.name, err)
-			}
-			time.Sleep(50 * time.Millisecond) // polling interval
+	for _, s := range rig.setups {
+		if err := envoyrun.Poll(ctx, 20*time.Second, 50*time.Millisecond, func() error { return post(s.url, warm, "ready") }); err != nil {
+			return fmt.Errorf("%s not ready: %w", s.name, err)
 		}
 	}
+	return b.envoyTable(ctx, out, rig.setups, post)
+}
 
+// startRig starts the comparison's processes; rig.stops ends them.
+func (b *extprocBench) startRig(ctx context.Context, rig *benchRig, dir string, bodyLimit int) error {
+	upstream, stopUp, err := benchUpstream()
+	if err != nil {
+		return err
+	}
+	rig.stops = append(rig.stops, stopUp)
+	xdsAddr, stopCP, err := benchControlPlane(ctx, upstream)
+	if err != nil {
+		return err
+	}
+	rig.stops = append(rig.stops, stopCP)
+	prof := ""
+	if !b.protocol {
+		prof = b.childProf // the profile is of one run only
+	}
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, xdsAddr, prof)
+	if err != nil {
+		return err
+	}
+	rig.stops = append(rig.stops, ch.stop)
+	nullPort, err := envoyrun.FreePort()
+	if err != nil {
+		return err
+	}
+	nullAddr := fmt.Sprintf("127.0.0.1:%d", nullPort)
+	nullCh, err := startChild(ctx, nullAddr, "bench", "null-extproc", "--listen", nullAddr, "--cluster", benchCluster,
+		"--body-limit", strconv.Itoa(bodyLimit))
+	if err != nil {
+		return err
+	}
+	rig.stops = append(rig.stops, nullCh.stop)
+	for _, s := range []struct {
+		name, variant string
+		extProc       *child
+	}{{"Envoy alone", envoyconfigs.Direct, nil}, {"+ null ext_proc", envoyconfigs.FailClosed, nullCh}, {"+ inferlb ext_proc", envoyconfigs.FailClosed, ch}} {
+		e, url, err := b.benchFrontend(dir, s.variant, s.extProc, xdsAddr, bodyLimit)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		rig.stops = append(rig.stops, e.Stop)
+		rig.setups = append(rig.setups, benchSetup{name: s.name, url: url, envoy: e, child: s.extProc})
+	}
+	return nil
+}
+
+// benchUpstream serves a small completion at once, reading the body.
+func benchUpstream() (addr string, stop func(), err error) {
+	ul, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+	us := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("content-type", "application/json")
+		_, _ = w.Write(reply)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = us.Serve(ul) }()
+	return ul.Addr().String(), func() { _ = us.Close() }, nil
+}
+
+// benchCluster is the class cluster of the Envoy comparison (class llama;
+// benchPolicy names it).
+const (
+	benchClusterPrefix = "class-"
+	benchCluster       = benchClusterPrefix + "llama"
+)
+
+// benchControlPlane is inferlb's xDS server with the bench frontend's
+// resources: CDS/EDS from xds/translate (production's builder and
+// defaults: Maglev, hash_balance_factor 150, health checks, outlier
+// detection) for one class whose one engine is the upstream, and the bench
+// policy.
+func benchControlPlane(ctx context.Context, upstream string) (addr string, stop func(), err error) {
+	srv, err := server.New(server.Config{Registry: prometheus.NewRegistry(), Auth: auth.Server{Insecure: true},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return "", nil, err
+	}
+	o := translate.DefaultOptions()
+	o.ClusterPrefix = benchClusterPrefix
+	r, err := translate.Translate(translate.FixedNode(benchNode, "local", []translate.FixedClass{{Name: strings.TrimPrefix(benchCluster, benchClusterPrefix),
+		Engines: []translate.FixedEngine{{ID: "upstream", Address: upstream, Weight: 1}}}}), o)
+	if err != nil {
+		return "", nil, err
+	}
+	r.Policy = benchPolicy()
+	if err := srv.Publish(ctx, r); err != nil {
+		return "", nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	return l.Addr().String(), func() { srv.Stop(); <-done }, nil
+}
+
+// benchFrontend starts an Envoy from the frontend bootstrap: variant
+// direct (no ext_proc) or with the ext_proc process extProc.
+func (b *extprocBench) benchFrontend(dir, variant string, extProc *child, xdsAddr string, bodyLimit int) (*envoyrun.Envoy, string, error) {
+	_, xp, _ := net.SplitHostPort(xdsAddr)
+	xdsPort, _ := strconv.Atoi(xp)
+	extPort := 0
+	if extProc != nil {
+		_, ep, _ := net.SplitHostPort(extProc.addr)
+		extPort, _ = strconv.Atoi(ep)
+	}
+	port, err := envoyrun.FreePort()
+	if err != nil {
+		return nil, "", err
+	}
+	boot, err := envoyconfigs.Render(envoyconfigs.Params{Variant: variant, NodeID: benchNode, Region: "local",
+		ListenPort: port, ExtProcPort: extPort, XDSPort: xdsPort, BodyLimit: bodyLimit, FallbackCluster: benchCluster})
+	if err != nil {
+		return nil, "", err
+	}
+	edir := filepath.Join(dir, fmt.Sprintf("envoy-%d", port))
+	if err := os.MkdirAll(edir, 0o755); err != nil {
+		return nil, "", err
+	}
+	e, err := envoyrun.Start(envoyrun.Options{Bootstrap: boot, Concurrency: b.envoyWorkers}, edir)
+	if err != nil {
+		return nil, "", err
+	}
+	return e, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), nil
+}
+
+// envoyTable measures every cell (body size × concurrency) on every setup
+// and prints the table.
+func (b *extprocBench) envoyTable(ctx context.Context, out io.Writer, setups []benchSetup, post func(url string, body []byte, session string) error) error {
 	fmt.Fprintf(out, "\nEnvoy alone, Envoy + a null ext_proc (answers continue, reads nothing) and Envoy + inferlb ext_proc, side by side:\n"+
-		"%d Envoy worker(s) each, same upstream answering at once, same bootstrap for both ext_proc setups (each its own process), %v per cell, setups in turn\n", b.envoyWorkers, b.duration)
+		"%d Envoy worker(s) each, one frontend bootstrap (alone: its direct variant, without ext_proc), same CDS/EDS cluster, same upstream answering at once, each ext_proc its own process, %v per cell, setups in turn\n", b.envoyWorkers, b.duration)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "body\tconcurrency\tsetup\treq/s\tvs alone\tp50 ms\tp99 ms\tadded p50 ms\tadded p99 ms\tEnvoy CPU ms/req\text_proc CPU ms/req\terrors\t")
 	cell := 0
@@ -332,30 +322,35 @@ func (b *extprocBench) runEnvoy(ctx context.Context, out io.Writer, dir string, 
 				res[k] = r
 			}
 			cell++
-			base := res[0]
-			for k, s := range setups {
-				r := res[k]
-				xp := "-"
-				if s.child != nil {
-					xp = fmt.Sprintf("%.3f", r.childCPU*1000/max(float64(r.ok), 1))
-				}
-				added50, added99, ratio := "-", "-", "-"
-				if k > 0 {
-					added50, added99 = fmt.Sprintf("%.2f", ms(r.p50-base.p50)), fmt.Sprintf("%.2f", ms(r.p99-base.p99))
-				}
-				if base.rps > 0 {
-					ratio = fmt.Sprintf("%.2f", r.rps/base.rps)
-				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%.3f\t%s\t%d\t\n", sizeName(size), c, s.name,
-					r.rps, ratio, ms(r.p50), ms(r.p99), added50, added99,
-					r.envoyCPU*1000/max(float64(r.ok), 1), xp, r.bad)
-				if r.err != nil {
-					slog.Warn("bench request failed", "setup", s.name, "err", r.err)
-				}
-			}
+			printCell(tw, size, c, setups, res)
 		}
 	}
 	return tw.Flush()
+}
+
+// printCell writes one cell's rows, each setup against the first (alone).
+func printCell(tw io.Writer, size, conc int, setups []benchSetup, res []benchResult) {
+	base := res[0]
+	for k, s := range setups {
+		r := res[k]
+		xp := "-"
+		if s.child != nil {
+			xp = fmt.Sprintf("%.3f", r.childCPU*1000/max(float64(r.ok), 1))
+		}
+		added50, added99, ratio := "-", "-", "-"
+		if k > 0 {
+			added50, added99 = fmt.Sprintf("%.2f", ms(r.p50-base.p50)), fmt.Sprintf("%.2f", ms(r.p99-base.p99))
+		}
+		if base.rps > 0 {
+			ratio = fmt.Sprintf("%.2f", r.rps/base.rps)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%.3f\t%s\t%d\t\n", sizeName(size), conc, s.name,
+			r.rps, ratio, ms(r.p50), ms(r.p99), added50, added99,
+			r.envoyCPU*1000/max(float64(r.ok), 1), xp, r.bad)
+		if r.err != nil {
+			slog.Warn("bench request failed", "setup", s.name, "err", r.err)
+		}
+	}
 }
 
 type benchResult struct {
@@ -370,7 +365,7 @@ type benchResult struct {
 // Envoy (and ext_proc child) spent meanwhile.
 func (b *extprocBench) measure(ctx context.Context, s benchSetup, conc int, f func(w, i int) error) (benchResult, error) {
 	var cr cpuReader
-	e0 := cr.seconds(s.envoy.cmd.Process.Pid)
+	e0 := cr.seconds(s.envoy.Pid())
 	var c0 float64
 	if s.child != nil {
 		c0 = cr.seconds(s.child.cmd.Process.Pid)
@@ -378,7 +373,7 @@ func (b *extprocBench) measure(ctx context.Context, s benchSetup, conc int, f fu
 	t0 := time.Now()
 	ok, bad, lat, ferr := closedLoop(ctx, conc, b.duration, f)
 	r := benchResult{rps: float64(ok) / time.Since(t0).Seconds(), ok: ok, bad: bad, p50: lat.pct(0.5), p99: lat.pct(0.99), err: ferr}
-	r.envoyCPU = cr.seconds(s.envoy.cmd.Process.Pid) - e0
+	r.envoyCPU = cr.seconds(s.envoy.Pid()) - e0
 	if s.child != nil {
 		r.childCPU = cr.seconds(s.child.cmd.Process.Pid) - c0
 	}

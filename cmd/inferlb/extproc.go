@@ -135,6 +135,11 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 }
 
 func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters string, envoyPort int) error {
+	if variant != envoyconfigs.FailClosed && variant != envoyconfigs.FailOpen {
+		// The template's direct variant (no ext_proc) is for measurements
+		// and tests, not for a frontend of this service.
+		return fmt.Errorf("--print-bootstrap %q: want %s or %s", variant, envoyconfigs.FailClosed, envoyconfigs.FailOpen)
+	}
 	eh, ep, err := splitHostPort(cfg.Listen, "--listen")
 	if err != nil {
 		return err

@@ -17,8 +17,8 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc/cpclient"
-	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -65,7 +65,7 @@ func (a *applied) last() string {
 // reconnects to a restarted control plane.
 func TestSubscription(t *testing.T) {
 	defer leaktest.AfterTest(t)()
-	cp := cpfake.Start(t, "")
+	cp := xdstest.StartControlPlane(t, "")
 	addr := cp.Addr
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -113,7 +113,7 @@ func TestSubscription(t *testing.T) {
 		t.Fatalf("policy changed while disconnected: %v", a.versions)
 	}
 	// A restarted control plane (same address) with a new policy.
-	cp2 := cpfake.Start(t, addr)
+	cp2 := xdstest.StartControlPlane(t, addr)
 	if err := cp2.SetPolicy(&policyv1.RoutingPolicy{NodeId: "n1", Version: "4"}); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestSubscription(t *testing.T) {
 // merged into the next one, so no count is lost over a short outage.
 func TestReporter(t *testing.T) {
 	defer leaktest.AfterTest(t)()
-	cp := cpfake.Start(t, "")
+	cp := xdstest.StartControlPlane(t, "")
 	addr := cp.Addr
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -152,7 +152,7 @@ func TestReporter(t *testing.T) {
 	before := n
 	mu.Unlock()
 	poll(t, 5*time.Second, "flushes during the outage", func() bool { mu.Lock(); defer mu.Unlock(); return n >= before+3 })
-	cp2 := cpfake.Start(t, addr)
+	cp2 := xdstest.StartControlPlane(t, addr)
 	poll(t, 10*time.Second, "reports after restart", func() bool { return len(cp2.Reports()) >= 1 })
 	cancel()
 	<-done
@@ -180,9 +180,9 @@ func TestReporter(t *testing.T) {
 // not delay the other, and gets what it missed (merged) when it is back.
 func TestReporterReplicas(t *testing.T) {
 	defer leaktest.AfterTest(t)()
-	a, b := cpfake.Start(t, ""), cpfake.Start(t, "")
+	a, b := xdstest.StartControlPlane(t, ""), xdstest.StartControlPlane(t, "")
 	var conns []grpc.ClientConnInterface
-	for _, cp := range []*cpfake.ControlPlane{a, b} {
+	for _, cp := range []*xdstest.ControlPlane{a, b} {
 		c, err := grpc.NewClient(cp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -208,7 +208,7 @@ func TestReporterReplicas(t *testing.T) {
 	b.Stop()
 	got := len(a.Reports())
 	poll(t, 5*time.Second, "reports at a while b is down", func() bool { return len(a.Reports()) >= got+5 })
-	b2 := cpfake.Start(t, bAddr)
+	b2 := xdstest.StartControlPlane(t, bAddr)
 	poll(t, 10*time.Second, "reports at b after its restart", func() bool { return len(b2.Reports()) >= 1 })
 	cancel()
 	<-done

@@ -152,6 +152,89 @@ func Run(ctx context.Context, cfg Config) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	if err := cfg.normalize(); err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cp, err := cfg.dialControlPlane(log)
+	if err != nil {
+		return err
+	}
+	defer cp.close()
+	srv, err := cfg.newServer(reg, log)
+	if err != nil {
+		return err
+	}
+
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
+	srv.Register(g)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := g.Serve(lis); err != nil {
+			errc <- fmt.Errorf("ext_proc gRPC: %w", err)
+		}
+	}()
+
+	var sub *cpclient.Subscriber
+	if cp.policy != nil {
+		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
+		rep := &cpclient.Reporter{Conns: cp.reports, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
+			Flush: srv.Observer().Flush, Logger: log}
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = sub.Run(ctx) }()
+		go func() { defer wg.Done(); _ = rep.Run(ctx) }()
+	}
+
+	httpAddr := ""
+	var hs *http.Server
+	if cfg.HTTPListen != "" {
+		hl, err := net.Listen("tcp", cfg.HTTPListen)
+		if err != nil {
+			cancel()
+			g.Stop()
+			wg.Wait()
+			return err
+		}
+		httpAddr = hl.Addr().String()
+		hs = &http.Server{Handler: statusMux(reg, srv, sub), ReadHeaderTimeout: 5 * time.Second}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http: %w", err)
+			}
+		}()
+	}
+	log.Info("ext_proc serving", "grpc", lis.Addr().String(), "http", httpAddr, "control_plane", cfg.ControlPlane, "node", cfg.NodeID)
+	if cfg.Ready != nil {
+		cfg.Ready(lis.Addr().String(), httpAddr)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	cancel()
+	stopServing(g, hs, cfg.ShutdownGrace, log)
+	wg.Wait()
+	log.Info("ext_proc stopped")
+	return runErr
+}
+
+// normalize fills defaults and refuses what cannot run.
+func (cfg *Config) normalize() error {
 	if cfg.Instance == "" {
 		h, _ := os.Hostname()
 		cfg.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
@@ -178,167 +261,135 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.ControlPlane != "" && cfg.NodeID == "" {
 		return errors.New("--node-id is required with --control-plane")
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var cps []string
-	var dial []grpc.DialOption
-	if cfg.ControlPlane != "" {
-		var err error
-		if cps, err = SplitAddresses(cfg.ControlPlane); err != nil {
-			return err
-		}
-		if dial, err = cfg.Auth.DialOptions(); err != nil {
-			return err
-		}
-		if cfg.Auth.TokenFile != "" && !cfg.Auth.TLS() {
-			log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
-		}
-	}
+	return nil
+}
+
+// newServer builds the ext_proc server with its client priorities,
+// tokenizers and, if given, the policy file's policy.
+func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extproc.Server, error) {
 	var clients *extproc.ClientPriorities
 	if cfg.ClientPriorities != "" {
 		var err error
 		if clients, err = extproc.LoadClientPriorities(cfg.ClientPriorities); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	toks, err := LoadTokenizers(cfg.Tokenizers, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := srv.SetPolicy(p); err != nil {
-			return fmt.Errorf("policy file %s: %w", cfg.PolicyFile, err)
+			return nil, fmt.Errorf("policy file %s: %w", cfg.PolicyFile, err)
 		}
 	}
+	return srv, nil
+}
 
-	lis, err := net.Listen("tcp", cfg.Listen)
+// cpConns are the connections to the control plane (none without one).
+type cpConns struct {
+	policy  *grpc.ClientConn // one over every replica
+	reports []grpc.ClientConnInterface
+	closers []func() error
+}
+
+func (c *cpConns) close() {
+	for _, f := range c.closers {
+		_ = f()
+	}
+}
+
+// dialControlPlane connects to the control-plane replicas: the policy over
+// one connection to every replica (pick-first: when the replica in use goes
+// away, the resubscription goes to the next), reports over one connection
+// per replica. gRPC connects lazily: nothing here waits for a replica.
+func (cfg *Config) dialControlPlane(log *slog.Logger) (*cpConns, error) {
+	c := &cpConns{}
+	if cfg.ControlPlane == "" {
+		return c, nil
+	}
+	cps, err := SplitAddresses(cfg.ControlPlane)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
-	srv.Register(g)
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 4)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := g.Serve(lis); err != nil {
-			errc <- fmt.Errorf("ext_proc gRPC: %w", err)
-		}
-	}()
-
-	var sub *cpclient.Subscriber
-	if len(cps) > 0 {
-		// The policy: one connection over every replica (pick-first: when
-		// the replica in use goes away, the resubscription goes to the
-		// next). Reports: one connection per replica.
-		res := manual.NewBuilderWithScheme("inferlb-cp")
-		var rs resolver.State
-		for _, a := range cps {
-			host, _, _ := net.SplitHostPort(a)
-			rs.Addresses = append(rs.Addresses, resolver.Address{Addr: a, ServerName: host})
-		}
-		res.InitialState(rs)
-		conn, err := grpc.NewClient(res.Scheme()+":///control-plane", append(dial, grpc.WithResolvers(res))...)
+	dial, err := cfg.Auth.DialOptions()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Auth.TokenFile != "" && !cfg.Auth.TLS() {
+		log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
+	}
+	res := manual.NewBuilderWithScheme("inferlb-cp")
+	var rs resolver.State
+	for _, a := range cps {
+		host, _, _ := net.SplitHostPort(a)
+		rs.Addresses = append(rs.Addresses, resolver.Address{Addr: a, ServerName: host})
+	}
+	res.InitialState(rs)
+	if c.policy, err = grpc.NewClient(res.Scheme()+":///control-plane", append(dial, grpc.WithResolvers(res))...); err != nil {
+		return nil, err
+	}
+	c.closers = append(c.closers, c.policy.Close)
+	for _, a := range cps {
+		rc, err := grpc.NewClient(a, dial...)
 		if err != nil {
-			g.Stop()
-			wg.Wait()
-			return err
+			c.close()
+			return nil, err
 		}
-		defer conn.Close()
-		var repConns []grpc.ClientConnInterface
-		for _, a := range cps {
-			c, err := grpc.NewClient(a, dial...)
-			if err != nil {
-				g.Stop()
-				wg.Wait()
-				return err
-			}
-			defer c.Close()
-			repConns = append(repConns, c)
-		}
-		sub = &cpclient.Subscriber{Conn: conn, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
-		rep := &cpclient.Reporter{Conns: repConns, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
-			Flush: srv.Observer().Flush, Logger: log}
-		wg.Add(2)
-		go func() { defer wg.Done(); _ = sub.Run(ctx) }()
-		go func() { defer wg.Done(); _ = rep.Run(ctx) }()
+		c.closers = append(c.closers, rc.Close)
+		c.reports = append(c.reports, rc)
 	}
+	return c, nil
+}
 
-	httpAddr := ""
-	var hs *http.Server
-	if cfg.HTTPListen != "" {
-		hl, err := net.Listen("tcp", cfg.HTTPListen)
-		if err != nil {
-			cancel()
-			g.Stop()
-			wg.Wait()
-			return err
+// statusMux serves the read-only HTTP endpoints: /metrics, /healthz (200
+// once a policy is held) and /policy. GET (and HEAD) only; anything else
+// is 405.
+func statusMux(reg *prometheus.Registry, srv *extproc.Server, sub *cpclient.Subscriber) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if srv.Policy() == nil {
+			http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
+			return
 		}
-		httpAddr = hl.Addr().String()
-		mux := http.NewServeMux()
-		// Read-only: GET (and HEAD) only; anything else is 405.
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-			if srv.Policy() == nil {
-				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ok")
-		})
-		mux.HandleFunc("GET /policy", func(w http.ResponseWriter, _ *http.Request) {
-			p := srv.Policy()
-			if p == nil {
-				http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
-				return
-			}
-			w.Header().Set("content-type", "application/json")
-			// encoding/json, not %q: Go quoting writes \x escapes (a
-			// control character or invalid UTF-8 in the control plane's
-			// version string), which are not JSON.
-			_ = json.NewEncoder(w).Encode(struct {
-				Version   string `json:"version"`
-				Node      string `json:"node"`
-				Region    string `json:"region"`
-				Connected bool   `json:"control_plane_connected"`
-				Classes   int    `json:"classes"`
-			}{p.Version, p.NodeID, p.Region, sub != nil && sub.Connected(), len(p.Classes())})
-		})
-		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("http: %w", err)
-			}
-		}()
-	}
-	log.Info("ext_proc serving", "grpc", lis.Addr().String(), "http", httpAddr, "control_plane", cfg.ControlPlane, "node", cfg.NodeID)
-	if cfg.Ready != nil {
-		cfg.Ready(lis.Addr().String(), httpAddr)
-	}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /policy", func(w http.ResponseWriter, _ *http.Request) {
+		p := srv.Policy()
+		if p == nil {
+			http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("content-type", "application/json")
+		// encoding/json, not %q: Go quoting writes \x escapes (a
+		// control character or invalid UTF-8 in the control plane's
+		// version string), which are not JSON.
+		_ = json.NewEncoder(w).Encode(struct {
+			Version   string `json:"version"`
+			Node      string `json:"node"`
+			Region    string `json:"region"`
+			Connected bool   `json:"control_plane_connected"`
+			Classes   int    `json:"classes"`
+		}{p.Version, p.NodeID, p.Region, sub != nil && sub.Connected(), len(p.Classes())})
+	})
+	return mux
+}
 
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errc:
-	}
-	cancel()
-	// Graceful: open streams (requests in flight) finish, bounded by the grace.
+// stopServing stops gracefully: open streams (requests in flight) finish,
+// bounded by the grace; then the HTTP server.
+func stopServing(g *grpc.Server, hs *http.Server, grace time.Duration, log *slog.Logger) {
 	done := make(chan struct{})
 	go func() { g.GracefulStop(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(cfg.ShutdownGrace):
+	case <-time.After(grace):
 		log.Warn("graceful stop timed out; closing streams")
 		g.Stop()
 		<-done
@@ -348,7 +399,4 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = hs.Shutdown(sctx)
 		scancel()
 	}
-	wg.Wait()
-	log.Info("ext_proc stopped")
-	return runErr
 }

@@ -23,10 +23,10 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
-	"github.com/inferlb/inferlb/extproc/cpfake"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -78,7 +78,7 @@ func startService(t *testing.T, rp *policyv1.RoutingPolicy, cfg service.Config) 
 // policy, serves metrics and health, and stops cleanly when cancelled.
 func TestRun(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
-	cp := cpfake.Start(t, "")
+	cp := xdstest.StartControlPlane(t, "")
 	_, h, stop := startService(t, &policyv1.RoutingPolicy{NodeId: "n1", Version: "file",
 		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}},
 		service.Config{HTTPListen: "127.0.0.1:0", ControlPlane: cp.Addr, NodeID: "n1", BodyLimit: 1 << 20,

@@ -49,11 +49,10 @@ import (
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/enginesim"
-	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
-	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // Modes.
@@ -385,7 +384,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	// Envoy.
 	_, xp, _ := net.SplitHostPort(xdsAddr)
 	xdsPort, _ := strconv.Atoi(xp)
-	listen, err := envoytest.FreeTCPPort()
+	listen, err := envoyrun.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -398,16 +397,16 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	if err != nil {
 		return nil, err
 	}
-	envoy, err := envoytest.Launch(envoytest.Options{Bootstrap: boot}, dir)
+	envoy, err := envoyrun.Start(envoyrun.Options{Bootstrap: boot}, dir)
 	if err != nil {
 		return nil, err
 	}
 	g.stop = append(g.stop, envoy.Stop)
-	if err := envoytest.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
+	if err := envoyrun.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
 		if ext.Policy() == nil {
 			return errors.New("ext_proc has no policy")
 		}
-		cs, err := xdstest.Clusters(envoy)
+		cs, err := envoy.Clusters()
 		if err != nil {
 			return err
 		}
@@ -540,7 +539,7 @@ func startExtProc(ctx context.Context, g *group, xdsAddr string, log *slog.Logge
 // sampleWeights reads Envoy's weights of inferlb_chat every 250 ms until
 // the returned function is called, which returns how many times they
 // changed and the total variation distance they moved.
-func sampleWeights(ctx context.Context, envoy *envoytest.Envoy) (stop func() (changes int, moved float64)) {
+func sampleWeights(ctx context.Context, envoy *envoyrun.Envoy) (stop func() (changes int, moved float64)) {
 	sampleCtx, cancel := context.WithCancel(ctx)
 	var changes int
 	var moved float64
@@ -549,7 +548,7 @@ func sampleWeights(ctx context.Context, envoy *envoytest.Envoy) (stop func() (ch
 		defer close(sampled)
 		var last map[string]float64
 		for {
-			if cs, err := xdstest.Clusters(envoy); err == nil {
+			if cs, err := envoy.Clusters(); err == nil {
 				w := map[string]float64{}
 				sum := 0.0
 				for addr, h := range cs["inferlb_chat"] {

@@ -17,12 +17,15 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/xds/translate"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // A real Envoy with a static weighted cluster over two simulated engines:
 // the view shows the weights Envoy holds (3:1), the traffic each engine got,
 // and the engines' own load and TTFT from their vLLM metrics.
 func TestViewShowsEnvoyWeightsAndEngineLoad(t *testing.T) {
+	const cluster = xdstest.ClusterPrefix + "engines"
 	defer leaktest.AfterTest(t)()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -37,59 +40,56 @@ func TestViewShowsEnvoyWeightsAndEngineLoad(t *testing.T) {
 	defer fl.Close()
 	e1, e2 := fl.Server("engine-1"), fl.Server("engine-2")
 
-	port := envoytest.FreePort(t)
-	host := func(s *enginesim.Server, w int) string {
-		h, p, _ := strings.Cut(s.Addr(), ":")
-		return fmt.Sprintf("{endpoint: {address: {socket_address: {address: %s, port_value: %s}}}, load_balancing_weight: %d}", h, p, w)
+	// The frontend bootstrap (direct: no ext_proc) with one cluster of the
+	// two engines at weights 3:1, over ADS from the xDS server. The view
+	// must leave the bootstrap's own cluster (the control plane's) out of
+	// the weight shares: it is not an engine.
+	cp := xdstest.StartControlPlane(t, "")
+	defer cp.Stop() // before leaktest's check, which runs ahead of t.Cleanup
+	if err := cp.SetClusters("frontend-local", 0, translate.FixedClass{Name: "engines", Engines: []translate.FixedEngine{
+		{ID: "engine-1", Address: e1.Addr(), Weight: 3}, {ID: "engine-2", Address: e2.Addr(), Weight: 1}}}); err != nil {
+		t.Fatal(err)
 	}
-	env := envoytest.Start(t, envoytest.Options{Bootstrap: fmt.Sprintf(`
-static_resources:
-  listeners:
-  - name: l
-    address: { socket_address: { address: 127.0.0.1, port_value: %d } }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: t
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{ match: { prefix: "/" }, route: { cluster: engines } }]
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
-  clusters:
-  - name: engines
-    type: STATIC
-    lb_policy: ROUND_ROBIN
-    load_assignment:
-      cluster_name: engines
-      endpoints: [{ lb_endpoints: [%s, %s] }]
-  # Not an engine (like the xDS and ext_proc clusters of a real frontend):
-  # the view must leave it out of the weight shares.
-  - name: not_an_engine
-    type: STATIC
-    load_assignment:
-      cluster_name: not_an_engine
-      endpoints: [{ lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 9}}}}] }]
-`, port, host(e1, 3), host(e2, 1))})
+	port := envoytest.FreePort(t)
+	env := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(t, xdstest.BootstrapOptions{
+		NodeID: "frontend-local", Region: "local", XDSAddress: cp.Addr, ListenerPort: port, Cluster: cluster})})
 	defer env.Stop() // before leaktest's check, which runs ahead of t.Cleanup
 
 	hc := &http.Client{Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
 	c := &Collector{Client: hc, Fleet: spec, EnvoyAdmin: map[string]string{"frontend-local": env.AdminURL},
 		EngineURL: map[string]string{"engine-1": e1.URL(), "engine-2": e2.URL()}}
+	// Ready: Envoy has the cluster's two hosts, health-checked.
+	if err := envoytest.Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
+		cs, err := env.Clusters()
+		if err != nil {
+			return err
+		}
+		for _, h := range cs[cluster] {
+			if !h.Routable() || h.PendingHC {
+				return fmt.Errorf("host %s not routable yet", h.Address)
+			}
+		}
+		if len(cs[cluster]) != 2 {
+			return fmt.Errorf("%d hosts in %s", len(cs[cluster]), cluster)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	first, err := c.Collect(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 40
+	// 3:1 Maglev over distinct session keys: P(engine-2 gets as many as
+	// engine-1 of 120) is below 1e-12.
+	const n = 120
 	for i := 0; i < n; i++ {
 		body := fmt.Sprintf(`{"model":"llama-3.1-8b","max_tokens":2,"messages":[{"role":"user","content":"hello number %d"}]}`, i)
-		resp, err := hc.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), strings.NewReader(body))
+		req.Header.Set("content-type", "application/json")
+		req.Header.Set("x-session-id", fmt.Sprintf("s-%d", i))
+		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,17 +126,17 @@ static_resources:
 	for _, r := range v.Engines {
 		rows[r.ID] = r
 	}
-	// The static cluster is a class of its own name; its weights are the
-	// cluster's, not averaged with any other cluster's.
-	if w := rows["engine-1"].Weight["engines"]["frontend-local"]; math.Abs(w-0.75) > 1e-9 {
+	// A cluster not named after a fleet class is a class of its own name;
+	// its weights are the cluster's, not averaged with any other cluster's.
+	if w := rows["engine-1"].Weight[cluster]["frontend-local"]; math.Abs(w-0.75) > 1e-9 {
 		t.Errorf("engine-1 weight share %v, want 0.75", w)
 	}
-	if w := rows["engine-2"].Weight["engines"]["frontend-local"]; math.Abs(w-0.25) > 1e-9 {
+	if w := rows["engine-2"].Weight[cluster]["frontend-local"]; math.Abs(w-0.25) > 1e-9 {
 		t.Errorf("engine-2 weight share %v, want 0.25", w)
 	}
-	t1, t2 := rows["engine-1"].Traffic["engines"]["frontend-local"], rows["engine-2"].Traffic["engines"]["frontend-local"]
+	t1, t2 := rows["engine-1"].Traffic[cluster]["frontend-local"], rows["engine-2"].Traffic[cluster]["frontend-local"]
 	if math.Abs(t1+t2-1) > 1e-9 || t1 <= t2 {
-		t.Errorf("traffic shares %v + %v: want a sum of 1, engine-1 above engine-2 (weights 3:1, round robin)", t1, t2)
+		t.Errorf("traffic shares %v + %v: want a sum of 1, engine-1 above engine-2 (weights 3:1)", t1, t2)
 	}
 	for id, r := range rows {
 		if !r.Up || math.IsNaN(r.TTFTMs) || r.TTFTMs <= 0 {
@@ -145,7 +145,7 @@ static_resources:
 	}
 	var buf bytes.Buffer
 	Render(&buf, v)
-	for _, want := range []string{"engine-1", "engine-2", "frontend-local", "class engines:", "   75 → ", "   25 → "} {
+	for _, want := range []string{"engine-1", "engine-2", "frontend-local", "class " + cluster + ":", "   75 → ", "   25 → "} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("rendered view lacks %q:\n%s", want, buf.String())
 		}

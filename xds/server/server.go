@@ -13,8 +13,8 @@
 // view). A NACKed update changes nothing in Envoy: it keeps serving the last
 // config it accepted, and the status keeps that version as "acked". The
 // rejected update is not sent again (go-control-plane's snapshot cache
-// would, in a loop, on every state-of-the-world NACK); the next Publish
-// replaces it.
+// would, in a loop, on every state-of-the-world NACK: parkNACKed decorates
+// it); the next Publish replaces it.
 package server
 
 import (
@@ -97,8 +97,13 @@ type streamKey struct {
 type streamState struct {
 	node   string
 	opened time.Time
-	// nonce → version sent with it, per type (to name what a NACK rejected).
-	sent map[string]string
+	// The latest response per type URL (a reply names the latest; its
+	// version names what a NACK rejected).
+	sent map[string]sentResponse
+}
+
+type sentResponse struct {
+	nonce, version string
 }
 
 type nodeState struct {
@@ -175,7 +180,7 @@ func New(cfg Config) (*Server, error) {
 		ClassifyDelta: func(r *cachev3.DeltaRequest) string {
 			return classify(r.GetTypeUrl())
 		},
-		Caches: map[string]cachev3.Cache{"envoy": s.snap, "policy": s.policy},
+		Caches: map[string]cachev3.Cache{"envoy": parkNACKed{s.snap}, "policy": s.policy},
 	}
 	s.m = metrics{
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_xds_nacks_total",
@@ -386,7 +391,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 	open := func(delta bool) func(context.Context, int64, string) error {
 		return func(_ context.Context, id int64, _ string) error {
 			s.mu.Lock()
-			s.streams[streamKey{delta, id}] = &streamState{opened: time.Now(), sent: map[string]string{}}
+			s.streams[streamKey{delta, id}] = &streamState{opened: time.Now(), sent: map[string]sentResponse{}}
 			s.mu.Unlock()
 			s.m.streams.Inc()
 			return nil
@@ -410,24 +415,13 @@ func (s *Server) callbacks() serverv3.Callbacks {
 		StreamClosedFunc:      closed(false),
 		DeltaStreamClosedFunc: closed(true),
 		StreamRequestFunc: func(id int64, r *discoveryv3.DiscoveryRequest) error {
-			rejected, ok := s.onRequest(streamKey{false, id}, r.GetNode().GetId(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
-			if ok {
-				// A state-of-the-world NACK carries the last version Envoy
-				// accepted; the cache, seeing it differ from the version it
-				// holds, would send the rejected update again at once, and
-				// Envoy would reject it again, in a loop of thousands a
-				// second. Told that Envoy has seen the rejected version, the
-				// cache waits for the next Publish instead.
-				r.VersionInfo = rejected
-			}
+			s.onRequest(streamKey{false, id}, r.GetNode().GetId(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
 			s.onResponse(streamKey{false, id}, resp.GetTypeUrl(), resp.GetNonce(), resp.GetVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(id int64, r *discoveryv3.DeltaDiscoveryRequest) error {
-			// Delta streams do not resend a NACKed update: the server
-			// tracks the versions it sent, not the ones Envoy accepted.
 			s.onRequest(streamKey{true, id}, r.GetNode().GetId(), r.GetTypeUrl(), r.GetResponseNonce(), "", r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
 			return nil
 		},
@@ -441,25 +435,18 @@ func (s *Server) onResponse(k streamKey, typeURL, nonce, version string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if st, ok := s.streams[k]; ok {
-		// Keep only the latest nonce per type: a reply names the latest.
-		for n, v := range st.sent {
-			if strings.HasPrefix(v, typeURL+"\x00") {
-				delete(st.sent, n)
-			}
-		}
-		st.sent[nonce] = typeURL + "\x00" + version
+		st.sent[typeURL] = sentResponse{nonce: nonce, version: version}
 	}
 }
 
 // onRequest records what a request says: the stream's node, and for a reply
-// to one of our responses an ACK or a NACK. For a NACK of a response it
-// tracks, it returns the version that was rejected and true.
-func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg string, nack bool) (rejected string, isNACK bool) {
+// to one of our responses an ACK or a NACK.
+func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg string, nack bool) {
 	s.mu.Lock()
 	st, ok := s.streams[k]
 	if !ok {
 		s.mu.Unlock()
-		return "", false
+		return
 	}
 	if st.node == "" && nodeID != "" {
 		st.node = nodeID
@@ -467,11 +454,11 @@ func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg 
 	}
 	if st.node == "" || nonce == "" {
 		s.mu.Unlock()
-		return "", false // initial request, not a reply
+		return // initial request, not a reply
 	}
 	sentVersion, known := "", false
-	if v, ok := st.sent[nonce]; ok {
-		sentVersion, known = strings.TrimPrefix(v, typeURL+"\x00"), true
+	if sr, ok := st.sent[typeURL]; ok && sr.nonce == nonce {
+		sentVersion, known = sr.version, true
 	}
 	ns := s.node(st.node)
 	node := st.node
@@ -486,19 +473,18 @@ func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg 
 		s.mu.Unlock()
 		s.m.nacks.WithLabelValues(shortType(typeURL)).Inc()
 		s.log.Warn("xds NACK", "node", node, "type", shortType(typeURL), "rejected_version", sentVersion, "error", errMsg)
-		return sentVersion, known
+		return
 	}
 	if !known {
 		s.mu.Unlock()
-		return "", false // reply to a nonce we no longer track (superseded)
+		return // reply to a nonce we no longer track (superseded)
 	}
 	if version == "" {
 		version = sentVersion // delta requests carry no version
 	}
 	ns.acked[typeURL] = version
 	ns.ackedAt[typeURL] = time.Now()
-	delete(st.sent, nonce)
+	delete(st.sent, typeURL)
 	s.mu.Unlock()
 	s.m.acks.WithLabelValues(shortType(typeURL)).Inc()
-	return "", false
 }

