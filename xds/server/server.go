@@ -95,8 +95,7 @@ type streamKey struct {
 }
 
 type streamState struct {
-	node   string
-	opened time.Time
+	node string
 	// The latest response per type URL (a reply names the latest; its
 	// version names what a NACK rejected).
 	sent map[string]sentResponse
@@ -391,7 +390,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 	open := func(delta bool) func(context.Context, int64, string) error {
 		return func(_ context.Context, id int64, _ string) error {
 			s.mu.Lock()
-			s.streams[streamKey{delta, id}] = &streamState{opened: time.Now(), sent: map[string]sentResponse{}}
+			s.streams[streamKey{delta, id}] = &streamState{sent: map[string]sentResponse{}}
 			s.mu.Unlock()
 			s.m.streams.Inc()
 			return nil
