@@ -188,8 +188,19 @@ func (c Config) Validate() error {
 		bad("background_floor", c.BackgroundFloor, "must be in [0, 1)")
 	}
 	p := c.Penalty
-	if !(p.LatencyScale > 0 && p.ErrorScale > 0 && p.LatencyTolerance >= 0 && p.ErrorTolerance >= 0 && p.MinSamples >= 0 && p.E2ESlackMs >= 0) {
-		bad("penalty", fmt.Sprintf("%+v", p), "scales must be > 0 and tolerances ≥ 0")
+	for _, f := range []struct {
+		name     string
+		v        float64
+		positive bool
+	}{{"penalty.latency_tolerance", p.LatencyTolerance, false}, {"penalty.latency_scale", p.LatencyScale, true},
+		{"penalty.error_tolerance", p.ErrorTolerance, false}, {"penalty.error_scale", p.ErrorScale, true},
+		{"penalty.min_samples", p.MinSamples, false}, {"penalty.e2e_slack_ms", p.E2ESlackMs, false}} {
+		switch {
+		case f.positive && !(f.v > 0 && !math.IsInf(f.v, 0)):
+			bad(f.name, f.v, "must be > 0 and finite")
+		case !f.positive && !(f.v >= 0 && !math.IsInf(f.v, 0)):
+			bad(f.name, f.v, "must be ≥ 0 and finite")
+		}
 	}
 	if !(p.Max >= 0 && p.Max < 1) {
 		bad("penalty.max", p.Max, "must be in [0, 1)")
@@ -202,6 +213,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.RetryBudget >= 0 && c.RetryBudget <= 1) {
 		bad("retry_budget", c.RetryBudget, "must be in [0, 1]")
+	}
+	if c.MaxRetries > 10 {
+		bad("max_retries", c.MaxRetries, "must be at most 10")
 	}
 	if c.ShapeSmoothing < 0 {
 		bad("shape_smoothing", c.ShapeSmoothing, "must be ≥ 0")

@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 )
@@ -128,15 +129,15 @@ func (c *Controller) newDeadband(p *optimizer.Problem, sol *optimizer.Solution, 
 // the prefill rate of the engine it goes to (weighted by proposed).
 func (db *deadband) missMs(prompt float64, old, proposed map[string]float64) float64 {
 	h, hw := 0.0, 0.0
-	for id, w := range old {
-		if w > 0 {
+	for _, id := range ordered.Keys(old) { // in key order: bit for bit in every run
+		if w := old[id]; w > 0 {
 			h += w * db.hit[id]
 			hw += w
 		}
 	}
 	sec, sw := 0.0, 0.0
-	for id, w := range proposed {
-		if r := db.prefil[id]; w > 0 && r > 0 {
+	for _, id := range ordered.Keys(proposed) {
+		if w, r := proposed[id], db.prefil[id]; w > 0 && r > 0 {
 			sec += w / r
 			sw += w
 		}

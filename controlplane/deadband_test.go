@@ -38,7 +38,7 @@ func promptDemand(east, west, prompt float64) map[signals.DemandKey]signals.Dema
 // 600-token prompts; the optimum splits them 50/50. The latency gain of a
 // move grows with the square of its size, its misses linearly: from a
 // published 54/46 (a 4% move) with 90% of prompts cached the move is held;
-// with nothing cached it is published; from 60/40 (a 10% move) it is
+// with nothing cached it is published; from 75/25 (a 25% move) it is
 // published with caches too. Smoothing and the optimizer's stability term
 // are off: the deadband alone decides.
 func TestDeadbandWeighsGainAgainstMisses(t *testing.T) {
@@ -78,7 +78,7 @@ func TestDeadbandWeighsGainAgainstMisses(t *testing.T) {
 	if cd := run(0.54, 0); cd.Held || cd.MissCost != 0 {
 		t.Errorf("4%% move, nothing cached: held %v, miss cost %.2f; want published", cd.Held, cd.MissCost)
 	}
-	if cd := run(0.6, 0.9); cd.Held || !(cd.Gain > cd.MissCost) {
-		t.Errorf("10%% move, 90%% cached: held %v (gain %.2f, miss cost %.2f); want published", cd.Held, cd.Gain, cd.MissCost)
+	if cd := run(0.75, 0.9); cd.Held || !(cd.Gain > cd.MissCost) {
+		t.Errorf("25%% move, 90%% cached: held %v (gain %.2f, miss cost %.2f); want published", cd.Held, cd.Gain, cd.MissCost)
 	}
 }

@@ -16,7 +16,7 @@ type classState struct {
 	tokens float64 // retry budget, in retries
 }
 
-// Admission constants (documented in docs/extproc.md).
+// Admission defaults (DefaultAdmission; documented in docs/extproc.md).
 const (
 	// localReserve is the share of a class's local in-flight limit kept for
 	// more important traffic: the least important level is refused at
@@ -74,7 +74,7 @@ func (p *Policy) admit(c *Class, level uint32, keyHash uint64) shedReason {
 	if c.InflightLimit > 0 {
 		limit := float64(c.InflightLimit)
 		if p.maxLevel > 0 {
-			limit *= 1 - localReserve*float64(level)/float64(p.maxLevel)
+			limit *= 1 - p.adm.LocalReserve*float64(level)/float64(p.maxLevel)
 		}
 		if float64(n) > limit {
 			c.state.inflight.Add(-1)
@@ -120,7 +120,7 @@ func retryScale(u float64) float64 {
 // grantRetries credits the class's retry budget for one request and grants
 // this request up to MaxRetries retries, as many whole retries as the
 // budget holds. The budget earns RetryFraction × retryScale(utilization)
-// retries per request, holds at most retryBurst × retryScale, and pays
+// retries per request, holds at most retryBurst (Admission.RetryBurst) × retryScale, and pays
 // nothing while the class sheds.
 //
 // A grant is an allowance, not a reservation: the budget is charged for a
@@ -141,7 +141,7 @@ func (c *Class) grantRetries() int {
 	s := c.state
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tokens = min(s.tokens+c.RetryFraction*scale, retryBurst*scale)
+	s.tokens = min(s.tokens+c.RetryFraction*scale, c.retryBurst*scale)
 	return max(0, min(c.MaxRetries, int(s.tokens)))
 }
 

@@ -35,6 +35,9 @@ type Decider struct {
 	// tokenizers are the models' tokenizers by SHA-256 (SetTokenizers),
 	// matched to classes when a policy is installed; guarded by statesMu.
 	tokenizers map[string]*hf.Tokenizer
+	// adm is given to each policy installed (SetAdmission); guarded by
+	// statesMu.
+	adm Admission
 
 	clients atomic.Pointer[ClientPriorities] // nil: any client may ask for any priority
 }
@@ -63,7 +66,7 @@ func (d *Decider) SetTokenizers(m map[string]*hf.Tokenizer) {
 // NewDecider returns a Decider without a policy; its Observer's first
 // interval starts at now.
 func NewDecider(now time.Time) *Decider {
-	return &Decider{obs: NewObserver(now), states: map[string]*classState{}}
+	return &Decider{obs: NewObserver(now), states: map[string]*classState{}, adm: DefaultAdmission()}
 }
 
 // fresh is a new key for a request with nothing to key on (or with
@@ -84,7 +87,7 @@ func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy,
 	p, err := Compile(rp, func(name string) *classState {
 		st := d.states[name]
 		if st == nil {
-			st = newClassState()
+			st = &classState{tokens: d.adm.RetryBurst} // a full budget
 			d.states[name] = st
 		}
 		return st
@@ -92,6 +95,7 @@ func (d *Decider) SetPolicy(rp *policyv1.RoutingPolicy) (installed, old *Policy,
 	if err != nil {
 		return nil, nil, err
 	}
+	p.setAdmission(d.adm)
 	for _, c := range p.classes {
 		if c.TokenizerSHA256 != "" {
 			c.tokenizer = d.tokenizers[c.TokenizerSHA256]

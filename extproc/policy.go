@@ -32,6 +32,8 @@ type Policy struct {
 	maxLevel        uint32
 	levelNames      []string // by level, "" where unused
 
+	adm Admission // local admission tuning (setAdmission)
+
 	engines map[string]string // upstream address → engine id
 
 	// regionHdr is the decision's source-region header, built once (nil
@@ -49,6 +51,8 @@ type Class struct {
 	MaxRetries    int
 	InflightLimit int
 	Utilization   float64
+	// retryBurst is the most retries the budget holds (Admission).
+	retryBurst float64
 	// MeanOutputTokens stands in for max_tokens in demand reports when a
 	// request states none.
 	MeanOutputTokens int
@@ -162,6 +166,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 	if err := p.compileEngines(rp); err != nil {
 		return nil, err
 	}
+	p.setAdmission(DefaultAdmission()) // a Decider installs its own
 	return p, nil
 }
 

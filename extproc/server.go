@@ -61,6 +61,9 @@ type Options struct {
 	// class's by digest); a class whose tokenizer is not here is bounded by
 	// bytes alone.
 	Tokenizers map[string]*hf.Tokenizer
+	// Admission tunes local admission and the retry budget (nil:
+	// DefaultAdmission); New does not validate it (Admission.Validate).
+	Admission *Admission
 }
 
 // Server is the ext_proc gRPC service.
@@ -97,6 +100,9 @@ func New(opt Options) *Server {
 		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
 	s.dec.SetClientPriorities(opt.ClientPriorities)
 	s.dec.SetTokenizers(opt.Tokenizers)
+	if opt.Admission != nil {
+		s.dec.SetAdmission(*opt.Admission)
+	}
 	return s
 }
 

@@ -1,6 +1,10 @@
 package optimizer
 
-import "math"
+import (
+	"math"
+
+	"github.com/inferlb/inferlb/internal/ordered"
+)
 
 // Evaluator prices routings of one solution's admitted traffic: every
 // (frontend, class) routes what the solution routes (Flow.RoutedPerS), by
@@ -62,9 +66,12 @@ func (ev *Evaluator) set(bi int, weights map[string]float64) {
 	for k := b.lo; k < b.hi; k++ {
 		ev.m.arcs[k].x = 0
 	}
+	// In key order: the same weights price the same, bit for bit, in
+	// every run (replicas agree; TestStepIsDeterministic).
+	ids := ordered.Keys(weights)
 	sum := 0.0
-	for _, v := range weights {
-		if v > 0 {
+	for _, id := range ids {
+		if v := weights[id]; v > 0 {
 			sum += v
 		}
 	}
@@ -73,7 +80,8 @@ func (ev *Evaluator) set(bi int, weights map[string]float64) {
 		ev.invalid[bi] = ev.routed[bi] > 0
 		return
 	}
-	for id, v := range weights {
+	for _, id := range ids {
+		v := weights[id]
 		if !(v > 0) {
 			continue
 		}

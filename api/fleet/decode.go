@@ -161,7 +161,7 @@ func decodeStrict(data []byte, out any, what string) (map[string]int, []*FieldEr
 	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 {
 		return nil, []*FieldError{{Msg: "empty " + what + ": no YAML document"}}, false
 	}
-	w := &walker{lines: map[string]int{}, active: map[*yaml.Node]bool{}}
+	w := &walker{lines: map[string]int{}, active: map[*yaml.Node]bool{}, what: what}
 	doc := root.Content[0]
 	w.walk(doc, reflect.TypeOf(out).Elem(), "")
 	if w.nodes > maxNodes || w.hard {
@@ -196,6 +196,7 @@ type walker struct {
 	lines  map[string]int
 	nodes  int
 	active map[*yaml.Node]bool // anchors being expanded, to refuse cycles
+	what   string              // the document, in messages
 	hard   bool                // a problem the decoder must not see
 }
 
@@ -203,7 +204,7 @@ type walker struct {
 func (w *walker) spend(path string, n *yaml.Node) bool {
 	w.nodes++
 	if w.nodes == maxNodes+1 {
-		w.errorf(pathOr(path), n, "spec too complex: more than %d YAML nodes after expanding aliases", maxNodes)
+		w.errorf(path, n, "%s too complex: more than %d YAML nodes after expanding aliases", w.what, maxNodes)
 	}
 	return w.nodes <= maxNodes
 }
@@ -216,13 +217,18 @@ func (w *walker) deref(n *yaml.Node, path string) (target *yaml.Node, ok bool) {
 	}
 	if n.Alias == nil || w.active[n.Alias] {
 		w.hard = true
-		w.errorf(pathOr(path), n, "alias *%s refers to a value that contains it", n.Value)
+		w.errorf(path, n, "alias *%s refers to a value that contains it", n.Value)
 		return nil, false
 	}
 	return n.Alias, true
 }
 
+// errorf reports a problem at path; at the top ("") it names the document
+// (w.what: "spec", "scenario").
 func (w *walker) errorf(path string, n *yaml.Node, format string, args ...any) {
+	if path == "" {
+		path = w.what
+	}
 	w.errs = append(w.errs, &FieldError{Path: path, Line: n.Line, Msg: fmt.Sprintf(format, args...)})
 }
 
@@ -282,13 +288,13 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		w.walk(n, t.Elem(), path)
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
-			w.errorf(pathOr(path), n, "must be a mapping, got %s", kindName(n))
+			w.errorf(path, n, "must be a mapping, got %s", kindName(n))
 			return
 		}
 		w.walkMapping(n, t, path, fieldIndex(t))
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			w.errorf(pathOr(path), n, "must be a list, got %s", kindName(n))
+			w.errorf(path, n, "must be a list, got %s", kindName(n))
 			return
 		}
 		for i, item := range n.Content {
@@ -296,46 +302,46 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		}
 	case reflect.Map: // map[string]string
 		if n.Kind != yaml.MappingNode {
-			w.errorf(pathOr(path), n, "must be a mapping, got %s", kindName(n))
+			w.errorf(path, n, "must be a mapping, got %s", kindName(n))
 			return
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			if k.Kind != yaml.ScalarNode {
 				w.hard = true
-				w.errorf(pathOr(path), k, "keys must be strings, got %s", kindName(k))
+				w.errorf(path, k, "keys must be strings, got %s", kindName(k))
 				continue
 			}
 			w.walk(v, t.Elem(), path+"."+k.Value)
 		}
 	case reflect.String:
 		if n.Kind != yaml.ScalarNode {
-			w.errorf(pathOr(path), n, "must be a string, got %s", kindName(n))
+			w.errorf(path, n, "must be a string, got %s", kindName(n))
 		}
 	case reflect.Int:
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
-			w.errorf(pathOr(path), n, "must be an integer, got %s", kindName(n))
+			w.errorf(path, n, "must be an integer, got %s", kindName(n))
 			return
 		}
 		var v int64
 		if err := n.Decode(&v); err != nil || v != int64(int(v)) {
-			w.errorf(pathOr(path), n, "integer %s out of range", n.Value)
+			w.errorf(path, n, "integer %s out of range", n.Value)
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
-			w.errorf(pathOr(path), n, "must be true or false, got %s", kindName(n))
+			w.errorf(path, n, "must be true or false, got %s", kindName(n))
 		}
 	case reflect.Float64:
 		tag := n.ShortTag()
 		if n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") {
-			w.errorf(pathOr(path), n, "must be a number, got %s", kindName(n))
+			w.errorf(path, n, "must be a number, got %s", kindName(n))
 			return
 		}
 		var v float64
 		if err := n.Decode(&v); err != nil {
-			w.errorf(pathOr(path), n, "number %s out of range", n.Value)
+			w.errorf(path, n, "number %s out of range", n.Value)
 		} else if math.IsNaN(v) || math.IsInf(v, 0) {
-			w.errorf(pathOr(path), n, "must be a finite number, got %s", n.Value)
+			w.errorf(path, n, "must be a finite number, got %s", n.Value)
 		}
 	default:
 		panic("fleet: walker does not handle " + t.String())
@@ -364,7 +370,7 @@ func (w *walker) walkMapping(n *yaml.Node, t reflect.Type, path string, fields m
 				}
 				if m.Kind != yaml.MappingNode {
 					w.hard = true
-					w.errorf(pathOr(path), m, "merge key << must refer to a mapping, got %s", kindName(m))
+					w.errorf(path, m, "merge key << must refer to a mapping, got %s", kindName(m))
 					continue
 				}
 				if alias {
@@ -379,7 +385,7 @@ func (w *walker) walkMapping(n *yaml.Node, t reflect.Type, path string, fields m
 		}
 		if k.Kind != yaml.ScalarNode {
 			w.hard = true
-			w.errorf(pathOr(path), k, "keys must be strings, got %s", kindName(k))
+			w.errorf(path, k, "keys must be strings, got %s", kindName(k))
 			continue
 		}
 		sub := k.Value
@@ -393,13 +399,6 @@ func (w *walker) walkMapping(n *yaml.Node, t reflect.Type, path string, fields m
 		}
 		w.walk(v, t.Field(fi).Type, sub)
 	}
-}
-
-func pathOr(path string) string {
-	if path == "" {
-		return "spec"
-	}
-	return path
 }
 
 // lineOf finds the line of path, or of its nearest ancestor.

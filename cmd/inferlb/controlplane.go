@@ -1,32 +1,21 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/internal/cliconfig"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
-func init() {
-	d := controlplane.DefaultRunConfig()
-	var (
-		fleetPath       string
-		lbPolicy        string
-		allocator       string
-		logLevel        string
-		solverTolerance float64
-	)
-	cmd := &cobra.Command{
-		Use:   "control-plane --fleet FILE",
-		Short: "Run the xDS control plane: engine signals and demand in, per-frontend weights out",
-		Long: `control-plane scrapes every engine of the fleet (/metrics in vLLM's names and
+// controlPlaneLong is control-plane --help's text.
+const controlPlaneLong = `control-plane scrapes every engine of the fleet (/metrics in vLLM's names and
 /health), takes demand reports from the ext_proc services (gRPC Reports), runs
 the optimizer every --interval (and at once when an engine's health changes),
 and publishes per frontend node, over ADS (state of the world and delta) on
@@ -55,60 +44,100 @@ The admin HTTP server (--admin-listen, localhost by default) serves /weights,
 /explain, /signals, /xds (ACK/NACK per node), /history (the last --history
 cycles), /metrics, /healthz and /readyz, and the web dashboard at /dashboard/:
 weights as a heatmap per class, the engine table, TTFT, load and shedding
-over time, and the optimizer's reasons for any weight (docs/demo.md).`,
+over time, and the optimizer's reasons for any weight (docs/demo.md).`
+
+// controlPlaneOptions are the control-plane flags that are not RunConfig
+// fields: they choose or build one (the fleet, the allocator, the logger).
+type controlPlaneOptions struct {
+	fleet, lbPolicy, allocator, logLevel string
+	solverTolerance                      float64
+}
+
+func init() {
+	d := controlplane.DefaultRunConfig()
+	var o controlPlaneOptions
+	cmd := &cobra.Command{
+		Use:   "control-plane --fleet FILE",
+		Short: "Run the xDS control plane: engine signals and demand in, per-frontend weights out",
+		Long:  controlPlaneLong,
+		Example: `  inferlb control-plane --fleet examples/fleet-3region.yaml --insecure
+  inferlb control-plane --config examples/config/control-plane.yaml --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel)
-			if err != nil {
+			if err := o.apply(cmd.Flags(), &d); err != nil {
 				return err
-			}
-			if fleetPath == "" {
-				return fmt.Errorf("--fleet is required")
-			}
-			spec, err := fleet.Load(fleetPath)
-			if err != nil {
-				return err
-			}
-			d.Fleet, d.Logger = spec, log
-			switch lbPolicy {
-			case "maglev":
-				d.Cycle.Translate.LBPolicy = translate.Maglev
-			case "ring_hash":
-				d.Cycle.Translate.LBPolicy = translate.RingHash
-			default:
-				return fmt.Errorf("--lb-policy: want maglev or ring_hash, got %q", lbPolicy)
-			}
-			switch allocator {
-			case "optimizer":
-				if !(solverTolerance > 0 && solverTolerance < 1) {
-					return fmt.Errorf("--solver-tolerance: want a gap in (0, 1), got %g", solverTolerance)
-				}
-				d.Allocator = controlplane.OptimizerAllocator{Options: optimizer.Options{Tolerance: solverTolerance}}
-			case "proportional":
-				d.Allocator = controlplane.ProportionalAllocator{}
-			default:
-				return fmt.Errorf("--allocator: want optimizer or proportional, got %q", allocator)
-			}
-			if err := d.Auth.Validate(); err != nil {
-				return err
-			}
-			for name, v := range map[string]time.Duration{"--evidence-window": d.EvidenceWindow, "--idle-reset": d.IdleReset, "--max-clock-skew": d.MaxClockSkew} {
-				if v <= 0 {
-					return fmt.Errorf("%s: must be positive, got %v", name, v)
-				}
-			}
-			if d.Auth.TokenFile != "" && d.Auth.CertFile == "" {
-				log.Warn("the xDS token travels without TLS: use it only on the same host or a trusted network (add --tls-cert/--tls-key)")
 			}
 			r, err := controlplane.NewRunner(d)
 			if err != nil {
-				return namingFlags(err)
+				return namingFlags(cmd.Flags(), err)
 			}
 			return r.Run(cmd.Context())
 		},
 	}
+	controlPlaneFlags(cmd, &d, &o)
+	cliconfig.Add(cmd)
+	rootCmd.AddCommand(cmd)
+}
+
+// apply validates the options and the flags the runner does not check
+// itself, and completes d.
+func (o *controlPlaneOptions) apply(fs *pflag.FlagSet, d *controlplane.RunConfig) error {
+	name := func(flag string) string { return cliconfig.Name(fs, flag) }
+	log, err := newLogger(o.logLevel)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name("log-level"), err)
+	}
+	if o.fleet == "" {
+		return fmt.Errorf("--fleet is required")
+	}
+	spec, err := fleet.Load(o.fleet)
+	if err != nil {
+		return err
+	}
+	d.Fleet, d.Logger = spec, log
+	switch o.lbPolicy {
+	case "maglev":
+		d.Cycle.Translate.LBPolicy = translate.Maglev
+	case "ring_hash":
+		d.Cycle.Translate.LBPolicy = translate.RingHash
+	default:
+		return fmt.Errorf("%s: want maglev or ring_hash, got %q", name("lb-policy"), o.lbPolicy)
+	}
+	switch o.allocator {
+	case "optimizer":
+		if !(o.solverTolerance > 0 && o.solverTolerance < 1) {
+			return fmt.Errorf("%s: want a gap in (0, 1), got %g", name("solver-tolerance"), o.solverTolerance)
+		}
+		d.Allocator = controlplane.OptimizerAllocator{Options: optimizer.Options{Tolerance: o.solverTolerance}}
+	case "proportional":
+		d.Allocator = controlplane.ProportionalAllocator{}
+	default:
+		return fmt.Errorf("%s: want optimizer or proportional, got %q", name("allocator"), o.allocator)
+	}
+	if err := d.Auth.Validate(); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		flag string
+		v    time.Duration
+	}{{"evidence-window", d.EvidenceWindow}, {"idle-reset", d.IdleReset}, {"max-clock-skew", d.MaxClockSkew}} {
+		if c.v <= 0 {
+			return fmt.Errorf("%s: must be positive, got %v", name(c.flag), c.v)
+		}
+	}
+	if d.Auth.TokenFile != "" && d.Auth.CertFile == "" {
+		log.Warn("the xDS token travels without TLS: use it only on the same host or a trusted network (add --tls-cert/--tls-key)")
+	}
+	return nil
+}
+
+// controlPlaneFlags defines the control plane's flags, which are also its
+// config file's keys (docs/configuration.md is generated from them). Each
+// default is RunConfig's.
+func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *controlPlaneOptions) {
 	f := cmd.Flags()
-	f.StringVar(&fleetPath, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml")
+	c, t, p := &d.Cycle, &d.Cycle.Translate, &d.Cycle.Penalty
+	f.StringVar(&o.fleet, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml")
 	f.StringVar(&d.XDSListen, "xds-listen", d.XDSListen, "gRPC address for ADS and Reports")
 	f.BoolVar(&d.Auth.Insecure, "insecure", false, "serve ADS and Reports without authentication (local demos only)")
 	f.StringVar(&d.Auth.CertFile, "tls-cert", "", "server certificate (PEM): TLS on the xDS/Reports port")
@@ -126,75 +155,60 @@ over time, and the optimizer's reasons for any weight (docs/demo.md).`,
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
 	f.IntVar(&d.History, "history", d.History, "cycles kept in memory for /history and the dashboard's charts")
 	f.DurationVar(&d.MaxClockSkew, "max-clock-skew", 10*time.Second, "reports whose interval ends further than this from this clock are refused")
-	f.StringVar(&allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
-	f.Float64Var(&solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
-	f.StringVar(&lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")
-	f.Uint32Var(&d.Cycle.Translate.HashBalanceFactor, "hash-balance-factor", d.Cycle.Translate.HashBalanceFactor, "bounded-load factor in percent (>= 100, 0 = off)")
-	f.Uint64Var(&d.Cycle.Translate.MaglevTableSize, "maglev-table-size", d.Cycle.Translate.MaglevTableSize, "Maglev table size (a prime)")
-	f.Uint32Var(&d.Cycle.Translate.WeightScale, "weight-scale", d.Cycle.Translate.WeightScale, "Envoy weight of a share of 1.0")
-	f.DurationVar(&d.Cycle.Translate.HealthCheck.Interval, "health-check-interval", d.Cycle.Translate.HealthCheck.Interval, "Envoy active health check interval")
-	f.DurationVar(&d.Cycle.Translate.HealthCheck.Timeout, "health-check-timeout", d.Cycle.Translate.HealthCheck.Timeout, "Envoy active health check timeout")
-	f.Uint32Var(&d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "health-check-unhealthy-threshold", d.Cycle.Translate.HealthCheck.UnhealthyThreshold, "failed checks before Envoy marks a host unhealthy")
-	f.Float64Var(&d.Cycle.Headroom, "headroom", d.Cycle.Headroom, "planned utilization cap of available capacity, in (0, 1)")
-	f.Float64Var(&d.Cycle.OverloadHeadroom, "overload-headroom", d.Cycle.OverloadHeadroom, "utilization cap when demand does not fit under --headroom (the rest is shed), in [headroom, 1)")
-	f.Float64Var(&d.Cycle.MarginalStretch, "marginal-stretch", d.Cycle.MarginalStretch, "an engine is full where one more request would cost this many times its zero-load latency (its own and the congestion it adds), if before --headroom; 0 = the headroom alone")
-	f.DurationVar(&d.Cycle.ShapeSmoothing, "shape-smoothing", d.Cycle.ShapeSmoothing, "time constant with which each class's tokens per request and cached prompt share follow what is observed")
-	f.Float64Var(&d.Cycle.MaxCachedShare, "max-cached-share", d.Cycle.MaxCachedShare, "largest share of prompt tokens counted as prefix-cache hits (no prefill work), in [0, 1)")
-	f.Float64Var(&d.Cycle.StabilityMs, "stability-ms", d.Cycle.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
-	f.Float64Var(&d.Cycle.PenaltyCostMs, "penalty-cost-ms", d.Cycle.PenaltyCostMs, "optimizer cost per request per unit of an engine's outlier penalty (failures, slowness), ms")
-	f.Float64Var(&d.Cycle.DeadbandTV, "deadband", d.Cycle.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
-	f.DurationVar(&d.Cycle.DemandSmoothing, "demand-smoothing", d.Cycle.DemandSmoothing, "time constant of the demand the optimizer plans with (0 = the demand window's rates as they are)")
-	f.DurationVar(&d.Cycle.Penalty.HalfLife, "penalty-half-life", d.Cycle.Penalty.HalfLife, "decay half-life of an outlier penalty while the engine's traffic looks normal again")
-	f.Float64Var(&d.Cycle.Penalty.ProbeRPS, "probe-rps", d.Cycle.Penalty.ProbeRPS, "requests/s a penalized engine keeps of each class, to judge its recovery")
-	f.Float64Var(&d.Cycle.Penalty.MaxProbeShare, "max-probe-share", d.Cycle.Penalty.MaxProbeShare, "largest share of a class a penalized engine keeps for probing")
+	f.StringVar(&o.allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
+	f.Float64Var(&o.solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
+	f.StringVar(&o.lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")
+	f.Uint32Var(&t.HashBalanceFactor, "hash-balance-factor", t.HashBalanceFactor, "bounded-load factor in percent (>= 100, 0 = off)")
+	f.Uint64Var(&t.MaglevTableSize, "maglev-table-size", t.MaglevTableSize, "Maglev table size (a prime)")
+	f.Uint64Var(&t.RingMinSize, "ring-min-size", t.RingMinSize, "with --lb-policy ring_hash: smallest ring")
+	f.Uint64Var(&t.RingMaxSize, "ring-max-size", t.RingMaxSize, "with --lb-policy ring_hash: largest ring")
+	f.Uint32Var(&t.WeightScale, "weight-scale", t.WeightScale, "Envoy weight of a share of 1.0")
+	f.Float64Var(&t.HealthyPanicThreshold, "healthy-panic-threshold", t.HealthyPanicThreshold, "Envoy's panic threshold in percent of healthy hosts (0 = off: a mostly-dead priority fails over instead of spraying dead engines)")
+	f.DurationVar(&t.ConnectTimeout, "connect-timeout", t.ConnectTimeout, "Envoy's connect timeout to an engine")
+	f.DurationVar(&t.HealthCheck.Interval, "health-check-interval", t.HealthCheck.Interval, "Envoy active health check interval")
+	f.DurationVar(&t.HealthCheck.Timeout, "health-check-timeout", t.HealthCheck.Timeout, "Envoy active health check timeout")
+	f.Uint32Var(&t.HealthCheck.UnhealthyThreshold, "health-check-unhealthy-threshold", t.HealthCheck.UnhealthyThreshold, "failed checks before Envoy marks a host unhealthy")
+	f.Uint32Var(&t.HealthCheck.HealthyThreshold, "health-check-healthy-threshold", t.HealthCheck.HealthyThreshold, "passed checks before Envoy marks an unhealthy host healthy again")
+	f.Uint32Var(&t.Outlier.Consecutive5xx, "outlier-consecutive-5xx", t.Outlier.Consecutive5xx, "Envoy ejects an engine after this many 5xx in a row")
+	f.Uint32Var(&t.Outlier.ConsecutiveGatewayFailure, "outlier-consecutive-gateway-failure", t.Outlier.ConsecutiveGatewayFailure, "Envoy ejects an engine after this many gateway failures (502-504, resets) in a row")
+	f.DurationVar(&t.Outlier.Interval, "outlier-interval", t.Outlier.Interval, "Envoy's outlier detection sweep interval")
+	f.DurationVar(&t.Outlier.BaseEjectionTime, "outlier-base-ejection-time", t.Outlier.BaseEjectionTime, "an engine's first ejection lasts this long (longer for each repeat)")
+	f.Uint32Var(&t.Outlier.MaxEjectionPercent, "outlier-max-ejection-percent", t.Outlier.MaxEjectionPercent, "most engines of a cluster Envoy ejects at once, in percent")
+	f.Uint32Var(&t.Circuit.MaxConnections, "circuit-max-connections", t.Circuit.MaxConnections, "Envoy circuit breaker: connections per cluster")
+	f.Uint32Var(&t.Circuit.MaxPendingRequests, "circuit-max-pending-requests", t.Circuit.MaxPendingRequests, "Envoy circuit breaker: requests waiting for a connection per cluster")
+	f.Uint32Var(&t.Circuit.MaxRequests, "circuit-max-requests", t.Circuit.MaxRequests, "Envoy circuit breaker: requests in flight per cluster")
+	f.Float64Var(&t.Circuit.RetryBudgetPercent, "circuit-retry-budget-percent", t.Circuit.RetryBudgetPercent, "Envoy's retry budget: concurrent retries as a percentage of active requests")
+	f.Uint32Var(&t.Circuit.MinRetryConcurrency, "circuit-min-retry-concurrency", t.Circuit.MinRetryConcurrency, "concurrent retries Envoy's retry budget always allows")
+	f.Float64Var(&c.Headroom, "headroom", c.Headroom, "planned utilization cap of available capacity, in (0, 1)")
+	f.Float64Var(&c.OverloadHeadroom, "overload-headroom", c.OverloadHeadroom, "utilization cap when demand does not fit under --headroom (the rest is shed), in [headroom, 1)")
+	f.Float64Var(&c.MarginalStretch, "marginal-stretch", c.MarginalStretch, "an engine is full where one more request would cost this many times its zero-load latency (its own and the congestion it adds), if before --headroom; 0 = the headroom alone")
+	f.DurationVar(&c.ShapeSmoothing, "shape-smoothing", c.ShapeSmoothing, "time constant with which each class's tokens per request and cached prompt share follow what is observed")
+	f.Float64Var(&c.MaxCachedShare, "max-cached-share", c.MaxCachedShare, "largest share of prompt tokens counted as prefix-cache hits (no prefill work), in [0, 1)")
+	f.Float64Var(&c.StabilityMs, "stability-ms", c.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
+	f.Float64Var(&c.PenaltyCostMs, "penalty-cost-ms", c.PenaltyCostMs, "optimizer cost per request per unit of an engine's outlier penalty (failures, slowness), ms")
+	f.Float64Var(&c.DeadbandTV, "deadband", c.DeadbandTV, "smallest total-variation change of a frontend's class weights worth publishing")
+	f.DurationVar(&c.DemandSmoothing, "demand-smoothing", c.DemandSmoothing, "time constant of the demand the optimizer plans with (0 = the demand window's rates as they are)")
+	f.Float64Var(&c.ShedDeadband, "shed-deadband", c.ShedDeadband, "smallest change of a shed fraction worth publishing")
+	f.Float64Var(&c.IdleDemandPerS, "idle-demand-per-s", c.IdleDemandPerS, "demand (requests/s) assumed for a frontend's class with none reported, so that it has weights for its first requests")
+	f.Float64Var(&c.UnknownHealth, "unknown-health", c.UnknownHealth, "share of its capacity a stale engine (unknown health) is planned with, in [0, 1]")
+	f.Float64Var(&c.BackgroundFloor, "background-floor", c.BackgroundFloor, "part of an engine's observed minus planned utilization taken for noise, not background load, in [0, 1)")
+	f.Float64Var(&c.RetryBudget, "retry-budget", c.RetryBudget, "retries per request a class may spend at low utilization (falls to 0 as utilization nears 1, and while shedding), in [0, 1]")
+	f.Uint32Var(&c.MaxRetries, "max-retries", c.MaxRetries, "most retries one request is allowed while the budget lasts (at most 10)")
+	f.DurationVar(&p.HalfLife, "penalty-half-life", p.HalfLife, "decay half-life of an outlier penalty while the engine's traffic looks normal again")
+	f.Float64Var(&p.LatencyTolerance, "penalty-latency-tolerance", p.LatencyTolerance, "observed/predicted latency ratios up to 1 + this are normal (no penalty)")
+	f.Float64Var(&p.LatencyScale, "penalty-latency-scale", p.LatencyScale, "beyond the tolerance, the penalty grows by 1 per this much latency ratio")
+	f.Float64Var(&p.ErrorTolerance, "penalty-error-tolerance", p.ErrorTolerance, "error rates up to this are normal (no penalty)")
+	f.Float64Var(&p.ErrorScale, "penalty-error-scale", p.ErrorScale, "beyond the tolerance, the penalty grows by 1 per this much error rate")
+	f.Float64Var(&p.MinSamples, "penalty-min-samples", p.MinSamples, "fewer first tokens (or responses) than this in an interval are no evidence")
+	f.Float64Var(&p.E2ESlackMs, "penalty-e2e-slack-ms", p.E2ESlackMs, "time per request allowed for the proxy path when ext_proc's request timing is compared with the engine's profile, ms")
+	f.Float64Var(&p.Max, "penalty-max", p.Max, "largest outlier penalty, in [0, 1)")
+	f.Float64Var(&p.ProbeRPS, "probe-rps", p.ProbeRPS, "requests/s a penalized engine keeps of each class, to judge its recovery")
+	f.Float64Var(&p.MinProbeShare, "min-probe-share", p.MinProbeShare, "smallest share of a class a penalized engine keeps for probing")
+	f.Float64Var(&p.MaxProbeShare, "max-probe-share", p.MaxProbeShare, "largest share of a class a penalized engine keeps for probing")
 	f.DurationVar(&d.EvidenceWindow, "evidence-window", 10*time.Second, "how far back the latency evidence of outlier penalties reaches")
 	f.DurationVar(&d.IdleReset, "idle-reset", time.Minute, "an engine without a first token this long forgets its measured latency")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	rootCmd.AddCommand(cmd)
-}
-
-// configFlags maps the config keys the control plane's validation names
-// (controlplane.NewRunner, its cycle and translation options) to the flags
-// that set them, so that an error names what the user typed.
-var configFlags = map[string]string{
-	"interval": "--interval", "scrape_interval": "--scrape-interval", "scrape_timeout": "--scrape-timeout",
-	"stale_after": "--stale-after", "demand_window": "--demand-window", "warmup": "--warmup",
-	"smoothing": "--smoothing", "history": "--history",
-	"headroom": "--headroom", "stability_ms": "--stability-ms", "penalty_cost_ms": "--penalty-cost-ms",
-	"marginal_stretch": "--marginal-stretch", "shape_smoothing": "--shape-smoothing", "max_cached_share": "--max-cached-share",
-	"deadband_tv": "--deadband", "demand_smoothing": "--demand-smoothing", "penalty.half_life": "--penalty-half-life",
-	"maglev_table_size": "--maglev-table-size", "hash_balance_factor": "--hash-balance-factor",
-	"weight_scale":                                       "--weight-scale",
-	"health_check.interval/timeout":                      "--health-check-interval / --health-check-timeout",
-	"health_check.unhealthy_threshold/healthy_threshold": "--health-check-unhealthy-threshold",
-}
-
-// namingFlags rewrites the control plane's config errors ("control plane:
-// demand_window must be positive", one per line when there are several)
-// to name the flags instead of the config keys.
-func namingFlags(err error) error {
-	lines := strings.Split(err.Error(), "\n")
-	changed := false
-	for i, l := range lines {
-		prefix := ""
-		for _, p := range []string{"control plane config: ", "control plane: "} {
-			if strings.HasPrefix(l, p) {
-				prefix = p
-				break
-			}
-		}
-		rest := l[len(prefix):]
-		end := strings.IndexAny(rest, ": ")
-		if end < 0 {
-			continue
-		}
-		if flag, ok := configFlags[rest[:end]]; ok {
-			lines[i] = prefix + flag + rest[end:]
-			changed = true
-		}
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	for _, name := range []string{"fleet", "tls-cert", "tls-key", "tls-client-ca", "token-file", "state-file"} {
+		_ = cmd.MarkFlagFilename(name)
 	}
-	if !changed {
-		return err
-	}
-	return errors.New(strings.Join(lines, "\n"))
 }

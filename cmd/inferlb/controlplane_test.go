@@ -1,21 +1,16 @@
 package main
 
 import (
-	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/spf13/pflag"
 )
 
 // A bad control-plane flag is refused before anything listens, with an
 // error that names the flag as typed (--demand-window), not the config key
 // behind it (demand_window).
 func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
-	cmd, _, err := rootCmd.Find([]string{"control-plane"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct {
 		args []string
 		want string
@@ -33,31 +28,69 @@ func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--maglev-table-size", "100"}, "--maglev-table-size: must be a prime"},
 		{[]string{"--weight-scale", "1"}, "--weight-scale: must be in [10, 1000000]"},
 		{[]string{"--health-check-interval", "0s"}, "--health-check-interval / --health-check-timeout: must be positive"},
+		// Keys that were constants only changeable in code.
+		{[]string{"--penalty-latency-scale", "0"}, "--penalty-latency-scale: must be > 0 and finite, got 0"},
+		{[]string{"--penalty-error-tolerance", "-1"}, "--penalty-error-tolerance: must be ≥ 0 and finite"},
+		{[]string{"--penalty-max", "1"}, "--penalty-max: must be in [0, 1)"},
+		{[]string{"--min-probe-share", "0.2"}, "--probe-rps / --min-probe-share / --max-probe-share: want rps ≥ 0 and 0 ≤ min ≤ max < 0.5"},
+		{[]string{"--max-retries", "11"}, "--max-retries: must be at most 10, got 11"},
+		{[]string{"--unknown-health", "2"}, "--unknown-health: must be in [0, 1]"},
+		{[]string{"--idle-demand-per-s", "0"}, "--idle-demand-per-s: must be > 0"},
+		{[]string{"--shed-deadband", "1"}, "--shed-deadband: must be in [0, 1)"},
+		{[]string{"--background-floor", "1"}, "--background-floor: must be in [0, 1)"},
+		{[]string{"--retry-budget", "2"}, "--retry-budget: must be in [0, 1]"},
+		{[]string{"--connect-timeout", "0s"}, "--connect-timeout: must be positive"},
+		{[]string{"--healthy-panic-threshold", "101"}, "--healthy-panic-threshold: must be a percentage in [0, 100]"},
+		{[]string{"--health-check-healthy-threshold", "0"}, "--health-check-unhealthy-threshold / --health-check-healthy-threshold: must be ≥ 1"},
+		{[]string{"--outlier-interval", "0s"}, "--outlier-interval / --outlier-base-ejection-time / --outlier-max-ejection-percent: need positive interval"},
+		{[]string{"--circuit-retry-budget-percent", "101"}, "--circuit-retry-budget-percent: must be in [0, 100]"},
+		{[]string{"--lb-policy", "ring_hash", "--ring-min-size", "0"}, "--ring-min-size / --ring-max-size: need 0 < min ≤ max"},
 		// Two bad flags: both named, one a line.
 		{[]string{"--headroom", "0", "--hash-balance-factor", "50"}, "--hash-balance-factor: must be 0 (off) or ≥ 100, got 50\n--headroom: must be in (0, 1), got 0"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
-			// The command's flags keep their values between runs: back to
-			// the defaults first.
-			cmd.Flags().VisitAll(func(f *pflag.Flag) {
-				if err := f.Value.Set(f.DefValue); err != nil {
-					t.Fatalf("resetting --%s: %v", f.Name, err)
-				}
-				f.Changed = false
-			})
-			rootCmd.SetArgs(append([]string{"control-plane", "--fleet", "../../examples/fleet-3region.yaml", "--log-level", "error", "--insecure",
-				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...))
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel() // a config that passes must not serve
-			err := rootCmd.ExecuteContext(ctx)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("err = %v\nwant it to contain %q", err, c.want)
-			}
+			err := refused(t, c.want, append([]string{"control-plane", "--fleet", "../../examples/fleet-3region.yaml", "--log-level", "error", "--insecure",
+				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...)...)
 			for _, key := range []string{"demand_window", "scrape_", "stale_after", "deadband_tv", "half_life", "_ms", "maglev_table", "health_check"} {
 				if strings.Contains(err.Error(), key) {
 					t.Errorf("the error names the config key %q: %v", key, err)
 				}
 			}
+		})
+	}
+}
+
+// A setting made in the config file is named by the file, its line and key
+// when the control plane refuses it; the command line overrides the file.
+func TestControlPlaneConfigFile(t *testing.T) {
+	fleetPath, err := filepath.Abs("../../examples/fleet-3region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, file string
+		args       []string
+		want       string
+	}{
+		{"runner check", "fleet: " + fleetPath + "\ndemand-window: 0s\n", nil,
+			"control plane: config " + dir + "/cp.yaml: line 2: demand-window must be positive, got 0s"},
+		{"cycle check", "fleet: " + fleetPath + "\n\nheadroom: 1.5\n", nil,
+			"control plane config: config " + dir + "/cp.yaml: line 3: headroom: must be in (0, 1), got 1.5"},
+		{"command check", "fleet: " + fleetPath + "\nlb-policy: round_robin\n", nil,
+			"config " + dir + "/cp.yaml: line 2: lb-policy: want maglev or ring_hash"},
+		{"the flag wins and is named", "fleet: " + fleetPath + "\nheadroom: 0.5\n", []string{"--headroom", "2"},
+			"--headroom: must be in (0, 1), got 2"},
+		{"unknown key", "fleet: " + fleetPath + "\nhead-room: 0.5\n", nil, "config " + dir + "/cp.yaml: line 2: head-room: unknown key"},
+		{"relative fleet path", "fleet: no-such-fleet.yaml\n", nil, "fleet: open " + dir + "/no-such-fleet.yaml"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, "cp.yaml")
+			if err := os.WriteFile(path, []byte(c.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			refused(t, c.want, append([]string{"control-plane", "--config", path, "--log-level", "error", "--insecure",
+				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...)...)
 		})
 	}
 }

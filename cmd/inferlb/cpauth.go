@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/inferlb/inferlb/xds/auth"
@@ -16,4 +17,7 @@ func controlPlaneAuthFlags(f *pflag.FlagSet, a *auth.Client) {
 	f.StringVar(&a.KeyFile, "control-plane-key", "", "the key (PEM) of --control-plane-cert")
 	f.StringVar(&a.ServerName, "control-plane-server-name", "", "name the control plane's certificate must carry (default: the host dialled)")
 	f.StringVar(&a.TokenFile, "control-plane-token-file", "", "file holding the control plane's shared bearer token")
+	for _, name := range []string{"control-plane-ca", "control-plane-cert", "control-plane-key", "control-plane-token-file"} {
+		_ = cobra.MarkFlagFilename(f, name) // a config file's relative path is relative to it
+	}
 }

@@ -111,6 +111,7 @@ var docCommands = []docCmd{
 	// Components as servers.
 	{cmd: "inferlb control-plane --fleet " + fleet3 + " --insecure", serve: "http://127.0.0.1:18080/healthz"},
 	{cmd: "inferlb control-plane --fleet " + fleet3 + " --xds-listen 127.0.0.1:18000 --admin-listen 127.0.0.1:18080 --interval 5s --state-file cp-state.json --insecure", serve: "http://127.0.0.1:18080/healthz"},
+	{cmd: "inferlb control-plane --config examples/config/control-plane.yaml --insecure", serve: "http://127.0.0.1:18080/healthz"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3, serve: "http://127.0.0.1:18012/health"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --time-scale 0.1", serve: "http://127.0.0.1:18012/health"},
 	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --engines us-east-h100-1,eu-west-a100-1 --time-scale 0.1", serve: "http://127.0.0.1:18011/health"},
@@ -129,6 +130,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west --tokenizer internal/tokens/hf/testdata/qwen3.tokenizer.json.gz", serve: "tokenizer loaded"},
 	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west", serve: "routing policy applied"},
+	{cmd: "inferlb extproc --config examples/config/extproc.yaml", serve: "routing policy applied"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure", want: "node:"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure > envoy.yaml"},
 	// Securing the control plane's port (docs/operations.md).

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/cliconfig"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/spf13/cobra"
 )
@@ -73,6 +74,8 @@ while after they start, as a server loading its model does.`,
 	f.IntVar(&e.prof.KVCapacityTokens, "kv-capacity-tokens", d.KVCapacityTokens, "standalone profile: KV cache size in tokens")
 	f.IntVar(&e.prof.BlockSize, "block-size", d.BlockSize, "standalone profile: KV block size in tokens")
 	f.IntVar(&e.prof.MaxContextTokens, "max-context-tokens", d.MaxContextTokens, "standalone profile: context limit (vLLM max_model_len)")
+	_ = cmd.MarkFlagFilename("fleet", "yaml", "yml")
+	cliconfig.Add(cmd)
 	return cmd
 }
 
@@ -111,12 +114,12 @@ func (e *engineSimFlags) run(cmd *cobra.Command, args []string) error {
 	}
 	for _, name := range profileFlags {
 		if cmd.Flags().Changed(name) && (e.fleetPath != "" || e.listen == "") {
-			return fmt.Errorf("--%s is a standalone profile flag (--listen without --fleet); with --fleet the fleet's profile applies", name)
+			return fmt.Errorf("%s is a standalone profile flag (--listen without --fleet); with --fleet the fleet's profile applies", cliconfig.Name(cmd.Flags(), name))
 		}
 	}
 	for _, name := range []string{"max-running", "max-batched-tokens", "block-size", "max-context-tokens"} {
 		if v, _ := cmd.Flags().GetInt(name); cmd.Flags().Changed(name) && v < 1 {
-			return fmt.Errorf("--%s: must be at least 1, got %d", name, v)
+			return fmt.Errorf("%s: must be at least 1, got %d", cliconfig.Name(cmd.Flags(), name), v)
 		}
 	}
 	var spec *fleet.Spec

@@ -14,17 +14,23 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/internal/cliconfig"
 )
 
+// extprocOptions are ext_proc's settings: the service's config and the
+// command's own.
+type extprocOptions struct {
+	cfg                                service.Config
+	adm                                extproc.Admission
+	logLevel, printBootstrap, fallback string
+	authFilters, cpuProfile            string
+	gcPercent, envoyPort               int
+}
+
 func init() {
-	var (
-		cfg                                service.Config
-		logLevel, printBootstrap, fallback string
-		authFilters                        string
-		cpuProfile                         string
-		gcPercent                          int
-		envoyPort                          int
-	)
+	o := extprocOptions{adm: extproc.DefaultAdmission()}
+	o.cfg.Admission = &o.adm
+	cfg := &o.cfg
 	cmd := &cobra.Command{
 		Use:   "extproc",
 		Short: "Serve the ext_proc service in each frontend Envoy's request path",
@@ -53,34 +59,40 @@ go to all.
 and the control plane, for --node-id in --region, with the same
 control-plane credentials for Envoy's ADS connection, and exits.`,
 		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure
+  inferlb extproc --config examples/config/extproc.yaml
   inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
   inferlb extproc --print-bootstrap fail-closed --node-id frontend-eu-west --region eu-west \
       --control-plane 127.0.0.1:18000 --envoy-port 10000 --insecure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel)
+			fs := cmd.Flags()
+			name := func(flag string) string { return cliconfig.Name(fs, flag) }
+			log, err := newLogger(o.logLevel)
 			if err != nil {
-				return err
+				return fmt.Errorf("%s: %w", name("log-level"), err)
 			}
 			cfg.Logger = log
 			if cfg.BodyLimit <= 0 {
-				return fmt.Errorf("--body-limit must be positive, got %d", cfg.BodyLimit)
+				return fmt.Errorf("%s must be positive, got %d", name("body-limit"), cfg.BodyLimit)
 			}
 			// The service reads 0 as its default (1 s, 10 s): from the
 			// command line, 0 or less would silently mean that.
 			if cfg.ReportInterval <= 0 {
-				return fmt.Errorf("--report-interval must be positive, got %v", cfg.ReportInterval)
+				return fmt.Errorf("%s must be positive, got %v", name("report-interval"), cfg.ReportInterval)
 			}
 			if cfg.ShutdownGrace <= 0 {
-				return fmt.Errorf("--shutdown-grace must be positive, got %v", cfg.ShutdownGrace)
+				return fmt.Errorf("%s must be positive, got %v", name("shutdown-grace"), cfg.ShutdownGrace)
+			}
+			if err := o.adm.Validate(); err != nil {
+				return namingFlags(fs, err)
 			}
 			if cfg.ControlPlane != "" {
 				if err := cfg.Auth.Validate(); err != nil {
 					return err
 				}
 			}
-			if printBootstrap != "" {
-				return printFrontendBootstrap(cmd, cfg, printBootstrap, fallback, authFilters, envoyPort)
+			if o.printBootstrap != "" {
+				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoyPort)
 			}
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
@@ -89,13 +101,13 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 			// (0.13 → 0.10 ms at concurrency 150). GOGC in the environment
 			// wins, as usual.
 			if _, set := os.LookupEnv("GOGC"); !set {
-				if gcPercent <= 0 {
-					return fmt.Errorf("--gc-percent must be positive, got %d (use GOGC=off to disable the collector)", gcPercent)
+				if o.gcPercent <= 0 {
+					return fmt.Errorf("%s must be positive, got %d (use GOGC=off to disable the collector)", name("gc-percent"), o.gcPercent)
 				}
-				debug.SetGCPercent(gcPercent)
+				debug.SetGCPercent(o.gcPercent)
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
+			if o.cpuProfile != "" {
+				f, err := os.Create(o.cpuProfile)
 				if err != nil {
 					return err
 				}
@@ -105,16 +117,24 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 				}
 				defer pprof.StopCPUProfile()
 			}
-			return service.Run(cmd.Context(), cfg)
+			return service.Run(cmd.Context(), *cfg)
 		},
 	}
+	extprocFlags(cmd, &o)
+	rootCmd.AddCommand(cmd)
+}
+
+// extprocFlags defines ext_proc's flags, which are also its config file's
+// keys (docs/configuration.md is generated from them).
+func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
+	cfg := &o.cfg
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:9002", "ext_proc gRPC address (Envoy connects here)")
 	f.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:9102", "address for /metrics, /healthz and /policy (empty: off)")
 	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports), or its replicas' separated by commas; empty: none")
 	controlPlaneAuthFlags(f, &cfg.Auth)
 	f.StringVar(&cfg.ClientPriorities, "client-priorities", "", "YAML file of the priorities each client may use, by a header your authentication layer sets (docs/operations.md)")
-	f.StringVar(&authFilters, "auth-filters", "", "with --print-bootstrap: YAML list of HTTP filters (your authentication) put before ext_proc; they set the --client-priorities header")
+	f.StringVar(&o.authFilters, "auth-filters", "", "with --print-bootstrap: YAML list of HTTP filters (your authentication) put before ext_proc; they set the --client-priorities header")
 	f.DurationVar(&cfg.MaxRequestAge, "max-request-age", extproc.DefaultMaxRequestAge, "an admitted request whose end Envoy's access log never reports gives back its in-flight slot after this long")
 	f.StringVar(&cfg.NodeID, "node-id", "", "frontend node id (the RoutingPolicy resource name)")
 	f.StringVar(&cfg.Region, "region", "", "frontend region (sent as node locality)")
@@ -124,14 +144,19 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 	f.StringArrayVar(&cfg.Tokenizers, "tokenizer", nil, "a model's tokenizer.json (or .json.gz), repeatable; the policy names each class's by SHA-256 (fleet spec models[].tokenizer) and context limits near a class's are then judged by exact counts, else by the bytes bound")
 	f.DurationVar(&cfg.ReportInterval, "report-interval", time.Second, "interval between reports to the control plane")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 10*time.Second, "how long open streams may finish on shutdown")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
-	f.IntVar(&envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
-	f.StringVar(&fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
-	f.IntVar(&gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
-	f.StringVar(&cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
+	f.IntVar(&o.envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
+	f.StringVar(&o.fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
+	f.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
+	f.Float64Var(&o.adm.LocalReserve, "local-reserve", o.adm.LocalReserve, "share of a class's in-flight limit kept for more important traffic: the least important priority is refused at (1 - this) of the limit, the most important only at the limit, in [0, 1)")
+	f.Float64Var(&o.adm.RetryBurst, "retry-burst", o.adm.RetryBurst, "most retries a class's retry budget holds (and starts with), >= 1")
+	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
 	_ = f.MarkHidden("cpu-profile")
-	rootCmd.AddCommand(cmd)
+	for _, name := range []string{"client-priorities", "auth-filters", "policy-file", "tokenizer"} {
+		_ = cmd.MarkFlagFilename(name)
+	}
+	cliconfig.Add(cmd)
 }
 
 func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters string, envoyPort int) error {

@@ -96,7 +96,10 @@ type Config struct {
 	ReportInterval time.Duration
 	// ShutdownGrace bounds the graceful stop (default 10 s).
 	ShutdownGrace time.Duration
-	Logger        *slog.Logger
+	// Admission tunes local admission and the retry budget (nil:
+	// extproc.DefaultAdmission).
+	Admission *extproc.Admission
+	Logger    *slog.Logger
 	// Ready, if set, receives the bound addresses once serving.
 	Ready func(grpcAddr, httpAddr string)
 }
@@ -261,6 +264,11 @@ func (cfg *Config) normalize() error {
 	if cfg.ControlPlane != "" && cfg.NodeID == "" {
 		return errors.New("--node-id is required with --control-plane")
 	}
+	if cfg.Admission != nil {
+		if err := cfg.Admission.Validate(); err != nil {
+			return fmt.Errorf("admission: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -279,7 +287,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extpr
 		return nil, err
 	}
 	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
-		ClientPriorities: clients, Tokenizers: toks})
+		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
 		if err != nil {

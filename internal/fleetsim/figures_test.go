@@ -76,8 +76,12 @@ func TestRandomKeyBaseline(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("remapped: random key %.1f%%, inferlb %.1f%%; hit rate %.1f%% vs %.1f%%", 100*rk.Remapped, 100*ib.Remapped, 100*rk.HitRate, 100*ib.HitRate)
-	if rk.Remapped < 0.5 || ib.Remapped > 0.25 {
-		t.Errorf("follow-up turns moved: random key %.1f%% (want ≥ 50%%), inferlb %.1f%% (want ≤ 25%%)", 100*rk.Remapped, 100*ib.Remapped)
+	// A fresh key lands on its conversation's last engine with probability
+	// Σ w², the frontend's weights squared: with one H100 of a region at
+	// 80% that is about 0.65, so a random key moves about a third of the
+	// follow-up turns, and inferlb's keys a small part of that.
+	if rk.Remapped < 0.25 || ib.Remapped > rk.Remapped/4 {
+		t.Errorf("follow-up turns moved: random key %.1f%% (want ≥ 25%%), inferlb %.1f%% (want ≤ a quarter of that)", 100*rk.Remapped, 100*ib.Remapped)
 	}
 	if rk.HitRate >= ib.HitRate {
 		t.Errorf("random key hit rate %.3f not below inferlb's %.3f", rk.HitRate, ib.HitRate)
