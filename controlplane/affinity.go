@@ -107,80 +107,137 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		out.Rules = ruleViews(prev, "held: too little traffic to judge")
 		return out
 	}
-	before := map[uint64]translate.PrefixRule{}
+	t := &tableBuild{a: a, view: view, n: n, thr: thr, before: map[uint64]translate.PrefixRule{},
+		byHash: make(map[uint64]*signals.PrefixPoint, len(view.Points))}
 	for _, r := range prev {
-		before[r.Prefix] = r
+		t.before[r.Prefix] = r
 	}
-	share := func(p *signals.PrefixPoint) float64 {
-		s := p.Requests / view.Requests
-		if view.Tokens > 0 {
-			s = math.Max(s, p.Tokens/view.Tokens)
+	for i := range view.Points {
+		t.byHash[view.Points[i].Prefix] = &view.Points[i]
+	}
+	t.markHot()
+	t.hotRules()
+	t.groupRules()
+	t.finish(out)
+	return out
+}
+
+// splitTables is step 5: each class's split table, the same for every
+// node, over the class's engines that are not down.
+func (c *Controller) splitTables(prefixes map[string]signals.ClassPrefixes, eng engineStep) map[string]*AffinityView {
+	f := &c.problem
+	out := map[string]*AffinityView{}
+	for _, cl := range f.classes {
+		n := 0
+		for _, j := range f.eligible[cl.Name] {
+			if h := eng.health[f.engines[j].ID]; h != translate.Unhealthy {
+				n++
+			}
 		}
-		return s
+		out[cl.Name] = splitTable(cl, prefixes[cl.Name], n, c.tables[cl.Name])
 	}
-	byHash := make(map[uint64]*signals.PrefixPoint, len(view.Points))
-	for i := range view.Points {
-		byHash[view.Points[i].Prefix] = &view.Points[i]
+	return out
+}
+
+// tableBuild is one split-table computation (splitTable's steps).
+type tableBuild struct {
+	a      fleet.Affinity
+	view   signals.ClassPrefixes
+	n      int
+	thr    float64                         // hot threshold: hot_share / n
+	before map[uint64]translate.PrefixRule // the previous table by prefix
+	byHash map[uint64]*signals.PrefixPoint // the view's points by prefix
+	hot    map[uint64]bool                 // markHot's verdicts
+	cands  []ruleCand                      // candidate rules, with why
+}
+
+type ruleCand struct {
+	rule translate.PrefixRule
+	view PrefixRuleView
+}
+
+// share is a point's share of the class: the larger of its requests' and
+// its tokens'.
+func (t *tableBuild) share(p *signals.PrefixPoint) float64 {
+	s := p.Requests / t.view.Requests
+	if t.view.Tokens > 0 {
+		s = math.Max(s, p.Tokens/t.view.Tokens)
 	}
-	hot := map[uint64]bool{}
-	for i := range view.Points {
-		p := &view.Points[i]
-		r, was := before[p.Prefix]
+	return s
+}
+
+func preAnchor(p *signals.PrefixPoint) bool {
+	return p.Flags&(signals.PointAnchor|signals.PointAfterAnchor) == 0
+}
+
+// markHot: a point is hot over the threshold (or, if it was hot, over
+// hotHysteresis of it) with enough continuations to be shared.
+func (t *tableBuild) markHot() {
+	t.hot = map[uint64]bool{}
+	for i := range t.view.Points {
+		p := &t.view.Points[i]
+		r, was := t.before[p.Prefix]
 		wasHot := was && r.Action != translate.Group
-		if s := share(p); (s > thr || (wasHot && s > hotHysteresis*thr)) && p.Continuations >= minHotContinuations {
-			hot[p.Prefix] = true
+		if s := t.share(p); (s > t.thr || (wasHot && s > hotHysteresis*t.thr)) && p.Continuations >= minHotContinuations {
+			t.hot[p.Prefix] = true
 		}
 	}
-	preAnchor := func(p *signals.PrefixPoint) bool { return p.Flags&(signals.PointAnchor|signals.PointAfterAnchor) == 0 }
 	// A hot point past the anchor makes the points between it and the
 	// anchor hot too: the walk must pass them.
-	for i := range view.Points {
-		p := &view.Points[i]
-		if !hot[p.Prefix] || preAnchor(p) {
+	for i := range t.view.Points {
+		p := &t.view.Points[i]
+		if !t.hot[p.Prefix] || preAnchor(p) {
 			continue
 		}
-		for q := parentOf(byHash, p); q != nil && !preAnchor(q) && !hot[q.Prefix]; q = parentOf(byHash, q) {
-			hot[q.Prefix] = true
+		for q := parentOf(t.byHash, p); q != nil && !preAnchor(q) && !t.hot[q.Prefix]; q = parentOf(t.byHash, q) {
+			t.hot[q.Prefix] = true
 		}
 	}
-	type cand struct {
-		rule translate.PrefixRule
-		view PrefixRuleView
-	}
-	var cands []cand
-	add := func(p *signals.PrefixPoint, r translate.PrefixRule, why string) {
-		cands = append(cands, cand{r, PrefixRuleView{Prefix: fmt.Sprintf("%016x", p.Prefix), Action: r.Action.String(), Spread: r.Spread,
-			Share: share(p), DepthBytes: p.DepthBytes, DepthTokens: p.DepthTokens, Continuations: p.Continuations, Why: why}})
-	}
-	for i := range view.Points {
-		p := &view.Points[i]
-		if !hot[p.Prefix] {
+}
+
+func (t *tableBuild) add(p *signals.PrefixPoint, r translate.PrefixRule, why string) {
+	t.cands = append(t.cands, ruleCand{r, PrefixRuleView{Prefix: fmt.Sprintf("%016x", p.Prefix), Action: r.Action.String(), Spread: r.Spread,
+		Share: t.share(p), DepthBytes: p.DepthBytes, DepthTokens: p.DepthTokens, Continuations: p.Continuations, Why: why}})
+}
+
+// hotRules: every hot point is SPREAD (before the anchor and long) or
+// DEEPER.
+func (t *tableBuild) hotRules() {
+	for i := range t.view.Points {
+		p := &t.view.Points[i]
+		if !t.hot[p.Prefix] {
 			continue
 		}
-		s := share(p)
-		r := translate.PrefixRule{Prefix: p.Prefix, Action: translate.Deeper, Spread: spreadFor(s, thr, before[p.Prefix].Spread)}
-		why := fmt.Sprintf("hot: %.1f%% of the class, over %.1f%% (%.2f of one engine's share), %.0f continuations", 100*s, 100*thr, s*float64(n), p.Continuations)
+		s := t.share(p)
+		r := translate.PrefixRule{Prefix: p.Prefix, Action: translate.Deeper, Spread: spreadFor(s, t.thr, t.before[p.Prefix].Spread)}
+		why := fmt.Sprintf("hot: %.1f%% of the class, over %.1f%% (%.2f of one engine's share), %.0f continuations", 100*s, 100*t.thr, s*float64(t.n), p.Continuations)
 		switch {
-		case preAnchor(p) && int(p.DepthTokens) >= a.SpreadMinPrefixTokens:
+		case preAnchor(p) && int(p.DepthTokens) >= t.a.SpreadMinPrefixTokens:
 			r.Action = translate.Spread
-			why += fmt.Sprintf("; %d tokens ≥ spread_min_prefix_tokens %d: spread over %d keys", p.DepthTokens, a.SpreadMinPrefixTokens, r.Spread)
+			why += fmt.Sprintf("; %d tokens ≥ spread_min_prefix_tokens %d: spread over %d keys", p.DepthTokens, t.a.SpreadMinPrefixTokens, r.Spread)
 		case preAnchor(p):
 			why += "; keyed deeper, on each conversation"
 		default:
 			why += "; at or past the anchor: keyed deeper"
 		}
-		add(p, r, why)
+		t.add(p, r, why)
 	}
-	for i := range view.Points {
-		p := &view.Points[i]
-		if hot[p.Prefix] || !preAnchor(p) || int(p.DepthTokens) < a.GroupMinPrefixTokens {
+}
+
+// groupRules: a cold point before the anchor, long enough, is a GROUP
+// where conversations sharing it diverge (the shallowest cold shared
+// point of its chain), and stays one while it is seen and cold.
+func (t *tableBuild) groupRules() {
+	for i := range t.view.Points {
+		p := &t.view.Points[i]
+		if t.hot[p.Prefix] || !preAnchor(p) || int(p.DepthTokens) < t.a.GroupMinPrefixTokens {
 			continue
 		}
-		if before[p.Prefix].Action == translate.Group {
+		if t.before[p.Prefix].Action == translate.Group {
 			// A group stands while it is seen and cold: its conversations
 			// keep their key when the group thins out.
-			add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
-				fmt.Sprintf("a group: %.0f continuations, %.1f%% of the class (under %.1f%%)", p.Continuations, 100*share(p), 100*thr))
+			t.add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
+				fmt.Sprintf("a group: %.0f continuations, %.1f%% of the class (under %.1f%%)", p.Continuations, 100*t.share(p), 100*t.thr))
 			continue
 		}
 		if p.Continuations < minGroupContinuations {
@@ -190,7 +247,7 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		// ones): a cold shared point above it groups these conversations
 		// and more.
 		shallowest := true
-		for q := parentOf(byHash, p); q != nil && !hot[q.Prefix]; q = parentOf(byHash, q) {
+		for q := parentOf(t.byHash, p); q != nil && !t.hot[q.Prefix]; q = parentOf(t.byHash, q) {
 			if q.Continuations >= minGroupContinuations {
 				shallowest = false
 				break
@@ -199,10 +256,16 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		if !shallowest {
 			continue
 		}
-		add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
-			fmt.Sprintf("shared: %.0f continuations, %.1f%% of the class (under %.1f%%): the conversations that diverge here keyed together", p.Continuations, 100*share(p), 100*thr))
+		t.add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
+			fmt.Sprintf("shared: %.0f continuations, %.1f%% of the class (under %.1f%%): the conversations that diverge here keyed together", p.Continuations, 100*t.share(p), 100*t.thr))
 	}
-	slices.SortFunc(cands, func(x, y cand) int {
+}
+
+// finish keeps the maxTableRules candidates of the largest share, one rule
+// per prefix, and counts the rules that changed from the previous table.
+func (t *tableBuild) finish(out *AffinityView) {
+	cands := t.cands
+	slices.SortFunc(cands, func(x, y ruleCand) int {
 		return cmp.Or(cmp.Compare(y.view.Share, x.view.Share), cmp.Compare(x.rule.Prefix, y.rule.Prefix))
 	})
 	if len(cands) > maxTableRules {
@@ -216,16 +279,15 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		seen[c.rule.Prefix] = true
 		out.rules = append(out.rules, c.rule)
 		out.Rules = append(out.Rules, c.view)
-		if before[c.rule.Prefix] != c.rule {
+		if t.before[c.rule.Prefix] != c.rule {
 			out.Changed++
 		}
 	}
-	for h := range before {
+	for h := range t.before {
 		if !seen[h] {
 			out.Changed++
 		}
 	}
-	return out
 }
 
 // parentOf is p's parent in the view, nil if it is not there (or, after a

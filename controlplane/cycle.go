@@ -8,21 +8,31 @@
 // (runner.go: scraping, the Reports intake, the xDS server, the admin HTTP
 // server) and in virtual time inside a fleet simulator.
 //
-// One cycle:
+// One cycle (Step; each step in its own file):
 //
-//  1. Engine view: health from /health and staleness (stale = unknown,
-//     weighted by UnknownHealth, never idle); observed utilization from
-//     token rates; background load = observed − what we planned to send.
-//  2. Outlier penalties: observed TTFT/TBOT against the engine's own
-//     profile at its observed load, and error rates from ext_proc evidence;
-//     a penalty rises at once and decays with PenaltyHalfLife on recovery.
-//  3. The allocator (the optimizer) with the published weights as Last, so
-//     its stability term charges moving traffic away from warm KV caches.
-//  4. Deadband: per (frontend, class), new weights replace the published
-//     ones only when the total-variation distance reaches DeadbandTV or an
-//     eligible engine's health changed; at steady demand nothing moves.
-//  5. Translation (package xds/translate) of every node; nodes whose
-//     content changed are returned for publication.
+//  0. Demand (shape.go, demand.go): the classes' learned request shapes,
+//     the load our own published weights put on each engine, the smoothed
+//     demand.
+//  1. Engine view (engines.go, penalty.go): health from /health and
+//     staleness (stale = unknown, weighted by UnknownHealth, never idle);
+//     observed utilization from token rates; background load = observed −
+//     what our own traffic puts there.
+//  2. Outlier penalties (penalty.go): observed TTFT/TBOT against the
+//     engine's own profile at its observed load, and error rates from
+//     ext_proc evidence; a penalty rises at once and decays with
+//     PenaltyHalfLife on recovery.
+//  3. The problem and the allocator (problem.go): the optimizer with the
+//     published weights as Last, so its stability term charges moving
+//     traffic away from warm KV caches; OverloadHeadroom when it sheds; the
+//     fallback allocator when it fails.
+//  4. Per (frontend, class), the proposal (weights.go: probe shares, shed
+//     fractions) and the deadband (hold.go, deadband.go): new weights
+//     replace the published ones only when the move is worth its cache
+//     misses or an eligible engine's health changed.
+//  5. Split tables per class (affinity.go).
+//  6. Translation (publish.go, package xds/translate; retry.go's retry
+//     policy) of every node; nodes whose content changed are returned for
+//     publication, and the decisions become the published ones.
 package controlplane
 
 import (
@@ -33,7 +43,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
@@ -80,9 +89,11 @@ type Config struct {
 	// taken for measurement noise rather than background load.
 	BackgroundFloor float64
 	Penalty         PenaltyOptions
-	// RetryBudget is the retry share when utilization is low; it falls
-	// linearly to 0 between 50% and 100% utilization and is 0 while
-	// shedding. MaxRetries per request while the budget is positive.
+	// RetryBudget is the retry share at low utilization, published as the
+	// policy's retry_budget_fraction. ext_proc alone scales it down with
+	// utilization and stops it while the class sheds (retryScale in
+	// extproc/admission.go: it sees the moment as well as the plan).
+	// MaxRetries per request while the budget is positive.
 	RetryBudget float64
 	MaxRetries  uint32
 	// ShapeSmoothing is the time constant with which each class's work per
@@ -372,6 +383,11 @@ type problemFrame struct {
 	rtt        [][]float64 // [frontend][engine] ms
 	// engineIdx and nodeIdx index engines and frontends (node id) into rtt.
 	engineIdx, nodeIdx map[string]int
+	// The priorities as translation names them, each one's level by name,
+	// and the default priority (the middle level: the fleet spec has none).
+	tprios          []translate.Priority
+	levelOf         map[string]uint32
+	defaultPriority string
 }
 
 // NewController builds a controller for a validated fleet.
@@ -390,10 +406,16 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
 	f.priorities = slices.Clone(spec.Priorities)
 	slices.SortFunc(f.priorities, func(a, b fleet.Priority) int { return cmp.Compare(a.Level, b.Level) })
+	f.levelOf = map[string]uint32{}
+	for _, pr := range f.priorities {
+		f.levelOf[pr.Name] = uint32(pr.Level)
+		f.tprios = append(f.tprios, translate.Priority{Name: pr.Name, Level: uint32(pr.Level)})
+	}
 	if len(f.frontends) == 0 || len(f.engines) == 0 || len(f.classes) == 0 || len(f.priorities) == 0 {
 		return nil, fmt.Errorf("control plane: fleet %q needs frontends, engines, classes and priorities (has %d, %d, %d, %d)",
 			spec.Name, len(f.frontends), len(f.engines), len(f.classes), len(f.priorities))
 	}
+	f.defaultPriority = f.priorities[len(f.priorities)/2].Name
 	f.byAddr = map[string]string{}
 	idx := map[string]int{}
 	for j, e := range f.engines {
@@ -405,14 +427,14 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 		}
 		// The same profile the optimizer's own tools build (capacity and
 		// measured curves from the spec included).
-		// The engine's model's reference request, as in optimizer.FromFleet
+		// The engine's model's reference request, as in FromFleet
 		// (before, every engine took the fleet's first class, whatever its
 		// model).
-		refP, refO, ok := optimizer.ReferenceShape(spec, e.Model)
+		refP, refO, ok := ReferenceShape(spec, e.Model)
 		if !ok {
 			return nil, fmt.Errorf("control plane: engine %s: no class of model %q gives a reference request shape", e.ID, e.Model)
 		}
-		p, err := optimizer.ProfileFromFleet(fp, refP, refO)
+		p, err := ProfileFromFleet(fp, refP, refO)
 		if err != nil {
 			return nil, fmt.Errorf("control plane: engine %s: %w", e.ID, err)
 		}
@@ -508,321 +530,93 @@ func (c *Controller) Published() map[string]map[string]map[string]float64 {
 // Version is the last policy version issued.
 func (c *Controller) Version() int64 { return c.version }
 
-func (c *Controller) healthOf(s signals.State) (translate.Health, float64) {
-	switch s {
-	case signals.Up:
-		return translate.Healthy, 1
-	case signals.Down:
-		return translate.Unhealthy, 0
+// Step runs one cycle: the steps below, each in its own file and pure
+// but for the controller state it names.
+func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
+	res := &Result{At: in.Now, Nodes: map[string]*NodeDecision{}, Allocator: fmt.Sprintf("%T", c.alloc)}
+	decay := c.penaltyDecay(in.Now)    // since the last step (engines.go)
+	demand := c.observeDemand(in, res) // 0. shape.go, demand.go
+	c.lastStep = in.Now
+	eng := c.assessEngines(in, decay, res) // 1–2. engines.go, penalty.go
+	p := c.buildProblem(eng, demand)       // 3. problem.go
+	sol, err := c.allocate(ctx, p, res)
+	if err != nil {
+		return nil, err
 	}
-	return translate.Unknown, c.cfg.UnknownHealth
+	engUtil := solvedView(res, sol)                                         // view.go
+	res.Affinity = c.splitTables(in.Prefixes, eng)                          // 5. affinity.go
+	db := c.deadbandCycle(p, sol, in.Engines, demand, c.problem.priorities) // 4. deadband.go
+	nextVersion := max(c.version+1, in.Now.UnixMilli())
+	for _, fe := range c.problem.frontends {
+		// 4 and 6: weights.go, hold.go, publish.go
+		nd, err := c.decideNode(fe, sol, eng, engUtil, db, res, in.Now, nextVersion)
+		if err != nil {
+			return nil, fmt.Errorf("cycle: %w", err)
+		}
+		if nd.Changed {
+			res.Publish = append(res.Publish, nd.Resources)
+		}
+		res.Nodes[fe.NodeID] = nd
+	}
+	c.commit(res, in.Demand, nextVersion)
+	return res, nil
 }
 
-// Step runs one cycle.
-func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
-	f := &c.problem
-	res := &Result{At: in.Now, Nodes: map[string]*NodeDecision{}, Allocator: fmt.Sprintf("%T", c.alloc)}
-	dt := time.Duration(0)
-	if !c.lastStep.IsZero() {
-		dt = in.Now.Sub(c.lastStep)
-	}
-	// What our own traffic puts on each engine now: the weights in force
-	// (published, or seeded from a state file) times the demand admitted
-	// now. Background load is measured against this, not against the last
-	// cycle's plan: a surge of our own demand (or a restart) read against
-	// an older plan looked like background load, cut every busy engine's
-	// capacity and shed even the top priority. Both sides count work with
-	// the same shapes, learned first (shape.go): planned with the spec's
-	// 200/200-token mean against ~1k-token prompts, our own traffic read
-	// as background load.
+// observeDemand learns what the demand is made of before anything is
+// judged against it. What our own traffic puts on each engine now is the
+// weights in force (published, or seeded from a state file) times the
+// demand admitted now: background load is measured against this, not
+// against the last cycle's plan (a surge of our own demand, or a restart,
+// read against an older plan looked like background load, cut every busy
+// engine's capacity and shed even the top priority). Both sides count work
+// with the same shapes, learned first (shape.go): planned with the spec's
+// 200/200-token mean against ~1k-token prompts, our own traffic read as
+// background load. It returns the smoothed demand (demand.go).
+func (c *Controller) observeDemand(in Inputs, res *Result) map[signals.DemandKey]signals.DemandRate {
 	c.traffic = c.classTraffic(in.Demand)
 	c.shapeView = c.updateShapes(in.Now, in.Demand, in.Engines, c.traffic)
 	res.Shapes = c.shapeView
 	c.planned = c.plannedFromPublished(in.Demand)
-	c.lastStep = in.Now
-	demand := c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
-	decay := 1.0
-	if dt > 0 {
-		decay = math.Exp2(-dt.Seconds() / c.cfg.Penalty.HalfLife.Seconds())
-	}
-	// 1–2. Engine views and penalties (penalty.go).
-	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs,
-		MarginalStretch: c.cfg.MarginalStretch}
-	health := map[string]translate.Health{}
-	recovered := map[string]bool{}
-	views, states, as, up := c.observe(in)
-	res.PenaltyNotes = notFaults(as)
-	for j, e := range f.engines {
-		v, state := views[j], states[j]
-		health[e.ID], _ = c.healthOf(state)
-		pen, why := c.nextPenalty(e.ID, c.penalties[e.ID], *as[e.ID], decay)
-		c.penalties[e.ID] = pen
-		v.Penalty, v.PenaltyWhy = pen, why
-		impaired := pen > 0 || (state != signals.Up && state != signals.New)
-		if c.impaired[e.ID] && !impaired {
-			recovered[e.ID] = true
-			v.PenaltyWhy = "recovered: the stability term is lifted for its classes this cycle"
-		}
-		c.impaired[e.ID] = impaired
-		res.Engines = append(res.Engines, v)
-		reps := float64(max(e.Replicas, 1))
-		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: c.profiles[e.ID], Replicas: reps, ReadyReplicas: reps,
-			Health: v.HealthFactor * (1 - v.BackgroundLoad), Penalty: pen})
-	}
+	return c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
+}
 
-	// 3. The problem and the allocator.
-	for _, pr := range f.priorities {
-		p.Priorities = append(p.Priorities, optimizer.Priority{Name: pr.Name, ShedCost: pr.ShedCost})
-	}
-	for _, cl := range f.classes {
-		sh := c.shapeOf(cl)
-		p.Classes = append(p.Classes, optimizer.Class{ID: cl.Name, PromptTokens: sh.PromptTokens,
-			OutputTokens: sh.OutputTokens, CachedPromptShare: sh.CachedShare, Eligible: f.eligible[cl.Name]})
-	}
-	last := &optimizer.Allocation{Weights: map[string]map[string]map[string]float64{}}
-	for i, fe := range f.frontends {
-		p.Frontends = append(p.Frontends, optimizer.Frontend{ID: fe.NodeID})
-		p.RTTMs = append(p.RTTMs, f.rtt[i])
-		row := make([]optimizer.Demand, len(f.classes))
-		for ci, cl := range f.classes {
-			// The class's learned shape (p.Classes) for every frontend: one
-			// estimate from all reports is steadier than each frontend's,
-			// and frontends alike in round trips still pool.
-			d := optimizer.Demand{RatePerS: make([]float64, len(f.priorities))}
-			var req float64
-			for k, pr := range f.priorities {
-				r := demand[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
-				d.RatePerS[k] = r.RequestsPerS
-				req += r.RequestsPerS
-			}
-			if req < c.cfg.IdleDemandPerS && len(f.eligible[cl.Name]) > 0 {
-				// No demand reported: plan for a trickle at the middle priority.
-				d.RatePerS[len(f.priorities)/2] += c.cfg.IdleDemandPerS - req
-			}
-			if len(f.eligible[cl.Name]) == 0 {
-				d.RatePerS = make([]float64, len(f.priorities))
-			}
-			row[ci] = d
+// decideNode is steps 4 and 6 for one frontend: per class the proposal
+// (weights.go), the deadband (hold.go) and the class's policy
+// (publish.go); then the node's translation.
+func (c *Controller) decideNode(fe fleet.Frontend, sol *optimizer.Solution, eng engineStep, engUtil map[string]float64,
+	db *deadbandCycle, res *Result, now time.Time, nextVersion int64) (*NodeDecision, error) {
+	prev := c.published[fe.NodeID]
+	nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
+	var classes []translate.Class
+	for _, cl := range c.problem.classes {
+		cd, flow, util := c.propose(fe.NodeID, cl, sol, eng, engUtil)
+		var prevCD *ClassDecision
+		if prev != nil {
+			prevCD = prev.Classes[cl.Name]
 		}
-		p.Demand = append(p.Demand, row)
-		if nd := c.published[fe.NodeID]; nd != nil {
-			last.Weights[fe.NodeID] = map[string]map[string]float64{}
-			for cl, cd := range nd.Classes {
-				if !c.touchesRecovered(cl, recovered) {
-					last.Weights[fe.NodeID][cl] = cd.Weights
-				}
-			}
-		}
+		util = c.hold(fe.NodeID, cl, flow != nil, prevCD, cd, util, db, eng)
+		cd.Utilization = util
+		nd.Classes[cl.Name] = cd
+		classes = append(classes, c.classPolicy(cl, cd, util, res.Affinity[cl.Name].rules))
 	}
-	if len(last.Weights) > 0 {
-		p.Last = last
+	if err := c.translateNode(fe, nd, classes, eng.health, prev, now, nextVersion); err != nil {
+		return nil, err
 	}
-	sol, err := c.alloc.Allocate(ctx, p)
-	if err == nil && c.cfg.OverloadHeadroom > p.Headroom && sheds(sol) {
-		// Overloaded: serve up to OverloadHeadroom rather than shed to keep
-		// latency headroom.
-		po := *p
-		po.Headroom = c.cfg.OverloadHeadroom
-		if s2, err2 := c.alloc.Allocate(ctx, &po); err2 == nil {
-			sol, res.Headroom = s2, po.Headroom
-		}
-	}
-	if res.Headroom == 0 {
-		res.Headroom = p.Headroom
-	}
-	if err != nil {
-		res.Fallback = err.Error()
-		res.Allocator = fmt.Sprintf("%T", c.fallback)
-		sol, err = c.fallback.Allocate(ctx, p)
-		if err != nil {
-			return nil, fmt.Errorf("cycle: allocator failed and so did the fallback: %w", err)
-		}
-	}
-	res.Objective = sol.Objective
-	engUtil := map[string]float64{}
-	for j, er := range sol.Engines {
-		engUtil[er.ID] = er.Utilization
-		if j < len(res.Engines) && res.Engines[j].ID == er.ID {
-			res.Engines[j].SolvedUtilization = er.Utilization
-			if er.CapacityRPS > 0 {
-				res.Engines[j].UtilizationLimit = er.LimitRPS / er.CapacityRPS
-			}
-		}
-	}
+	return nd, nil
+}
 
-	// The split tables, one per class for every node.
-	res.Affinity = map[string]*AffinityView{}
-	for _, cl := range f.classes {
-		n := 0
-		for _, j := range f.eligible[cl.Name] {
-			if h := health[f.engines[j].ID]; h != translate.Unhealthy {
-				n++
-			}
-		}
-		res.Affinity[cl.Name] = splitTable(cl, in.Prefixes[cl.Name], n, c.tables[cl.Name])
-	}
-
-	// 4–5. Deadband and translation per node.
-	levelOf := map[string]uint32{}
-	var prios []translate.Priority
-	for _, pr := range f.priorities {
-		levelOf[pr.Name] = uint32(pr.Level)
-		prios = append(prios, translate.Priority{Name: pr.Name, Level: uint32(pr.Level)})
-	}
-	defaultPriority := f.priorities[len(f.priorities)/2].Name
-	nextVersion := max(c.version+1, in.Now.UnixMilli())
-	db := c.deadbandCycle(p, sol, in.Engines, demand, f.priorities) // deadband.go
-	for _, fe := range f.frontends {
-		prev := c.published[fe.NodeID]
-		nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
-		tn := translate.Node{NodeID: fe.NodeID, Region: fe.Region, Engines: map[string]translate.Engine{},
-			Priorities: prios, DefaultPriority: defaultPriority, GeneratedAt: in.Now}
-		for _, cl := range f.classes {
-			flow := sol.Flow(fe.NodeID, cl.Name)
-			cd := &ClassDecision{Class: cl.Name, Proposed: map[string]float64{}, Shed: map[string]float64{},
-				shedLevels: map[uint32]float64{}, Health: map[string]string{}}
-			for _, j := range f.eligible[cl.Name] {
-				id := f.engines[j].ID
-				cd.Proposed[id] = 0
-				cd.Health[id] = health[id].String()
-			}
-			shedding := false
-			util := 0.0
-			if flow != nil {
-				cd.Flow, cd.Demand, cd.Explain = flow, flow.DemandPerS, flow.Weights
-				for _, w := range flow.Weights {
-					cd.Proposed[w.Engine] = w.Weight
-					util += w.Weight * engUtil[w.Engine]
-				}
-				c.probe(cd.Proposed, cd.Demand, c.penalties, up)
-				for _, s := range flow.Shed {
-					if s.Fraction > 0 {
-						cd.shedLevels[levelOf[s.Priority]] = s.Fraction
-					}
-				}
-				cd.shedLevels = consistentShed(cd.shedLevels, prios)
-				for _, pr := range prios {
-					if fr, ok := cd.shedLevels[pr.Level]; ok {
-						cd.Shed[pr.Name] = fr
-						shedding = true
-					}
-				}
-			}
-			cd.Weights = cd.Proposed
-			var prevCD *ClassDecision
-			if prev != nil {
-				prevCD = prev.Classes[cl.Name]
-			}
-			if prevCD != nil && prevCD.Weights != nil {
-				cd.TVDistance = tv(prevCD.Weights, cd.Proposed)
-				healthMoved := false
-				for id, h := range cd.Health {
-					if prevCD.Health != nil && prevCD.Health[id] != h {
-						healthMoved = true
-					}
-					// Seeded from a state file (no health known): only an
-					// engine that carries weight and is not healthy counts.
-					if prevCD.Health == nil && prevCD.Weights[id] > 0 && h != translate.Healthy.String() {
-						healthMoved = true
-					}
-				}
-				shedMoved := false
-				for lvl := range unionKeys(prevCD.shedLevels, cd.shedLevels) {
-					if math.Abs(prevCD.shedLevels[lvl]-cd.shedLevels[lvl]) >= c.cfg.ShedDeadband {
-						shedMoved = true
-					}
-				}
-				if !healthMoved && !c.touchesRecovered(cl.Name, recovered) {
-					db.apply(fe.NodeID, cl, flow != nil, prevCD, cd)
-				}
-				if !shedMoved && prevCD.shedLevels != nil {
-					cd.shedLevels, cd.Shed = prevCD.shedLevels, prevCD.Shed
-					shedding = len(cd.shedLevels) > 0
-				}
-			}
-			db.decided(fe.NodeID, cl.Name, cd.Weights)
-			util = round2(util)
-			if prevCD != nil && prevCD.util >= 0 && math.Abs(prevCD.util-util) < 0.05 {
-				util = prevCD.util // utilization jitter is not worth a policy push
-			}
-			cd.util = util
-			if cd.Held {
-				w := map[string]float64{}
-				for id := range cd.Proposed {
-					w[id] = 0
-				}
-				for id, v := range cd.Weights {
-					if _, ok := w[id]; ok {
-						w[id] = v
-					}
-				}
-				cd.Weights = w
-			}
-			budget := round2(c.cfg.RetryBudget * clamp((1-util)/0.5, 0, 1))
-			if shedding {
-				budget = 0
-			}
-			retries := c.cfg.MaxRetries
-			if budget == 0 {
-				retries = 0
-			}
-			inflight := c.InflightLimit(cl.Name)
-			tc := translate.Class{Name: cl.Name, Model: cl.Model, Residency: cl.Residency,
-				MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
-				Weights: cd.Weights, ShedByLevel: cd.shedLevels, RetryBudgetFraction: budget,
-				MaxRetries: retries, LocalInflightLimit: uint32(inflight), Utilization: util,
-				MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens)),
-				Affinity: translate.Affinity{Keys: cl.Affinity.Keys, Off: cl.Affinity.Mode == fleet.AffinityOff,
-					Rules: res.Affinity[cl.Name].rules}}
-			if m, ok := c.spec.ModelByName(cl.Model); ok {
-				tc.TokenizerSHA256, tc.ChatTemplateTokens = m.TokenizerSHA256, uint32(m.ChatTemplateTokens)
-			}
-			cd.Utilization = util
-			for id := range cd.Weights {
-				e, _ := c.spec.EngineByID(id)
-				tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath}
-			}
-			cd.EnvoyW = translate.IntWeights(cd.Weights, c.cfg.Translate.WeightScale)
-			cd.Priority = map[string]uint32{}
-			anyW := false
-			for _, w := range cd.EnvoyW {
-				anyW = anyW || w > 0
-			}
-			for id, w := range cd.EnvoyW {
-				if w == 0 {
-					cd.EnvoyW[id] = 1
-					if anyW {
-						cd.Priority[id] = 1
-					}
-				}
-			}
-			nd.Classes[cl.Name] = cd
-			tn.Classes = append(tn.Classes, tc)
-		}
-		// The policy version only moves when the decision changed.
-		tn.PolicyVersion = strconv.FormatInt(nextVersion, 10)
-		r, err := translate.Translate(tn, c.cfg.Translate)
-		if err != nil {
-			return nil, fmt.Errorf("cycle: %w", err)
-		}
-		if prev != nil && prev.Resources != nil && prev.Resources.PolicyHash == r.PolicyHash &&
-			prev.Resources.EndpointVersion == r.EndpointVersion && prev.Resources.ClusterVersion == r.ClusterVersion {
-			nd.Resources = prev.Resources // unchanged: keep the old version stamp
-		} else {
-			nd.Resources, nd.Changed = r, true
-			res.Publish = append(res.Publish, r)
-		}
-		res.Nodes[fe.NodeID] = nd
-	}
+// commit makes the cycle's decisions the published ones: the version (if
+// anything is published), the weights, the load they plan, the split
+// tables.
+func (c *Controller) commit(res *Result, dem map[signals.DemandKey]signals.DemandRate, nextVersion int64) {
 	if len(res.Publish) > 0 {
 		c.version = nextVersion
 	}
 	c.published = res.Nodes
-	c.planned = c.plannedFromPublished(in.Demand)
+	c.planned = c.plannedFromPublished(dem)
 	for cl, av := range res.Affinity {
 		c.tables[cl] = av.rules
 	}
-	return res, nil
 }
 
 // InflightLimit is a class's local in-flight limit at one ext_proc instance
@@ -916,18 +710,6 @@ func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.Dema
 // (0.001 × 1500 ms still outweighs the congestion differences of a lightly
 // loaded fleet) would keep a recovered engine drained for many half-lives.
 const minPenalty = 0.01
-
-// sheds reports whether a solution sheds any demand.
-func sheds(sol *optimizer.Solution) bool {
-	for _, f := range sol.Flows {
-		for _, s := range f.Shed {
-			if s.RatePerS > 1e-9 {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // touchesRecovered reports whether any engine eligible for the class
 // recovered this cycle. For such classes the cycle solves without the

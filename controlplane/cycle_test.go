@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 )
 
@@ -407,7 +406,7 @@ func BenchmarkCycle3Region(b *testing.B) {
 }
 
 // Each engine's profile is built for its own model's reference request (the
-// first class of that model), as optimizer.FromFleet builds it, so a
+// first class of that model), as FromFleet builds it, so a
 // capacity and curves measured at that shape mean the same in both.
 func TestProfilesUseTheirModelsReferenceShape(t *testing.T) {
 	spec, err := fleet.Parse([]byte(`name: two-models
@@ -436,8 +435,8 @@ engines:
 	for _, id := range []string{"ea", "eb"} {
 		e, _ := spec.EngineByID(id)
 		fp, _ := spec.ProfileOf(e)
-		refP, refO, ok := optimizer.ReferenceShape(spec, e.Model)
-		want, err := optimizer.ProfileFromFleet(fp, refP, refO)
+		refP, refO, ok := ReferenceShape(spec, e.Model)
+		want, err := ProfileFromFleet(fp, refP, refO)
 		if !ok || err != nil {
 			t.Fatalf("%s: reference shape %v, %v", id, ok, err)
 		}

@@ -6,23 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/controlplane/dashboard"
 	"github.com/inferlb/inferlb/xds/auth"
 	"github.com/inferlb/inferlb/xds/server"
 	"github.com/inferlb/inferlb/xds/signals"
@@ -519,155 +515,4 @@ func (r *Runner) Kick() {
 	case r.kick <- struct{}{}:
 	default:
 	}
-}
-
-func (r *Runner) adminHandler() http.Handler {
-	mux := http.NewServeMux()
-	// encode writes v as JSON, indented for a person reading curl's output
-	// or compact (the dashboard's history: thousands of numbers). It is
-	// encoded whole before anything is sent, so that a value JSON cannot
-	// carry (NaN) is a 500 that says so, not a 200 with half a document.
-	encode := func(w http.ResponseWriter, v any, indent bool) {
-		var b []byte
-		var err error
-		if indent {
-			b, err = json.MarshalIndent(v, "", "  ")
-		} else {
-			b, err = json.Marshal(v)
-		}
-		if err != nil {
-			r.log.Error("admin: encoding the answer", "err", err)
-			http.Error(w, "encoding the answer: "+err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(append(b, '\n'))
-	}
-	writeJSON := func(w http.ResponseWriter, v any) { encode(w, v, true) }
-	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		r.mu.Lock()
-		ready := r.ready
-		r.mu.Unlock()
-		if !ready {
-			http.Error(w, "warming up: no cycle yet", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	mux.HandleFunc("GET /weights", func(w http.ResponseWriter, req *http.Request) {
-		res := r.Last()
-		if res == nil {
-			http.Error(w, "no cycle yet", http.StatusServiceUnavailable)
-			return
-		}
-		type cls struct {
-			Weights  map[string]float64 `json:"weights"`
-			Envoy    map[string]uint32  `json:"envoy_weights"`
-			Priority map[string]uint32  `json:"envoy_priority"`
-			Health   map[string]string  `json:"engine_health"`
-			Held     bool               `json:"held_by_deadband"`
-			TV       float64            `json:"tv_distance_proposed"`
-			Shed     map[string]float64 `json:"shed_by_priority,omitempty"`
-		}
-		out := map[string]any{}
-		for n, nd := range res.Nodes {
-			if q := req.URL.Query().Get("node"); q != "" && q != n {
-				continue
-			}
-			m := map[string]cls{}
-			for c, cd := range nd.Classes {
-				m[c] = cls{cd.Weights, cd.EnvoyW, cd.Priority, cd.Health, cd.Held, cd.TVDistance, cd.Shed}
-			}
-			out[n] = map[string]any{"classes": m, "cluster_version": nd.Resources.ClusterVersion,
-				"endpoint_version": nd.Resources.EndpointVersion, "policy_version": nd.Resources.Policy.GetVersion()}
-		}
-		writeJSON(w, map[string]any{"at": res.At, "nodes": out})
-	})
-	mux.HandleFunc("GET /signals", func(w http.ResponseWriter, _ *http.Request) {
-		now := r.cfg.Now()
-		r.mu.Lock()
-		eng := r.tracker.Engines(now)
-		r.mu.Unlock()
-		dem, ev := r.intake.Snapshot(now)
-		demand := map[string]signals.DemandRate{}
-		for k, v := range dem {
-			demand[k.Node+"/"+k.Class+"/"+k.Priority] = v
-		}
-		var views []EngineView
-		var shapes map[string]ClassShape
-		if res := r.Last(); res != nil {
-			views, shapes = res.Engines, res.Shapes
-		}
-		writeJSON(w, map[string]any{"at": now, "engines": eng, "cycle_view": views, "demand": demand,
-			"evidence": ev, "intake": r.intake.Status(), "shapes": shapes})
-	})
-	mux.HandleFunc("GET /explain", func(w http.ResponseWriter, req *http.Request) {
-		res := r.Last()
-		if res == nil {
-			http.Error(w, "no cycle yet", http.StatusServiceUnavailable)
-			return
-		}
-		node, class := req.URL.Query().Get("node"), req.URL.Query().Get("class")
-		out := map[string]any{}
-		for n, nd := range res.Nodes {
-			if node != "" && node != n {
-				continue
-			}
-			m := map[string]any{}
-			for c, cd := range nd.Classes {
-				if class != "" && class != c {
-					continue
-				}
-				m[c] = map[string]any{"demand_per_s": cd.Demand, "weights": cd.Weights, "held_by_deadband": cd.Held,
-					"proposed": cd.Proposed, "explanations": cd.Explain, "flow": cd.Flow}
-			}
-			out[n] = m
-		}
-		if node != "" && len(out) == 0 {
-			http.Error(w, fmt.Sprintf("unknown node %q", node), http.StatusNotFound)
-			return
-		}
-		writeJSON(w, map[string]any{"at": res.At, "allocator": res.Allocator, "fallback_reason": res.Fallback,
-			"objective": res.Objective, "nodes": out})
-	})
-	mux.HandleFunc("GET /affinity", func(w http.ResponseWriter, _ *http.Request) {
-		res := r.Last()
-		if res == nil {
-			http.Error(w, "no cycle yet", http.StatusServiceUnavailable)
-			return
-		}
-		writeJSON(w, map[string]any{"at": res.At, "classes": res.Affinity})
-	})
-	mux.HandleFunc("GET /xds", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, map[string]any{"nodes": r.srv.Status()})
-	})
-	mux.HandleFunc("GET /history", func(w http.ResponseWriter, req *http.Request) {
-		var since time.Time
-		if q := req.URL.Query().Get("since"); q != "" {
-			s, err := strconv.ParseFloat(q, 64)
-			if err != nil || !(s >= 0 && s < 1e12) { // 1e12 s: the year 33658, within time.UnixMilli
-				http.Error(w, fmt.Sprintf("since=%q: want Unix seconds (as /history's at gives them)", q), http.StatusBadRequest)
-				return
-			}
-			since = time.UnixMilli(int64(math.Round(s * 1000)))
-		}
-		encode(w, r.hist.json(since), false)
-	})
-	mux.Handle("GET /dashboard/", dashboard.Handler("/dashboard/"))
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprint(w, `inferlb control plane
-  /weights[?node=N]          published weights per node and class (shares, Envoy integers, priorities)
-  /explain[?node=N&class=C]  the optimizer's terms behind every weight
-  /signals                   engine signals, the cycle's engine view (penalties), demand, evidence
-  /affinity                  per class: the split table of hot and shared prefixes, and why
-  /xds                       per node: published, ACKed and NACKed versions, streams
-  /history[?since=T]         the last cycles' engine signals, demand and shedding, column by column
-  /dashboard/                the web dashboard (weights heatmap, engines, charts over time)
-  /metrics                   Prometheus metrics
-  /healthz /readyz
-`)
-	})
-	return mux
 }

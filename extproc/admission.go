@@ -106,7 +106,10 @@ func (c *Class) utilization() float64 {
 	return u
 }
 
-// retryScale is the budget's share at utilization u.
+// retryScale is the budget's share at utilization u: the one curve of the
+// retry budget. The control plane publishes its configured fraction
+// unscaled; only here is the utilization known both as planned (the
+// policy) and as it is now (the local in-flight ratio).
 func retryScale(u float64) float64 {
 	switch {
 	case u <= retryKnee:

@@ -4,8 +4,8 @@
 // when demand cannot fit and a stability term that keeps traffic where its KV
 // cache is.
 //
-// The control plane builds a Problem (FromFleet does it from a fleet spec and
-// a demand file) and calls
+// The control plane builds a Problem (controlplane.FromFleet does it from a
+// fleet spec and a demand file) and calls
 //
 //	sol, err := optimizer.Solve(p, optimizer.Options{})
 //

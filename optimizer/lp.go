@@ -97,59 +97,95 @@ func solveLP(m *model, opts Options) (*Solution, error) {
 // approximated by the slope of the active tangent beyond the cost) and
 // returns the LP's optimal value.
 func (m *model) lpOnce(tangents [][]float64) (float64, error) {
+	cols := m.lpColumns(tangents)
+	A, rhs := m.lpRows(cols, tangents)
+	opt, x, err := lp.Simplex(cols.cost, A, rhs, 1e-10, nil)
+	opt *= cols.scale
+	if err != nil {
+		r, c := A.Dims()
+		return 0, fmt.Errorf("optimizer: reference LP (%d rows × %d columns): %w", r, c, err)
+	}
+	m.lpStore(cols, x)
+	return opt, nil
+}
+
+// lpCols is the reference LP's column layout: the index of each variable
+// (-1: not in the LP) and the cost vector, in units of scale.
+type lpCols struct {
+	scale float64
+	cost  []float64
+	// x: routed flow per arc; stab: the arc's move away from and back to
+	// its last flow (only arcs with a stability charge).
+	x    []int
+	stab [][2]int
+	// shed and shedSlack per block and priority (only priorities with
+	// demand).
+	shed, shedSlack [][]int
+	// Per engine reached by an arc (used): load y (in units of its limit),
+	// cost epigraph t, capacity slack and one slack per tangent.
+	used           []bool
+	y, t, capSlack []int
+	tanSlack       [][]int
+}
+
+func (m *model) lpColumns(tangents [][]float64) *lpCols {
 	// Scaling: costs in units of the largest route marginal cost, engine
 	// loads in units of their limit (y = Y/limit), so that coefficients are
 	// of order one.
-	scale := m.shed[m.shedOrd[0]] / float64(len(m.blocks)+1) / 2
-	var cost []float64
-	newCol := func(c float64) int { cost = append(cost, c/scale); return len(cost) - 1 }
+	c := &lpCols{scale: m.shed[m.shedOrd[0]] / float64(len(m.blocks)+1) / 2}
+	newCol := func(v float64) int { c.cost = append(c.cost, v/c.scale); return len(c.cost) - 1 }
 
-	xCol := make([]int, len(m.arcs))
+	c.x = make([]int, len(m.arcs))
 	for k := range m.arcs {
-		xCol[k] = newCol(m.arcs[k].a)
+		c.x[k] = newCol(m.arcs[k].a)
 	}
-	stab := make([][2]int, len(m.arcs))
+	c.stab = make([][2]int, len(m.arcs))
 	for k := range m.arcs {
 		if m.arcs[k].sigma > 0 {
-			stab[k] = [2]int{newCol(m.arcs[k].sigma), newCol(m.arcs[k].sigma)}
+			c.stab[k] = [2]int{newCol(m.arcs[k].sigma), newCol(m.arcs[k].sigma)}
 		} else {
-			stab[k] = [2]int{-1, -1}
+			c.stab[k] = [2]int{-1, -1}
 		}
 	}
-	shedCol := make([][]int, len(m.blocks))
-	shedSlack := make([][]int, len(m.blocks))
+	c.shed = make([][]int, len(m.blocks))
+	c.shedSlack = make([][]int, len(m.blocks))
 	for bi := range m.blocks {
 		b := &m.blocks[bi]
-		shedCol[bi] = make([]int, m.nPri)
-		shedSlack[bi] = make([]int, m.nPri)
+		c.shed[bi] = make([]int, m.nPri)
+		c.shedSlack[bi] = make([]int, m.nPri)
 		for p := 0; p < m.nPri; p++ {
-			shedCol[bi][p], shedSlack[bi][p] = -1, -1
+			c.shed[bi][p], c.shedSlack[bi][p] = -1, -1
 			if b.dp[p] > 0 {
-				shedCol[bi][p] = newCol(m.shed[p])
-				shedSlack[bi][p] = newCol(0)
+				c.shed[bi][p] = newCol(m.shed[p])
+				c.shedSlack[bi][p] = newCol(0)
 			}
 		}
 	}
-	used := make([]bool, len(m.eng))
+	c.used = make([]bool, len(m.eng))
 	for k := range m.arcs {
-		used[m.arcs[k].j] = true
+		c.used[m.arcs[k].j] = true
 	}
-	yCol := make([]int, len(m.eng))
-	tCol := make([]int, len(m.eng))
-	capSlack := make([]int, len(m.eng))
-	tanSlack := make([][]int, len(m.eng))
+	c.y = make([]int, len(m.eng))
+	c.t = make([]int, len(m.eng))
+	c.capSlack = make([]int, len(m.eng))
+	c.tanSlack = make([][]int, len(m.eng))
 	for j := range m.eng {
-		if !used[j] {
+		if !c.used[j] {
 			continue
 		}
-		yCol[j], tCol[j], capSlack[j] = newCol(0), newCol(scale), newCol(0)
+		c.y[j], c.t[j], c.capSlack[j] = newCol(0), newCol(c.scale), newCol(0)
 		for range tangents[j] {
-			tanSlack[j] = append(tanSlack[j], newCol(0))
+			c.tanSlack[j] = append(c.tanSlack[j], newCol(0))
 		}
 	}
-	n := len(cost)
+	return c
+}
 
-	// rows
+// lpRows builds the equality constraints: each block's demand routed or
+// shed (shed within its priority's demand), each stability pair, and per
+// used engine its load, its capacity and its tangents.
+func (m *model) lpRows(c *lpCols, tangents [][]float64) (*mat.Dense, []float64) {
+	n := len(c.cost)
 	var rows [][]float64
 	var rhs []float64
 	newRow := func(b float64) []float64 {
@@ -162,75 +198,71 @@ func (m *model) lpOnce(tangents [][]float64) (float64, error) {
 		b := &m.blocks[bi]
 		r := newRow(b.d)
 		for k := b.lo; k < b.hi; k++ {
-			r[xCol[k]] = 1
+			r[c.x[k]] = 1
 		}
 		for p := 0; p < m.nPri; p++ {
-			if c := shedCol[bi][p]; c >= 0 {
-				r[c] = 1
+			if col := c.shed[bi][p]; col >= 0 {
+				r[col] = 1
 				r2 := newRow(b.dp[p])
-				r2[c], r2[shedSlack[bi][p]] = 1, 1
+				r2[col], r2[c.shedSlack[bi][p]] = 1, 1
 			}
 		}
 	}
 	for k := range m.arcs {
-		if stab[k][0] < 0 {
+		if c.stab[k][0] < 0 {
 			continue
 		}
 		r := newRow(m.arcs[k].x0)
-		r[xCol[k]], r[stab[k][0]], r[stab[k][1]] = 1, -1, 1
+		r[c.x[k]], r[c.stab[k][0]], r[c.stab[k][1]] = 1, -1, 1
 	}
 	for j := range m.eng {
-		if !used[j] {
+		if !c.used[j] {
 			continue
 		}
 		e := &m.eng[j]
 		r := newRow(0)
 		for k := range m.arcs {
 			if m.arcs[k].j == j {
-				r[xCol[k]] = m.arcs[k].r
+				r[c.x[k]] = m.arcs[k].r
 			}
 		}
-		r[yCol[j]] = -e.limit
+		r[c.y[j]] = -e.limit
 		r = newRow(1)
-		r[yCol[j]], r[capSlack[j]] = 1, 1
+		r[c.y[j]], r[c.capSlack[j]] = 1, 1
 		for s, ys := range tangents[j] {
 			g := e.cost(ys)
 			g1, _ := e.marginal(ys)
 			// t − g1·Y − slack = g − g1·ys, with t in cost units and Y = limit·y
-			r = newRow((g - g1*ys) / scale)
-			r[tCol[j]], r[yCol[j]], r[tanSlack[j][s]] = 1, -g1*e.limit/scale, -1
+			r = newRow((g - g1*ys) / c.scale)
+			r[c.t[j]], r[c.y[j]], r[c.tanSlack[j][s]] = 1, -g1*e.limit/c.scale, -1
 		}
 	}
 	A := mat.NewDense(len(rows), n, nil)
 	for i, r := range rows {
 		A.SetRow(i, r)
 	}
-	opt, x, err := lp.Simplex(cost, A, rhs, 1e-10, nil)
-	opt *= scale
-	if err != nil {
-		return 0, fmt.Errorf("optimizer: reference LP (%d rows × %d columns): %w", len(rows), n, err)
-	}
+	return A, rhs
+}
+
+// lpStore takes the LP's solution x into the model: arc flows, shed
+// rates, then loads and duals.
+func (m *model) lpStore(c *lpCols, x []float64) {
 	for k := range m.arcs {
-		m.arcs[k].x = math.Max(0, x[xCol[k]])
+		m.arcs[k].x = math.Max(0, x[c.x[k]])
 	}
 	for bi := range m.blocks {
 		b := &m.blocks[bi]
-		routed := 0.0
-		for k := b.lo; k < b.hi; k++ {
-			routed += m.arcs[k].x
-		}
 		for p := 0; p < m.nPri; p++ {
 			b.s[p] = 0
-			if c := shedCol[bi][p]; c >= 0 {
-				b.s[p] = math.Max(0, x[c])
+			if col := c.shed[bi][p]; col >= 0 {
+				b.s[p] = math.Max(0, x[col])
 			}
 		}
-		// The demand dual: the cheapest marginal cost among used arcs,
-		// computed after loads are known (below).
 	}
+	// The demand duals: the cheapest marginal cost among used arcs,
+	// computed once loads are known.
 	m.loads()
 	m.lpDuals()
-	return opt, nil
 }
 
 // lpDuals fills the demand duals ν and capacity prices λ from the primal

@@ -152,6 +152,50 @@ func (m *model) pool() *pooling {
 			m.eligible[c][j] = true
 		}
 	}
+	pl := m.poolEngines()
+	var reps []int
+	pl.group, reps = m.groupFrontends()
+	if len(pl.members) >= len(p.Engines)*3/4 && len(reps) >= len(p.Frontends)*3/4 {
+		return nil // not worth it
+	}
+	q := &Problem{
+		Priorities: p.Priorities,
+		Headroom:   p.Headroom, StabilityMs: p.StabilityMs, RemapFactor: p.RemapFactor, MarginalStretch: p.MarginalStretch,
+		PenaltyCostMs: p.PenaltyCostMs,
+	}
+	q.Frontends, q.Demand = pooledDemand(p, pl, reps)
+	q.Engines = m.pooledEngines(pl)
+	for c := range p.Classes {
+		cl := p.Classes[c]
+		seen := map[int]bool{}
+		var el []int
+		for _, j := range cl.Eligible {
+			if k := pl.pool[j]; k >= 0 && !seen[k] {
+				seen[k] = true
+				el = append(el, k)
+			}
+		}
+		cl.Eligible = el
+		q.Classes = append(q.Classes, cl)
+	}
+	q.RTTMs = make([][]float64, len(reps))
+	for g, i := range reps {
+		q.RTTMs[g] = make([]float64, len(pl.members))
+		for k, mem := range pl.members {
+			q.RTTMs[g][k] = p.RTTMs[i][mem[0]]
+		}
+	}
+	if p.Last != nil && p.Last.Weights != nil {
+		q.Last = pooledLast(p, q, pl)
+	}
+	pl.problem = q
+	return pl
+}
+
+// poolEngines puts interchangeable engines with capacity (sameEngine) in
+// one pool each; engines without capacity are in none (-1).
+func (m *model) poolEngines() *pooling {
+	p := m.p
 	pl := &pooling{pool: make([]int, len(p.Engines))}
 	byKey := map[uint64][]int{} // key → pools
 	for j := range p.Engines {
@@ -175,22 +219,19 @@ func (m *model) pool() *pooling {
 		pl.members[found] = append(pl.members[found], j)
 		pl.pool[j] = found
 	}
-	var reps []int
-	pl.group, reps = m.groupFrontends()
-	if len(pl.members) >= len(p.Engines)*3/4 && len(reps) >= len(p.Frontends)*3/4 {
-		return nil // not worth it
-	}
-	q := &Problem{
-		Priorities: p.Priorities,
-		Headroom:   p.Headroom, StabilityMs: p.StabilityMs, RemapFactor: p.RemapFactor, MarginalStretch: p.MarginalStretch,
-		PenaltyCostMs: p.PenaltyCostMs,
-	}
-	q.Demand = make([][]Demand, len(reps))
+	return pl
+}
+
+// pooledDemand is one frontend per group (reps: each group's
+// representative), with the summed demand of its members.
+func pooledDemand(p *Problem, pl *pooling, reps []int) ([]Frontend, [][]Demand) {
+	fronts := make([]Frontend, 0, len(reps))
+	demand := make([][]Demand, len(reps))
 	for g, i := range reps {
-		q.Frontends = append(q.Frontends, Frontend{ID: fmt.Sprintf("group%d", g)})
-		q.Demand[g] = make([]Demand, len(p.Classes))
+		fronts = append(fronts, Frontend{ID: fmt.Sprintf("group%d", g)})
+		demand[g] = make([]Demand, len(p.Classes))
 		for c := range p.Classes {
-			q.Demand[g][c] = Demand{RatePerS: make([]float64, len(p.Priorities)),
+			demand[g][c] = Demand{RatePerS: make([]float64, len(p.Priorities)),
 				PromptTokens: p.Demand[i][c].PromptTokens, OutputTokens: p.Demand[i][c].OutputTokens,
 				CachedPromptShare: p.Demand[i][c].CachedPromptShare}
 		}
@@ -198,10 +239,17 @@ func (m *model) pool() *pooling {
 	for i := range p.Frontends {
 		for c := range p.Classes {
 			for k, r := range p.Demand[i][c].RatePerS {
-				q.Demand[pl.group[i]][c].RatePerS[k] += r
+				demand[pl.group[i]][c].RatePerS[k] += r
 			}
 		}
 	}
+	return fronts, demand
+}
+
+// pooledEngines is one engine per pool, whose capacity is its members'.
+func (m *model) pooledEngines(pl *pooling) []Engine {
+	p := m.p
+	var out []Engine
 	for k, mem := range pl.members {
 		e0 := &p.Engines[mem[0]]
 		c := 0.0
@@ -216,79 +264,61 @@ func (m *model) pool() *pooling {
 			pen = e0.Penalty
 		}
 		units := c / (e0.Profile.CapacityRPS * (1 - pen))
-		q.Engines = append(q.Engines, Engine{ID: fmt.Sprintf("pool%d", k), Profile: e0.Profile,
+		out = append(out, Engine{ID: fmt.Sprintf("pool%d", k), Profile: e0.Profile,
 			Replicas: units, ReadyReplicas: units, Health: 1, Penalty: pen})
 	}
-	for c := range p.Classes {
-		cl := p.Classes[c]
-		seen := map[int]bool{}
-		var el []int
-		for _, j := range cl.Eligible {
-			if k := pl.pool[j]; k >= 0 && !seen[k] {
-				seen[k] = true
-				el = append(el, k)
-			}
-		}
-		cl.Eligible = el
-		q.Classes = append(q.Classes, cl)
+	return out
+}
+
+// pooledLast is the pooled problem q's last weights: demand-weighted sums,
+// normalized by the group's demand (x0 = d·w is what the model charges
+// against).
+func pooledLast(p, q *Problem, pl *pooling) *Allocation {
+	last := &Allocation{Weights: map[string]map[string]map[string]float64{}}
+	eng := make(map[string]int, len(p.Engines))
+	for j := range p.Engines {
+		eng[p.Engines[j].ID] = j
 	}
-	q.RTTMs = make([][]float64, len(reps))
-	for g, i := range reps {
-		q.RTTMs[g] = make([]float64, len(pl.members))
-		for k, mem := range pl.members {
-			q.RTTMs[g][k] = p.RTTMs[i][mem[0]]
+	var js []int
+	for i, f := range p.Frontends {
+		byClass := p.Last.Weights[f.ID]
+		if byClass == nil {
+			continue
 		}
-	}
-	if p.Last != nil && p.Last.Weights != nil {
-		// pooled last weights: demand-weighted sums, normalized by the
-		// group's demand (x0 = d·w is what the model charges against)
-		q.Last = &Allocation{Weights: map[string]map[string]map[string]float64{}}
-		eng := make(map[string]int, len(p.Engines))
-		for j := range p.Engines {
-			eng[p.Engines[j].ID] = j
-		}
-		var js []int
-		for i, f := range p.Frontends {
-			byClass := p.Last.Weights[f.ID]
-			if byClass == nil {
+		g := pl.group[i]
+		gid := q.Frontends[g].ID
+		for c, cl := range p.Classes {
+			w := byClass[cl.ID]
+			dg := q.Demand[g][c].Total()
+			if w == nil || !(dg > 0) {
 				continue
 			}
-			g := pl.group[i]
-			gid := q.Frontends[g].ID
-			for c, cl := range p.Classes {
-				w := byClass[cl.ID]
-				dg := q.Demand[g][c].Total()
-				if w == nil || !(dg > 0) {
-					continue
+			qm := last.Weights[gid]
+			if qm == nil {
+				qm = map[string]map[string]float64{}
+				last.Weights[gid] = qm
+			}
+			qw := qm[cl.ID]
+			if qw == nil {
+				qw = map[string]float64{}
+				qm[cl.ID] = qw
+			}
+			di := p.Demand[i][c].Total()
+			// sum in engine order (map order would make the floating
+			// point sums, and so the output, vary from run to run)
+			js = js[:0]
+			for id := range w {
+				if j, ok := eng[id]; ok && pl.pool[j] >= 0 {
+					js = append(js, j)
 				}
-				qm := q.Last.Weights[gid]
-				if qm == nil {
-					qm = map[string]map[string]float64{}
-					q.Last.Weights[gid] = qm
-				}
-				qw := qm[cl.ID]
-				if qw == nil {
-					qw = map[string]float64{}
-					qm[cl.ID] = qw
-				}
-				di := p.Demand[i][c].Total()
-				// sum in engine order (map order would make the floating
-				// point sums, and so the output, vary from run to run)
-				js = js[:0]
-				for id := range w {
-					if j, ok := eng[id]; ok && pl.pool[j] >= 0 {
-						js = append(js, j)
-					}
-				}
-				sort.Ints(js)
-				for _, j := range js {
-					qw[q.Engines[pl.pool[j]].ID] += w[p.Engines[j].ID] * di / dg
-				}
+			}
+			sort.Ints(js)
+			for _, j := range js {
+				qw[q.Engines[pl.pool[j]].ID] += w[p.Engines[j].ID] * di / dg
 			}
 		}
 	}
-	pl.problem = q
-	return pl
+	return last
 }
 
 // disaggregate sets the engine-level model's flows from the solved pooled

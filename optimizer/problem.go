@@ -6,7 +6,7 @@ import (
 )
 
 // Problem is one control cycle's input, independent of any I/O. Build it
-// with FromFleet or by hand; Solve does not modify it.
+// with controlplane.FromFleet or by hand; Solve does not modify it.
 //
 // Units: rates in requests per second, latencies and costs in milliseconds
 // (a cost is milliseconds of latency charged per request, so objective terms
@@ -160,6 +160,16 @@ func frac(name string, v float64) error {
 
 // Validate reports the first problem found, wrapping a sentinel error.
 func (p *Problem) Validate() error {
+	for _, check := range []func() error{p.validateCosts, p.validateEngines, p.validateClasses, p.validateFrontends, p.validateLast} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateCosts checks the scalar terms and the priorities.
+func (p *Problem) validateCosts() error {
 	if !(p.Headroom > 0 && p.Headroom < 1) {
 		return fmt.Errorf("%w: headroom is %g, must be in (0, 1)", ErrInvalidProblem, p.Headroom)
 	}
@@ -188,7 +198,11 @@ func (p *Problem) Validate() error {
 			return fmt.Errorf("%w: priority %q has shed cost %g, must be > 0", ErrInvalidProblem, pr.Name, pr.ShedCost)
 		}
 	}
-	seen = map[string]bool{}
+	return nil
+}
+
+func (p *Problem) validateEngines() error {
+	seen := map[string]bool{}
 	for j := range p.Engines {
 		e := &p.Engines[j]
 		if e.ID == "" || seen[e.ID] {
@@ -208,7 +222,11 @@ func (p *Problem) Validate() error {
 			return err
 		}
 	}
-	seen = map[string]bool{}
+	return nil
+}
+
+func (p *Problem) validateClasses() error {
+	seen := map[string]bool{}
 	for c := range p.Classes {
 		cl := &p.Classes[c]
 		if cl.ID == "" || seen[cl.ID] {
@@ -229,7 +247,13 @@ func (p *Problem) Validate() error {
 			dup[j] = true
 		}
 	}
-	seen = map[string]bool{}
+	return nil
+}
+
+// validateFrontends checks each frontend's RTT row and demand against the
+// engines, classes and priorities.
+func (p *Problem) validateFrontends() error {
+	seen := map[string]bool{}
 	for i, f := range p.Frontends {
 		if f.ID == "" || seen[f.ID] {
 			return fmt.Errorf("%w: frontend %d has empty or duplicate id %q", ErrInvalidProblem, i, f.ID)
@@ -272,6 +296,10 @@ func (p *Problem) Validate() error {
 			}
 		}
 	}
+	return nil
+}
+
+func (p *Problem) validateLast() error {
 	// Last weights become x0 = demand × weight in the stability term: a NaN
 	// there made every objective NaN, so the solver ran to MaxSweeps and
 	// reported ErrNotConverged instead of the bad input. Ids that no longer

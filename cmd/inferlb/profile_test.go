@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
@@ -49,7 +50,7 @@ func TestWriteProfileEntryRoundTrips(t *testing.T) {
 		*p.TBOTCurve != (fleet.Curve{BaseMs: 7.111, LinearMs: 3, QueueMs: 0.25}) || p.DecodeStepMs != 7.111 {
 		t.Fatalf("profile after the round trip: %+v (curves %+v, %+v)", p, p.TTFTCurve, p.TBOTCurve)
 	}
-	op, err := optimizer.ProfileFromFleet(p, 1000, 200)
+	op, err := controlplane.ProfileFromFleet(p, 1000, 200)
 	if err != nil || op.TTFT.Base != 41.235 || op.CapacityRPS != 9.877 {
 		t.Fatalf("optimizer profile %+v, %v", op, err)
 	}

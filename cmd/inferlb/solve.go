@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane"
 	"github.com/inferlb/inferlb/optimizer"
 )
 
@@ -59,11 +60,11 @@ the flow's marginal price.`,
 			if err != nil {
 				return err
 			}
-			d, err := optimizer.LoadDemand(demandPath)
+			d, err := controlplane.LoadDemand(demandPath)
 			if err != nil {
 				return err
 			}
-			p, err := optimizer.FromFleet(spec, d)
+			p, err := controlplane.FromFleet(spec, d)
 			if err != nil {
 				return fmt.Errorf("solve: %w", err)
 			}

@@ -11,7 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/optimizer"
+	"github.com/inferlb/inferlb/controlplane"
 )
 
 func init() {
@@ -117,7 +117,7 @@ func isDemandFile(path string) bool {
 // problem from both (every frontend, class, priority and engine named must
 // exist in the fleet).
 func checkDemand(path string, spec *fleet.Spec) (string, error) {
-	d, err := optimizer.LoadDemand(path)
+	d, err := controlplane.LoadDemand(path)
 	if err != nil {
 		return "", err
 	}
@@ -125,7 +125,7 @@ func checkDemand(path string, spec *fleet.Spec) (string, error) {
 	if spec == nil {
 		return sum + "; names not checked (give --fleet)", nil
 	}
-	if _, err := optimizer.FromFleet(spec, d); err != nil {
+	if _, err := controlplane.FromFleet(spec, d); err != nil {
 		return "", fmt.Errorf("%s: against fleet %q: %w", path, spec.Name, err)
 	}
 	return sum + fmt.Sprintf(", consistent with fleet %q", spec.Name), nil

@@ -21,7 +21,6 @@ import (
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/signals"
 	"github.com/inferlb/inferlb/xds/translate"
 )
@@ -464,11 +463,11 @@ func newOldController(s *Sim) (*oldController, error) {
 	for c, js := range s.classEngines {
 		w := make([]float64, len(js))
 		fl := make([]float64, len(js))
-		refP, refO, ok := optimizer.ReferenceShape(s.spec, s.spec.Classes[c].Model)
+		refP, refO, ok := controlplane.ReferenceShape(s.spec, s.spec.Classes[c].Model)
 		for i, j := range js {
 			w[i] = 1
 			if fp, found := s.spec.ProfileOf(s.spec.Engines[j]); found && ok {
-				if prof, err := optimizer.ProfileFromFleet(fp, refP, refO); err == nil {
+				if prof, err := controlplane.ProfileFromFleet(fp, refP, refO); err == nil {
 					w[i] = prof.CapacityRPS * float64(max(s.spec.Engines[j].Replicas, 1)) // start proportional to capacity
 				}
 			}
@@ -556,9 +555,8 @@ func (o *oldController) control() {
 	o.publish()
 }
 
-// publish turns the shares into every frontend's EDS (integers of 1000;
-// a share that rounds to 0 goes to priority 1 with weight 1, as
-// xds/translate does).
+// publish turns the shares into every frontend's EDS by xds/translate's
+// rule (translate.EndpointWeights, integers of 1000).
 func (o *oldController) publish() {
 	s := o.s
 	pub := map[string]map[string]map[string]float64{}
@@ -571,13 +569,11 @@ func (o *oldController) publish() {
 				shares[s.spec.Engines[j].ID] = o.weights[c][i]
 			}
 			pub[node][s.spec.Classes[c].Name] = shares
-			iw := translate.IntWeights(shares, 1000)
+			ew := translate.EndpointWeights(shares, 1000)
 			w, pr, ok := make([]uint32, len(js)), make([]uint32, len(js)), make([]bool, len(js))
 			for i, j := range js {
-				w[i], ok[i] = iw[s.spec.Engines[j].ID], true
-				if w[i] == 0 {
-					w[i], pr[i] = 1, 1
-				}
+				e := ew[s.spec.Engines[j].ID]
+				w[i], pr[i], ok[i] = e.Weight, e.Priority, true
 			}
 			_ = o.clusters[f][c].set(s, slices.Clone(js), w, pr, ok)
 		}

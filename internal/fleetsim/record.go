@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/optimizer"
+	"github.com/inferlb/inferlb/controlplane"
 )
 
 // outcome is how a request ended (or, from Admit, that it may go on).
@@ -331,11 +331,11 @@ func (c *pooledLRU) insert(hs []uint64) {
 // engine then reads as idle rather than failing the run).
 func engineTokenCost(spec *fleet.Spec, e fleet.Engine) tokenCost {
 	fp, ok := spec.ProfileOf(e)
-	refP, refO, okRef := optimizer.ReferenceShape(spec, e.Model)
+	refP, refO, okRef := controlplane.ReferenceShape(spec, e.Model)
 	if !ok || !okRef {
 		return tokenCost{}
 	}
-	prof, err := optimizer.ProfileFromFleet(fp, refP, refO)
+	prof, err := controlplane.ProfileFromFleet(fp, refP, refO)
 	if err != nil {
 		return tokenCost{}
 	}

@@ -11,11 +11,13 @@
 // reconnects with its last version, is sent nothing new.
 //
 // Rules the translation keeps:
-//   - Weights become integers ≥ 1: an engine's load_balancing_weight is
-//     round(share × WeightScale), at least 1. Envoy rejects weight 0, so an
-//     eligible engine with no share is placed at priority 1 (failover only)
-//     with weight 1. When no engine of a class has a share (no demand yet),
-//     every healthy engine is placed at priority 0 with weight 1.
+//   - Weights become integers ≥ 1 (EndpointWeights, the one home of this
+//     rule; Resources.Weights returns the result for the admin view): an
+//     engine's load_balancing_weight is round(share × WeightScale), at
+//     least 1. Envoy rejects weight 0, so an eligible engine with no share
+//     is placed at priority 1 (failover only) with weight 1. When no engine
+//     of a class has a share (no demand yet), every engine is placed at
+//     priority 0 with weight 1.
 //   - The EDS health status is the control plane's view (HEALTHY, UNHEALTHY,
 //     UNKNOWN for stale signals, DRAINING); Envoy's own active health checks
 //     and outlier detection act on top of it.
@@ -313,6 +315,16 @@ type Resources struct {
 	// PolicyHash hashes the policy without its version and timestamp, so a
 	// caller can tell whether the decision changed.
 	PolicyHash string
+	// Weights is each class's EDS endpoints as translated: class name →
+	// engine id → weight and priority (what the Endpoints say, for views
+	// that show them without decoding EDS).
+	Weights map[string]map[string]EndpointWeight
+}
+
+// EndpointWeight is an engine's place in its class's EDS assignment.
+type EndpointWeight struct {
+	Weight   uint32 `json:"weight"`
+	Priority uint32 `json:"priority"`
 }
 
 // ClusterName is the Envoy cluster of class at every node.
@@ -328,7 +340,7 @@ func Translate(n Node, o Options) (*Resources, error) {
 	}
 	classes := slices.Clone(n.Classes)
 	slices.SortFunc(classes, func(a, b Class) int { return cmp.Compare(a.Name, b.Name) })
-	out := &Resources{NodeID: n.NodeID}
+	out := &Resources{NodeID: n.NodeID, Weights: map[string]map[string]EndpointWeight{}}
 	seen := map[string]bool{}
 	for _, c := range classes {
 		if c.Name == "" {
@@ -346,10 +358,11 @@ func Translate(n Node, o Options) (*Resources, error) {
 		}
 		name := o.ClusterName(c.Name)
 		hc := clusterHealthPath(c, n.Engines, o)
-		cla, err := loadAssignment(name, c, n.Engines, hc, o)
+		cla, ew, err := loadAssignment(name, c, n.Engines, hc, o)
 		if err != nil {
 			return nil, fmt.Errorf("translate node %s class %s: %w", n.NodeID, c.Name, err)
 		}
+		out.Weights[c.Name] = ew
 		out.Clusters = append(out.Clusters, classCluster(name, hc, o))
 		out.Endpoints = append(out.Endpoints, cla)
 	}
@@ -471,12 +484,40 @@ func classCluster(name, healthPath string, o Options) *clusterv3.Cluster {
 	return c
 }
 
-// IntWeights converts shares to Envoy weights: round(share/sum × scale),
-// at least 1 for a positive share, 0 for no share (caller moves those to
-// priority 1). Exported so tests and the admin view compute the same.
-func IntWeights(shares map[string]float64, scale uint32) map[string]uint32 {
+// EndpointWeights places each engine of a class in its EDS assignment:
+// weight round(share/sum × scale), at least 1, at priority 0 for a
+// positive share; weight 1 at priority 1 (failover only: Envoy rejects
+// weight 0) for no share; and when no engine has a share, weight 1 at
+// priority 0 for all (spread evenly rather than fail over to nothing).
+// Shares must be finite and ≥ 0 (Translate checks).
+func EndpointWeights(shares map[string]float64, scale uint32) map[string]EndpointWeight {
+	w := intWeights(shares, scale)
+	anyShare := false
+	for _, v := range w {
+		anyShare = anyShare || v > 0
+	}
+	out := make(map[string]EndpointWeight, len(w))
+	for id, v := range w {
+		switch {
+		case v > 0:
+			out[id] = EndpointWeight{Weight: v}
+		case anyShare:
+			out[id] = EndpointWeight{Weight: 1, Priority: 1}
+		default:
+			out[id] = EndpointWeight{Weight: 1}
+		}
+	}
+	return out
+}
+
+// intWeights converts shares to integers: round(share/sum × scale), at
+// least 1 for a positive share, 0 for no share.
+func intWeights(shares map[string]float64, scale uint32) map[string]uint32 {
+	// Summed in key order: a float sum in map order differs in its last
+	// digits from run to run, enough to round a share at x.5 either way
+	// (and so to change the EDS version of equal input).
 	sum := 0.0
-	for _, id := range slices.Sorted(maps.Keys(shares)) { // map order would vary the last bits
+	for _, id := range slices.Sorted(maps.Keys(shares)) {
 		if s := shares[id]; s > 0 && !math.IsInf(s, 0) {
 			sum += s
 		}
@@ -498,37 +539,27 @@ type lbKey struct {
 	region   string
 }
 
-func loadAssignment(name string, c Class, engines map[string]Engine, healthPath string, o Options) (*endpointv3.ClusterLoadAssignment, error) {
+func loadAssignment(name string, c Class, engines map[string]Engine, healthPath string, o Options) (*endpointv3.ClusterLoadAssignment, map[string]EndpointWeight, error) {
 	ids := make([]string, 0, len(c.Weights))
 	for id, s := range c.Weights {
 		if s < 0 || math.IsNaN(s) || math.IsInf(s, 0) {
-			return nil, fmt.Errorf("engine %s: share must be a finite number ≥ 0, got %v", id, s)
+			return nil, nil, fmt.Errorf("engine %s: share must be a finite number ≥ 0, got %v", id, s)
 		}
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	w := IntWeights(c.Weights, o.WeightScale)
-	anyShare := false
-	for _, v := range w {
-		anyShare = anyShare || v > 0
-	}
+	w := EndpointWeights(c.Weights, o.WeightScale)
 	groups := map[lbKey][]*endpointv3.LbEndpoint{}
 	for _, id := range ids {
 		e, ok := engines[id]
 		if !ok {
-			return nil, fmt.Errorf("engine %s: has a weight but is not in the node's engine table", id)
+			return nil, nil, fmt.Errorf("engine %s: has a weight but is not in the node's engine table", id)
 		}
 		host, port, err := splitAddress(e.Address)
 		if err != nil {
-			return nil, fmt.Errorf("engine %s: %w", id, err)
+			return nil, nil, fmt.Errorf("engine %s: %w", id, err)
 		}
-		prio, weight := uint32(0), w[id]
-		if weight == 0 {
-			weight = 1
-			if anyShare {
-				prio = 1
-			}
-		}
+		prio, weight := w[id].Priority, w[id].Weight
 		lb := &endpointv3.LbEndpoint{
 			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
@@ -561,7 +592,7 @@ func loadAssignment(name string, c Class, engines map[string]Engine, healthPath 
 			Priority:    k.priority,
 		})
 	}
-	return cla, nil
+	return cla, w, nil
 }
 
 // fractionSlack absorbs a solver's rounding (a shed rate a hair above the

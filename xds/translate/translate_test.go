@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -66,6 +67,11 @@ func render(t *testing.T, r *Resources) []byte {
 		add("endpoints", e)
 	}
 	add("policy", r.Policy)
+	w, err := json.Marshal(r.Weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts = append(parts, `{"kind":"endpoint_weights","weights":`+string(w)+`}`)
 	doc := `{"node":"` + r.NodeID + `","cluster_version":"` + r.ClusterVersion +
 		`","endpoint_version":"` + r.EndpointVersion + `","policy_hash":"` + r.PolicyHash +
 		`","resources":[` + strings.Join(parts, ",") + `]}`
@@ -176,6 +182,18 @@ func TestWeightsAreIntegersAtLeastOne(t *testing.T) {
 			}
 		}
 	}
+	// What Translate returns per endpoint is what the EDS carries.
+	for class, ew := range r.Weights {
+		cluster := DefaultOptions().ClusterName(class)
+		if len(ew) != len(got[cluster]) {
+			t.Errorf("class %s: returned %d endpoints, EDS has %d", class, len(ew), len(got[cluster]))
+		}
+		for id, w := range ew {
+			if eds := got[cluster][id]; eds != [2]uint32{w.Priority, w.Weight} {
+				t.Errorf("class %s engine %s: returned %+v, EDS has (priority, weight) %v", class, id, w, eds)
+			}
+		}
+	}
 }
 
 func TestNoShareAnywhereSpreadsEvenly(t *testing.T) {
@@ -263,9 +281,30 @@ func TestShedFractionRoundingIsClamped(t *testing.T) {
 	}
 }
 
-func TestIntWeights(t *testing.T) {
-	w := IntWeights(map[string]float64{"a": 1, "b": 2, "c": 0, "d": 1e-9}, 1000)
-	if w["a"] != 333 || w["b"] != 667 || w["c"] != 0 || w["d"] != 1 {
-		t.Fatalf("got %v", w)
+// The one rule for an engine's place in EDS.
+func TestEndpointWeights(t *testing.T) {
+	cases := map[string]struct {
+		shares map[string]float64
+		want   map[string]EndpointWeight
+	}{
+		"shares to integers of the scale": {map[string]float64{"a": 1, "b": 2},
+			map[string]EndpointWeight{"a": {333, 0}, "b": {667, 0}}},
+		"a tiny share keeps weight 1": {map[string]float64{"a": 1, "d": 1e-9},
+			map[string]EndpointWeight{"a": {1000, 0}, "d": {1, 0}}},
+		"no share: failover at priority 1": {map[string]float64{"a": 0.7, "c": 0},
+			map[string]EndpointWeight{"a": {1000, 0}, "c": {1, 1}}},
+		"no share anywhere: all at priority 0": {map[string]float64{"a": 0, "b": 0},
+			map[string]EndpointWeight{"a": {1, 0}, "b": {1, 0}}},
+		"shares need not sum to 1": {map[string]float64{"a": 3, "b": 1, "c": 0},
+			map[string]EndpointWeight{"a": {750, 0}, "b": {250, 0}, "c": {1, 1}}},
+		"empty": {map[string]float64{}, map[string]EndpointWeight{}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := EndpointWeights(tc.shares, 1000)
+			if !maps.Equal(got, tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

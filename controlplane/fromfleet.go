@@ -1,4 +1,4 @@
-package optimizer
+package controlplane
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/optimizer"
 )
 
 // DemandFile is the demand input of `inferlb solve` (YAML; see
@@ -68,13 +69,13 @@ func ParseDemand(data []byte) (*DemandFile, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&d); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: demand file is empty", ErrInvalidProblem)
+			return nil, fmt.Errorf("%w: demand file is empty", optimizer.ErrInvalidProblem)
 		}
-		return nil, fmt.Errorf("%w: demand file: %v", ErrInvalidProblem, err)
+		return nil, fmt.Errorf("%w: demand file: %v", optimizer.ErrInvalidProblem, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: demand file has more than one YAML document", ErrInvalidProblem)
+		return nil, fmt.Errorf("%w: demand file has more than one YAML document", optimizer.ErrInvalidProblem)
 	}
 	return &d, nil
 }
@@ -109,24 +110,24 @@ func ReferenceShape(spec *fleet.Spec, model string) (prompt, output float64, ok 
 // model for a reference request of prompt and output tokens, honouring its
 // capacity_rps override and its measured curves (ttft_curve, tbot_curve),
 // which replace the derived ones.
-func ProfileFromFleet(fp fleet.Profile, prompt, output float64) (Profile, error) {
-	p, err := NewProfile(StepModel{PrefillTokensPerS: fp.PrefillTokensPerS, OverheadMs: fp.OverheadMs,
+func ProfileFromFleet(fp fleet.Profile, prompt, output float64) (optimizer.Profile, error) {
+	p, err := optimizer.NewProfile(optimizer.StepModel{PrefillTokensPerS: fp.PrefillTokensPerS, OverheadMs: fp.OverheadMs,
 		DecodeStepMs: fp.DecodeStepMs, DecodeStepPerSeqMs: fp.DecodeStepPerSeqMs, MaxRunning: fp.MaxRunning,
 		KVCapacityTokens: fp.KVCapacityTokens}, prompt, output)
 	if err != nil {
-		return Profile{}, fmt.Errorf("profile %s/%s: %w", fp.GPU, fp.Model, err)
+		return optimizer.Profile{}, fmt.Errorf("profile %s/%s: %w", fp.GPU, fp.Model, err)
 	}
 	if fp.CapacityRPS > 0 {
 		p = p.WithCapacity(fp.CapacityRPS)
 	}
 	if c := fp.TTFTCurve; c != nil {
-		p.TTFT = Curve{Base: c.BaseMs, Linear: c.LinearMs, Queue: c.QueueMs}
+		p.TTFT = optimizer.Curve{Base: c.BaseMs, Linear: c.LinearMs, Queue: c.QueueMs}
 	}
 	if c := fp.TBOTCurve; c != nil {
-		p.TBOT = Curve{Base: c.BaseMs, Linear: c.LinearMs, Queue: c.QueueMs}
+		p.TBOT = optimizer.Curve{Base: c.BaseMs, Linear: c.LinearMs, Queue: c.QueueMs}
 	}
 	if err := p.Validate(); err != nil {
-		return Profile{}, fmt.Errorf("profile %s/%s: %w", fp.GPU, fp.Model, err)
+		return optimizer.Profile{}, fmt.Errorf("profile %s/%s: %w", fp.GPU, fp.Model, err)
 	}
 	return p, nil
 }
@@ -136,24 +137,24 @@ func ProfileFromFleet(fp fleet.Profile, prompt, output float64) (Profile, error)
 // RTTs come from the fleet's network (round trips by region pair); each
 // engine's profile is its (GPU, model) profile with the first class of its
 // model as the reference request.
-func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
-	p := &Problem{Headroom: 0.85, StabilityMs: d.StabilityMs, PenaltyCostMs: d.PenaltyCostMs, RemapFactor: d.RemapFactor}
+func FromFleet(spec *fleet.Spec, d *DemandFile) (*optimizer.Problem, error) {
+	p := &optimizer.Problem{Headroom: 0.85, StabilityMs: d.StabilityMs, PenaltyCostMs: d.PenaltyCostMs, RemapFactor: d.RemapFactor}
 	if d.Headroom != nil {
 		p.Headroom = *d.Headroom
 	}
 	for _, pr := range spec.Priorities {
-		p.Priorities = append(p.Priorities, Priority{Name: pr.Name, ShedCost: pr.ShedCost})
+		p.Priorities = append(p.Priorities, optimizer.Priority{Name: pr.Name, ShedCost: pr.ShedCost})
 	}
 	engIdx := map[string]int{}
 	for j, e := range spec.Engines {
 		engIdx[e.ID] = j
 		fp, ok := spec.ProfileOf(e)
 		if !ok {
-			return nil, fmt.Errorf("%w: engine %q: no profile for gpu %q model %q", ErrInvalidProblem, e.ID, e.GPU, e.Model)
+			return nil, fmt.Errorf("%w: engine %q: no profile for gpu %q model %q", optimizer.ErrInvalidProblem, e.ID, e.GPU, e.Model)
 		}
 		refP, refO, ok := ReferenceShape(spec, e.Model)
 		if !ok {
-			return nil, fmt.Errorf("%w: engine %q: no class of model %q gives a reference request shape", ErrInvalidProblem, e.ID, e.Model)
+			return nil, fmt.Errorf("%w: engine %q: no class of model %q gives a reference request shape", optimizer.ErrInvalidProblem, e.ID, e.Model)
 		}
 		prof, err := ProfileFromFleet(fp, refP, refO)
 		if err != nil {
@@ -163,18 +164,18 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
 		if reps <= 0 {
 			reps = 1
 		}
-		p.Engines = append(p.Engines, Engine{ID: e.ID, Profile: prof, Replicas: reps, ReadyReplicas: reps, Health: 1})
+		p.Engines = append(p.Engines, optimizer.Engine{ID: e.ID, Profile: prof, Replicas: reps, ReadyReplicas: reps, Health: 1})
 	}
 	stated := map[string]int{}
 	for k, st := range d.Engines {
 		j, ok := engIdx[st.ID]
 		if !ok {
-			return nil, fmt.Errorf("%w: engines[%d]: unknown engine %q", ErrInvalidProblem, k, st.ID)
+			return nil, fmt.Errorf("%w: engines[%d]: unknown engine %q", optimizer.ErrInvalidProblem, k, st.ID)
 		}
 		// A second entry used to override the first silently (its penalty
 		// even when it stated none), as demand entries listed twice do not.
 		if prev, dup := stated[st.ID]; dup {
-			return nil, fmt.Errorf("%w: engines[%d]: engine %q already stated in engines[%d]", ErrInvalidProblem, k, st.ID, prev)
+			return nil, fmt.Errorf("%w: engines[%d]: engine %q already stated in engines[%d]", optimizer.ErrInvalidProblem, k, st.ID, prev)
 		}
 		stated[st.ID] = k
 		e := &p.Engines[j]
@@ -189,7 +190,7 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
 	clsIdx := map[string]int{}
 	for c, cl := range spec.Classes {
 		clsIdx[cl.Name] = c
-		oc := Class{ID: cl.Name, PromptTokens: cl.MeanPromptTokens, OutputTokens: cl.MeanOutputTokens}
+		oc := optimizer.Class{ID: cl.Name, PromptTokens: cl.MeanPromptTokens, OutputTokens: cl.MeanOutputTokens}
 		for _, e := range spec.EligibleEngines(cl.Name) {
 			oc.Eligible = append(oc.Eligible, engIdx[e.ID])
 		}
@@ -198,19 +199,19 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
 	}
 	feIdx := map[string]int{}
 	p.RTTMs = make([][]float64, len(spec.Frontends))
-	p.Demand = make([][]Demand, len(spec.Frontends))
+	p.Demand = make([][]optimizer.Demand, len(spec.Frontends))
 	for i, fe := range spec.Frontends {
 		feIdx[fe.Name] = i
-		p.Frontends = append(p.Frontends, Frontend{ID: fe.Name})
+		p.Frontends = append(p.Frontends, optimizer.Frontend{ID: fe.Name})
 		p.RTTMs[i] = make([]float64, len(spec.Engines))
 		for j, e := range spec.Engines {
 			ms, ok := spec.RTTMs(fe.Region, e.Region)
 			if !ok {
-				return nil, fmt.Errorf("%w: no round trip between regions %q and %q", ErrInvalidProblem, fe.Region, e.Region)
+				return nil, fmt.Errorf("%w: no round trip between regions %q and %q", optimizer.ErrInvalidProblem, fe.Region, e.Region)
 			}
 			p.RTTMs[i][j] = ms
 		}
-		p.Demand[i] = make([]Demand, len(spec.Classes))
+		p.Demand[i] = make([]optimizer.Demand, len(spec.Classes))
 		for c := range p.Demand[i] {
 			p.Demand[i][c].RatePerS = make([]float64, len(p.Priorities))
 		}
@@ -223,31 +224,31 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*Problem, error) {
 	for k, de := range d.Demand {
 		i, ok := feIdx[de.Frontend]
 		if !ok {
-			return nil, fmt.Errorf("%w: demand[%d]: unknown frontend %q", ErrInvalidProblem, k, de.Frontend)
+			return nil, fmt.Errorf("%w: demand[%d]: unknown frontend %q", optimizer.ErrInvalidProblem, k, de.Frontend)
 		}
 		c, ok := clsIdx[de.Class]
 		if !ok {
-			return nil, fmt.Errorf("%w: demand[%d]: unknown class %q", ErrInvalidProblem, k, de.Class)
+			return nil, fmt.Errorf("%w: demand[%d]: unknown class %q", optimizer.ErrInvalidProblem, k, de.Class)
 		}
 		if seen[[2]int{i, c}] {
-			return nil, fmt.Errorf("%w: demand[%d]: frontend %q class %q listed twice", ErrInvalidProblem, k, de.Frontend, de.Class)
+			return nil, fmt.Errorf("%w: demand[%d]: frontend %q class %q listed twice", optimizer.ErrInvalidProblem, k, de.Frontend, de.Class)
 		}
 		seen[[2]int{i, c}] = true
 		dm := &p.Demand[i][c]
 		dm.PromptTokens, dm.OutputTokens, dm.CachedPromptShare = de.PromptTokens, de.OutputTokens, de.CachedPromptShare
 		if de.CachedPromptShare != 0 && de.PromptTokens <= 0 && de.OutputTokens <= 0 {
-			return nil, fmt.Errorf("%w: demand[%d]: cached_prompt_share needs prompt_tokens or output_tokens (the shape it belongs to)", ErrInvalidProblem, k)
+			return nil, fmt.Errorf("%w: demand[%d]: cached_prompt_share needs prompt_tokens or output_tokens (the shape it belongs to)", optimizer.ErrInvalidProblem, k)
 		}
 		for name, r := range de.RatePerS {
 			pk, ok := priIdx[name]
 			if !ok {
-				return nil, fmt.Errorf("%w: demand[%d]: unknown priority %q", ErrInvalidProblem, k, name)
+				return nil, fmt.Errorf("%w: demand[%d]: unknown priority %q", optimizer.ErrInvalidProblem, k, name)
 			}
 			dm.RatePerS[pk] = r
 		}
 	}
 	if d.LastWeights != nil {
-		p.Last = &Allocation{Weights: d.LastWeights}
+		p.Last = &optimizer.Allocation{Weights: d.LastWeights}
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package optimizer
+package controlplane
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/optimizer"
 )
 
 func loadExample(t *testing.T) (*fleet.Spec, *DemandFile) {
@@ -31,7 +32,7 @@ func TestExampleDemand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sol, err := Solve(p, Options{})
+	sol, err := optimizer.Solve(p, optimizer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,15 +73,15 @@ func TestFromFleetErrors(t *testing.T) {
 		"engine twice":     {Engines: []EngineState{{ID: "us-west-a100-3", Penalty: 0.2}, {ID: "us-west-a100-3"}}},
 		"bad headroom":     {Headroom: &neg},
 	} {
-		if _, err := FromFleet(spec, d); !errors.Is(err, ErrInvalidProblem) {
+		if _, err := FromFleet(spec, d); !errors.Is(err, optimizer.ErrInvalidProblem) {
 			t.Errorf("%s: got %v, want ErrInvalidProblem", name, err)
 		}
 	}
 	d := &DemandFile{Demand: []DemandEntry{{Frontend: "frontend-us-east", Class: "general", RatePerS: map[string]float64{"critical": -1}}}}
-	if _, err := FromFleet(spec, d); !errors.Is(err, ErrNegativeDemand) {
+	if _, err := FromFleet(spec, d); !errors.Is(err, optimizer.ErrNegativeDemand) {
 		t.Errorf("negative demand: got %v", err)
 	}
-	if _, err := ParseDemand([]byte("demand: []\nbogus: 1\n")); !errors.Is(err, ErrInvalidProblem) {
+	if _, err := ParseDemand([]byte("demand: []\nbogus: 1\n")); !errors.Is(err, optimizer.ErrInvalidProblem) {
 		t.Errorf("unknown key: got %v", err)
 	}
 	_ = math.Inf
@@ -104,7 +105,7 @@ func FuzzParseDemand(f *testing.F) {
 		}
 		p, err := FromFleet(spec, d)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidProblem) && !errors.Is(err, ErrNegativeDemand) && !errors.Is(err, ErrNoEligibleEngine) {
+			if !errors.Is(err, optimizer.ErrInvalidProblem) && !errors.Is(err, optimizer.ErrNegativeDemand) && !errors.Is(err, optimizer.ErrNoEligibleEngine) {
 				t.Fatalf("unexpected error kind: %v", err)
 			}
 			return
@@ -139,7 +140,7 @@ engines: [{id: e, address: "127.0.0.1:9000", region: r, gpu: H100, model: m}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.TTFT != (Curve{Base: 40, Linear: 5, Queue: 2}) || p.TBOT != (Curve{Base: 7, Linear: 3, Queue: 0.5}) || p.CapacityRPS != 12.5 {
+	if p.TTFT != (optimizer.Curve{Base: 40, Linear: 5, Queue: 2}) || p.TBOT != (optimizer.Curve{Base: 7, Linear: 3, Queue: 0.5}) || p.CapacityRPS != 12.5 {
 		t.Fatalf("profile %+v: want the spec's curves and capacity", p)
 	}
 	derived, err := ProfileFromFleet(fleet.Profile{GPU: fp.GPU, Model: fp.Model, PrefillTokensPerS: fp.PrefillTokensPerS,
@@ -151,7 +152,7 @@ engines: [{id: e, address: "127.0.0.1:9000", region: r, gpu: H100, model: m}]
 	flat := fp
 	flat.TTFTCurve = &fleet.Curve{BaseMs: 40}
 	flat.TBOTCurve = &fleet.Curve{BaseMs: 7}
-	if _, err := ProfileFromFleet(flat, 1000, 200); !errors.Is(err, ErrNonConvexProfile) {
+	if _, err := ProfileFromFleet(flat, 1000, 200); !errors.Is(err, optimizer.ErrNonConvexProfile) {
 		t.Fatalf("curves flat in load: %v, want ErrNonConvexProfile", err)
 	}
 }
