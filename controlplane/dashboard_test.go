@@ -392,6 +392,9 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Fatalf("fe-east has no engine with weight: %v", page.Cells)
 	}
 
+	// 1b. Beside the planned shed, what ext_proc shed (its guardrail too).
+	checkObservedShed(ctx, t, tab, rig)
+
 	// 2. The engine table has every engine; the charts are drawn.
 	counts, err := chromedp.Run(tab, chromedp.Evaluate[[]int](`[
 		document.querySelectorAll("#engines tbody tr").length,

@@ -15,8 +15,8 @@ import (
 )
 
 // controlPlaneLong is control-plane --help's text.
-const controlPlaneLong = `control-plane scrapes every engine of the fleet (/metrics in vLLM's names and
-/health), takes demand reports from the ext_proc services (gRPC Reports), runs
+const controlPlaneLong = `control-plane scrapes every engine of the fleet (/metrics in the names of its
+engines[].server, vLLM's or SGLang's, and its health path), takes demand reports from the ext_proc services (gRPC Reports), runs
 the optimizer every --interval (and at once when an engine's health changes),
 and publishes per frontend node, over ADS (state of the world and delta) on
 --xds-listen:
@@ -50,7 +50,7 @@ over time, and the optimizer's reasons for any weight (docs/demo.md).`
 // fields: they choose or build one (the fleet, the allocator, the logger).
 type controlPlaneOptions struct {
 	fleet, lbPolicy, allocator, logLevel string
-	solverTolerance                      float64
+	solverTolerance, timeScale           float64
 }
 
 func init() {
@@ -93,6 +93,9 @@ func (o *controlPlaneOptions) apply(fs *pflag.FlagSet, d *controlplane.RunConfig
 	spec, err := fleet.Load(o.fleet)
 	if err != nil {
 		return err
+	}
+	if spec, err = spec.InRealTime(o.timeScale); err != nil {
+		return fmt.Errorf("%s: %w", name("time-scale"), err)
 	}
 	d.Fleet, d.Logger = spec, log
 	switch o.lbPolicy {
@@ -155,6 +158,7 @@ func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *control
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
 	f.IntVar(&d.History, "history", d.History, "cycles kept in memory for /history and the dashboard's charts")
 	f.DurationVar(&d.MaxClockSkew, "max-clock-skew", 10*time.Second, "reports whose interval ends further than this from this clock are refused")
+	f.Float64Var(&o.timeScale, "time-scale", 1, "the engines are simulators at this time scale (engine-sim --time-scale): the fleet's profiles and round trips are read in their real time (durations × it, rates ÷ it)")
 	f.StringVar(&o.allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
 	f.Float64Var(&o.solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
 	f.StringVar(&o.lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")

@@ -28,6 +28,7 @@ func TestControlPlaneErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--maglev-table-size", "100"}, "--maglev-table-size: must be a prime"},
 		{[]string{"--weight-scale", "1"}, "--weight-scale: must be in [10, 1000000]"},
 		{[]string{"--health-check-interval", "0s"}, "--health-check-interval / --health-check-timeout: must be positive"},
+		{[]string{"--time-scale", "0"}, "--time-scale: fleet: time scale must be a positive number, got 0"},
 		// Keys that were constants only changeable in code.
 		{[]string{"--penalty-latency-scale", "0"}, "--penalty-latency-scale: must be > 0 and finite, got 0"},
 		{[]string{"--penalty-error-tolerance", "-1"}, "--penalty-error-tolerance: must be ≥ 0 and finite"},

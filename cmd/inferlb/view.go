@@ -33,7 +33,8 @@ func newViewCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "view --fleet F --envoy-admin NAME=URL ...",
 		Short: "Live terminal view of engines' load and each frontend Envoy's weights and traffic",
-		Long: `view polls every engine's /metrics (vLLM names) and every frontend Envoy's
+		Long: `view polls every engine's /metrics (in the names of its engines[].server,
+vLLM's or SGLang's, as the control plane reads them) and every frontend Envoy's
 admin /clusters, and redraws one screen per interval: for each engine its
 running and waiting requests, KV-cache use, mean TTFT, prefix-cache hit rate
 and generated tokens/s over the interval; for each frontend the share of

@@ -172,7 +172,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return err
+		return fmt.Errorf("listen (--listen) %q: %w", cfg.Listen, err)
 	}
 	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
 	srv.Register(g)
@@ -207,7 +207,7 @@ func Run(ctx context.Context, cfg Config) error {
 			cancel()
 			g.Stop()
 			wg.Wait()
-			return err
+			return fmt.Errorf("http listen (--http-listen) %q: %w", cfg.HTTPListen, err)
 		}
 		httpAddr = hl.Addr().String()
 		hs = &http.Server{Handler: statusMux(reg, srv, sub), ReadHeaderTimeout: 5 * time.Second}

@@ -182,6 +182,21 @@ func TestNoListenAddress(t *testing.T) {
 	}
 }
 
+// A listen address that cannot be used names its flag and the address.
+func TestBadListenAddressNamesTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  service.Config
+		want string
+	}{
+		{service.Config{Listen: "bad", BodyLimit: 1024}, `--listen) "bad"`},
+		{service.Config{Listen: "127.0.0.1:0", HTTPListen: "bad", BodyLimit: 1024}, `--http-listen) "bad"`},
+	} {
+		if err := service.Run(context.Background(), tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err = %v, want it to contain %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
 // /policy is JSON whatever the control plane put in the version string.
 func TestPolicyEndpointIsJSON(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))

@@ -289,25 +289,15 @@ func (rc *recorder) proxy(engine string, target *url.URL) http.Handler {
 	})
 }
 
-// scaled is the profile in real time at time scale s: what the control
-// plane sees of an engine simulated s real seconds per simulated second.
-func scaled(p fleet.Profile, s float64) fleet.Profile {
-	p.PrefillTokensPerS /= s
-	p.OverheadMs *= s
-	p.DecodeStepMs *= s
-	p.DecodeStepPerSeqMs *= s
-	return p
-}
-
 // cachedCapacityRPS is the engines' capacity (simulated requests per second)
 // given to the control plane. Its step model counts every prompt token as
 // prefill, which for these prompts (mostly a cached preamble and history)
 // would make it shed well below what the engines serve; the rig measures
 // affinity, not admission, so it states the capacity instead.
-const cachedCapacityRPS = 25
+const cachedCapacityRPS = 25.0
 
 func fleetYAML(o Options, mode string, addrs []string) string {
-	p := scaled(o.Profile, o.TimeScale)
+	p := o.Profile
 	affinity := "{mode: 'on'}"
 	if mode == ModeRandom {
 		affinity = "{mode: 'off'}"
@@ -324,7 +314,7 @@ classes: [{name: chat, model: %s, mean_prompt_tokens: %d, mean_output_tokens: %d
 priorities: [{name: default, level: 0, shed_cost: 1000}]
 engines:
 `, p.Model, p.MaxContextTokens, p.GPU, p.Model, p.PrefillTokensPerS, p.OverheadMs, p.DecodeStepMs, p.DecodeStepPerSeqMs,
-		p.MaxRunning, p.MaxBatchedTokens, p.KVCapacityTokens, p.BlockSize, cachedCapacityRPS/o.TimeScale, p.Model, meanPrompt, (o.OutputTokens.Min+o.OutputTokens.Max)/2, affinity)
+		p.MaxRunning, p.MaxBatchedTokens, p.KVCapacityTokens, p.BlockSize, cachedCapacityRPS, p.Model, meanPrompt, (o.OutputTokens.Min+o.OutputTokens.Max)/2, affinity)
 	for i, a := range addrs {
 		y += fmt.Sprintf("  - {id: e%d, address: %q, region: local, gpu: %s, model: %s}\n", i, a, p.GPU, p.Model)
 	}
@@ -365,6 +355,10 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 		return nil, err
 	}
 	spec, err := fleet.Parse([]byte(fleetYAML(o, mode, addrs)))
+	if err == nil {
+		// The engines in real time: what the control plane reads of them.
+		spec, err = spec.InRealTime(o.TimeScale)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fleet spec: %w", err)
 	}
@@ -495,11 +489,6 @@ func startControlPlane(ctx context.Context, o Options, g *group, spec *fleet.Spe
 	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 200*time.Millisecond, time.Second
 	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 3*time.Second, time.Second, 5*time.Second, 300*time.Millisecond
 	cfg.Cycle.Translate.HashBalanceFactor = o.HashBalanceFactor
-	// The engines report latencies in simulated time, 1/TimeScale times
-	// what the real-time profile predicts; that is no slowness to
-	// penalize (and penalties moving weights would remap conversations for
-	// a reason that is the rig's, not the balancer's).
-	cfg.Cycle.Penalty.LatencyTolerance = 2 / o.TimeScale
 	runner, err := controlplane.NewRunner(cfg)
 	if err != nil {
 		return "", err

@@ -249,7 +249,7 @@ func startBackends(sup *supervisor, o Options, pt ports) error {
 	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
 		"--xds-listen", fmt.Sprintf("127.0.0.1:%d", pt.xds),
 		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.cpAdmin),
-		"--interval", o.ControlInterval.String(), "--insecure",
+		"--interval", o.ControlInterval.String(), "--insecure", "--time-scale", fmt.Sprint(o.TimeScale),
 		"--state-file", filepath.Join(o.OutDir, "control-plane-state.json")); err != nil {
 		return err
 	}

@@ -46,8 +46,12 @@
 //   - Text: deterministic words of 2–7 letters, one token each under the
 //     project's token rule (package tokens), separated by single spaces.
 //   - Time: all durations of the profile are simulated time; TimeScale s
-//     makes a simulated second last s real seconds. Latency histograms in
-//     /metrics are in simulated seconds, as the engine sees them.
+//     makes a simulated second last s real seconds. /metrics is in real
+//     time, as a real engine's: latency histograms in real seconds (the
+//     simulated ones times s), and its counters are read per real second,
+//     so a control plane reading it sees one time base and plans with the
+//     fleet in real time (fleet.Spec.InRealTime, control-plane
+//     --time-scale).
 //   - Network distance: a request carrying x-inferlb-source-region is held
 //     for the fleet's round trip between that region and the engine's region
 //     before it reaches the engine (scaled by TimeScale). No header, or no

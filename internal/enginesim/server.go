@@ -401,9 +401,9 @@ func (l *listener) Token(r *model.Request, t time.Duration) {
 	s := (*Server)(l)
 	if r.Generated == 1 {
 		s.lags.add(true, time.Since(s.realAt(t)))
-		s.metrics.ttft.Observe((t - r.Arrival).Seconds())
+		s.metrics.ttft.Observe(s.real(t - r.Arrival).Seconds())
 	} else {
-		s.metrics.itl.Observe((t - st.last).Seconds())
+		s.metrics.itl.Observe(s.real(t - st.last).Seconds())
 	}
 	st.last = t
 	st.mu.Lock()
@@ -427,8 +427,8 @@ func (l *listener) Finished(r *model.Request, t time.Duration) {
 	s := (*Server)(l)
 	s.metrics.success[r.Reason].Inc()
 	if r.Reason != model.FinishAbort {
-		s.metrics.e2e.Observe((t - r.Arrival).Seconds())
-		s.metrics.queue.Observe((r.Scheduled - r.Queued).Seconds())
+		s.metrics.e2e.Observe(s.real(t - r.Arrival).Seconds())
+		s.metrics.queue.Observe(s.real(r.Scheduled - r.Queued).Seconds())
 	}
 	st.mu.Lock()
 	st.done = true

@@ -391,9 +391,11 @@ func TestMetricsMatchRequests(t *testing.T) {
 			}
 		}
 	}
+	// In real time: the simulated TTFT (within the profile's range) × the
+	// time scale, 0.1.
 	h := mf["vllm:time_to_first_token_seconds"].Metric[0].Histogram
-	if mean := h.GetSampleSum() / float64(h.GetSampleCount()); mean < 0.03 || mean > 0.5 {
-		t.Errorf("mean TTFT %v s outside the profile's range", mean)
+	if mean := h.GetSampleSum() / float64(h.GetSampleCount()); mean < 0.1*0.03 || mean > 0.1*0.5 {
+		t.Errorf("mean TTFT %v real s outside the profile's range at time scale 0.1", mean)
 	}
 
 	// Gauges while requests run.

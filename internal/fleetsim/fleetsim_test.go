@@ -203,6 +203,8 @@ func TestScenarioErrors(t *testing.T) {
 			[]string{"line 2: fleet: nowhere.yaml"}},
 		{"policies", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nworkload: {kind: sessions, sessions_per_s: 1, regions: [{at: 0s, shares: {us-east: 1}}]}\npolicies: [inferlb, magic, inferlb]\n",
 			[]string{`policies[1]: unknown policy "magic"`, `policies[2]: policy "inferlb" twice`}},
+		{"trace priorities", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nworkload: {kind: azure, trace: t.csv, priorities: {critical: 1, vip: 1}, regions: [{at: 0s, shares: {us-east: 1}}]}\n",
+			[]string{`line 4: workload.priorities.vip: unknown priority "vip"`}},
 		{"seeds", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nseeds: 0\nworkload: {kind: sessions, sessions_per_s: 1, regions: [{at: 0s, shares: {us-east: 1}}]}\n",
 			[]string{"line 4: seeds: must be in [1, 50], got 0"}},
 		{"empty", "", []string{"empty scenario: no YAML document"}},
@@ -278,5 +280,63 @@ func TestWriteOut(t *testing.T) {
 	eng, _ := os.ReadFile(filepath.Join(dir, "small", "engines.md"))
 	if !strings.Contains(string(eng), "## inferlb") || !strings.Contains(string(eng), "| us-east-h100-1 | H100 | us-east |") {
 		t.Fatalf("engines.md has no per-engine rows for inferlb:\n%s", eng)
+	}
+}
+
+// overloaded is about 1.4× what the reference fleet serves within the SLO:
+// long prompts that share nothing, in three priorities.
+const overloaded = `
+name: overloaded
+description: test
+fleet: ../../examples/fleet-3region.yaml
+duration: 24s
+warmup: 12s
+seed: 4
+slo: {ttft_ms: 1000, tpot_ms: 60}
+workload:
+  kind: sessions
+  sessions_per_s: 120
+  turns: {min: 1, max: 1}
+  user_tokens: {min: 800, max: 1400}
+  output_tokens: {min: 150, max: 350}
+  system_prompt_tokens: 1
+  priorities: {critical: 0.2, standard: 0.6, batch: 0.2}
+  regions:
+    - at: 0s
+      shares: {us-east: 0.4, us-west: 0.3, eu-west: 0.3}
+`
+
+// Under a real overload inferlb sheds, the least important priority first
+// and the top one not at all, and the result says so per priority.
+func TestInferlbShedsLowestPriorityFirstUnderOverload(t *testing.T) {
+	res, err := Run(context.Background(), Options{Scenario: parseSmall(t, overloaded), Policy: PolicyInferlb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := res.ShedPctByPriority
+	t.Logf("shed %.1f%%, by priority %v, goodput %.3f, p99 %.0f ms", res.ShedPct, by, res.Goodput, res.TTFT.P99)
+	if res.Shed == 0 || len(by) != 3 {
+		t.Fatalf("shed %d of %d, by priority %v", res.Shed, res.Arrived, by)
+	}
+	if by["critical"] != 0 || !(by["batch"] > by["standard"]) || !(by["batch"] > 50) {
+		t.Fatalf("shed by priority %v: want batch first (most of it), critical never", by)
+	}
+	var b bytes.Buffer
+	WriteTable(&b, &ScenarioResult{Scenario: "overloaded", Policies: []*PolicyResult{res}})
+	if !strings.Contains(b.String(), "Shed by priority (inferlb): batch ") {
+		t.Fatalf("table without the shed by priority:\n%s", b.String())
+	}
+}
+
+// Over several seeds each priority's shed share is the runs' median.
+func TestSeedsMedianShedByPriority(t *testing.T) {
+	runs := []*PolicyResult{
+		{Policy: "inferlb", ShedPctByPriority: map[string]float64{"batch": 80, "critical": 0}},
+		{Policy: "inferlb", ShedPctByPriority: map[string]float64{"batch": 60, "critical": 0}},
+		{Policy: "inferlb", ShedPctByPriority: map[string]float64{"batch": 90, "critical": 0}},
+	}
+	m := medianResult(runs, []uint64{1, 2, 3})
+	if got := m.ShedPctByPriority; got["batch"] != 80 || got["critical"] != 0 || len(got) != 2 {
+		t.Fatalf("shed by priority %v, want batch 80 (the median), critical 0", got)
 	}
 }

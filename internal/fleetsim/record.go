@@ -35,6 +35,7 @@ type record struct {
 	out     outcome
 	retries uint8
 	remap   int8 // −1 first turn, 0 same engine as the last turn, 1 moved
+	prio    int8 // index into the fleet's priorities, −1 none given
 }
 
 // recorder accumulates a run's figures.
@@ -68,6 +69,20 @@ type recorder struct {
 type mark struct {
 	At    float64 `json:"at_s"`
 	Label string  `json:"label"`
+}
+
+// priorityIndex is the named priority's index in the fleet spec, −1 for
+// none (or more than an int8 holds).
+func (r *recorder) priorityIndex(name string) int8 {
+	if name == "" {
+		return -1
+	}
+	for i, p := range r.s.spec.Priorities {
+		if p.Name == name && i < math.MaxInt8 {
+			return int8(i)
+		}
+	}
+	return -1
 }
 
 // tokenCost is an engine's work model: seconds of one replica's capacity
@@ -117,7 +132,7 @@ func (r *recorder) arrived(p *request) {
 
 func (r *recorder) done(p *request, out outcome) {
 	rec := record{arrival: float32(r.rel(p.arrival)), out: out, engine: -1, remap: -1, prompt: int32(len(p.prompt)),
-		retries: uint8(min(p.retried, 255))}
+		retries: uint8(min(p.retried, 255)), prio: r.priorityIndex(p.w.Priority)}
 	if p.engine >= 0 {
 		rec.engine = int16(p.engine)
 	}

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -194,6 +196,16 @@ func WriteTable(w io.Writer, r *ScenarioResult) {
 		fmt.Fprintf(w, "\nMedians over %d seeds (%d–%d); counts (retries) are totals.\n", len(r.Seeds), r.Seeds[0], r.Seeds[len(r.Seeds)-1])
 	}
 	fmt.Fprintf(w, "\nBest achievable hit rate with the fleet's caches pooled (reference): %.1f%%.\n", 100*r.BestHitRate)
+	for _, p := range r.Policies {
+		if p.Shed == 0 || len(p.ShedPctByPriority) == 0 {
+			continue
+		}
+		var parts []string
+		for _, name := range slices.Sorted(maps.Keys(p.ShedPctByPriority)) {
+			parts = append(parts, fmt.Sprintf("%s %.1f%%", name, p.ShedPctByPriority[name]))
+		}
+		fmt.Fprintf(w, "\nShed by priority (%s): %s.\n", p.Policy, strings.Join(parts, ", "))
+	}
 	for _, p := range r.Policies {
 		for _, n := range p.Notes {
 			fmt.Fprintf(w, "\nNote (%s): %s\n", p.Policy, n)

@@ -27,6 +27,9 @@ type PolicyResult struct {
 	// HitRate is cached prompt tokens / prompt tokens of served requests.
 	HitRate float64 `json:"prefix_hit_rate"`
 	ShedPct float64 `json:"shed_pct"`
+	// ShedPctByPriority is, per priority the workload gives its requests,
+	// the share of its arrivals shed (%).
+	ShedPctByPriority map[string]float64 `json:"shed_pct_by_priority,omitempty"`
 	// Retries is the number of retries Envoy made; RetriedPct the share of
 	// requests that needed one.
 	Retries    int     `json:"retries"`
@@ -109,11 +112,18 @@ func (s *Sim) result() (*PolicyResult, error) {
 	good, follow, moved := 0, 0, 0
 	warm := s.sc.Warmup.Seconds()
 	wins := map[int]*win{}
+	prioArrived, prioShed := map[int8]int{}, map[int8]int{}
 	for _, rec := range r.recs {
 		if float64(rec.arrival) < warm {
 			continue
 		}
 		res.Arrived++
+		if rec.prio >= 0 {
+			prioArrived[rec.prio]++
+			if rec.out == outcomeShed {
+				prioShed[rec.prio]++
+			}
+		}
 		res.Retries += int(rec.retries)
 		if rec.retries > 0 {
 			res.RetriedPct++
@@ -174,6 +184,12 @@ func (s *Sim) result() (*PolicyResult, error) {
 		res.Goodput = float64(good) / float64(res.Arrived)
 		res.ShedPct = 100 * float64(res.Shed) / float64(res.Arrived)
 		res.RetriedPct = 100 * res.RetriedPct / float64(res.Arrived)
+	}
+	for i, n := range prioArrived {
+		if res.ShedPctByPriority == nil {
+			res.ShedPctByPriority = map[string]float64{}
+		}
+		res.ShedPctByPriority[s.spec.Priorities[i].Name] = pct(prioShed[i], n)
 	}
 	if span := (s.sc.Duration - s.sc.Warmup).Seconds(); span > 0 {
 		res.GoodputPerS = float64(good) / span

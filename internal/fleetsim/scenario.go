@@ -83,6 +83,9 @@ type Workload struct {
 	BlockTokens int
 	// Regions for trace rows (their shares); sessions use MultiTurn.Regions.
 	Regions []workload.Share
+	// Priorities of trace rows (their shares, drawn per row; empty: the
+	// fleet's default priority); sessions use MultiTurn.Priorities.
+	Priorities []workload.Share
 }
 
 // RatePhase scales the arrival rate from At on.
@@ -517,6 +520,9 @@ func (v *validator) workload(sc *Scenario, d *workloadDoc) {
 			v.bad("workload.trace", "is required for %s (a file name under the data directory)", d.Kind)
 		}
 		w.Trace, w.Rows, w.BlockTokens = d.Trace, d.Rows, d.BlockTokens
+		if spec != nil {
+			w.Priorities = v.shares("workload.priorities", d.Priorities, func(p string) bool { _, ok := spec.PriorityByName(p); return ok }, "priority")
+		}
 		if d.Rows < 0 {
 			v.bad("workload.rows", "must be ≥ 0, got %d", d.Rows)
 		}

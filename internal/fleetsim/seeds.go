@@ -60,6 +60,12 @@ func medianResult(runs []*PolicyResult, seeds []uint64) *PolicyResult {
 	out.GoodputPerS = m(func(r *PolicyResult) float64 { return r.GoodputPerS })
 	out.HitRate = m(func(r *PolicyResult) float64 { return r.HitRate })
 	out.ShedPct = m(func(r *PolicyResult) float64 { return r.ShedPct })
+	for name := range first.ShedPctByPriority {
+		if out.ShedPctByPriority == nil {
+			out.ShedPctByPriority = map[string]float64{}
+		}
+		out.ShedPctByPriority[name] = m(func(r *PolicyResult) float64 { return r.ShedPctByPriority[name] })
+	}
 	out.RetriedPct = m(func(r *PolicyResult) float64 { return r.RetriedPct })
 	out.ChurnPerCycle = m(func(r *PolicyResult) float64 { return r.ChurnPerCycle })
 	out.Remapped = m(func(r *PolicyResult) float64 { return r.Remapped })

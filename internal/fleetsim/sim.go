@@ -373,7 +373,7 @@ func (s *Sim) workload() error {
 		if w.Rows > 0 && w.Rows < len(rows) {
 			rows = rows[:w.Rows]
 		}
-		src, err := workload.NewAzure(rows, workload.AzureOptions{Format: workload.Chat, Seed: s.seed})
+		src, err := workload.NewAzure(rows, workload.AzureOptions{Format: workload.Chat, Seed: s.seed, Priorities: w.Priorities})
 		if err != nil {
 			return err
 		}
@@ -386,7 +386,7 @@ func (s *Sim) workload() error {
 		if w.Rows > 0 && w.Rows < len(rows) {
 			rows = rows[:w.Rows]
 		}
-		src, err := workload.NewMooncake(rows, workload.MooncakeOptions{Format: workload.Chat, Seed: s.seed, BlockTokens: w.BlockTokens})
+		src, err := workload.NewMooncake(rows, workload.MooncakeOptions{Format: workload.Chat, Seed: s.seed, BlockTokens: w.BlockTokens, Priorities: w.Priorities})
 		if err != nil {
 			return err
 		}

@@ -1,5 +1,5 @@
 // Package liveview is the demo's live view: it polls every engine's /metrics
-// (vLLM names) and every frontend Envoy's admin /clusters, and renders one
+// (in its server's names, as the control plane reads them) and every frontend Envoy's admin /clusters, and renders one
 // terminal screen that shows, per engine, its load and latency, and per
 // frontend, the weight Envoy holds for it and the share of traffic it got.
 //
@@ -91,14 +91,14 @@ func (c *Collector) Collect(ctx context.Context) (Sample, error) {
 			url = u
 		}
 		wg.Add(1)
-		go func(id, url string) {
+		go func(id, url, server string) {
 			defer wg.Done()
-			es, err := scrapeEngine(ctx, client, url+"/metrics")
+			es, err := scrapeEngine(ctx, client, url+"/metrics", server)
 			es.Up = err == nil
 			mu.Lock()
 			s.Engines[id] = es
 			mu.Unlock()
-		}(e.ID, url)
+		}(e.ID, url, e.Server)
 	}
 	for name, admin := range c.EnvoyAdmin {
 		wg.Add(1)
@@ -140,20 +140,26 @@ func get(ctx context.Context, client *http.Client, url string) ([]byte, error) {
 	return b, nil
 }
 
-func scrapeEngine(ctx context.Context, client *http.Client, url string) (EngineSample, error) {
+func scrapeEngine(ctx context.Context, client *http.Client, url, server string) (EngineSample, error) {
 	b, err := get(ctx, client, url)
 	if err != nil {
 		return EngineSample{}, err
 	}
-	return ParseEngineMetrics(b)
+	return ParseEngineMetrics(server, b)
 }
 
-// ParseEngineMetrics reads vLLM-named metrics from Prometheus text format,
-// with the control plane's parser (signals.ParseMetrics: values of every
-// label set summed; the running, waiting and KV-usage gauges required). A
+// ParseEngineMetrics reads an engine's metrics from Prometheus text format
+// in the names of its server kind (the fleet's engines[].server: vllm,
+// sglang, generic; "" is vLLM), with the control plane's mapping and parser
+// (signals.MappingFor(server).Parse: values of every label set summed; for
+// vLLM and SGLang the running, waiting and KV-usage gauges required). A
 // counter the engine does not export reads as 0 here.
-func ParseEngineMetrics(text []byte) (EngineSample, error) {
-	m, err := signals.ParseMetrics(bytes.NewReader(text))
+func ParseEngineMetrics(server string, text []byte) (EngineSample, error) {
+	mp := signals.MappingFor(server)
+	if mp == nil {
+		return EngineSample{}, fmt.Errorf("server kind %q has no metric names (vllm, sglang or generic)", server)
+	}
+	m, err := mp.Parse(bytes.NewReader(text))
 	if err != nil {
 		return EngineSample{}, err
 	}

@@ -153,7 +153,7 @@ func TestViewShowsEnvoyWeightsAndEngineLoad(t *testing.T) {
 }
 
 func TestParseEngineMetricsRejectsGarbage(t *testing.T) {
-	if _, err := ParseEngineMetrics([]byte("vllm:num_requests_running{ 1\n")); err == nil {
+	if _, err := ParseEngineMetrics("vllm", []byte("vllm:num_requests_running{ 1\n")); err == nil {
 		t.Fatal("want a parse error")
 	}
 }
@@ -172,15 +172,74 @@ vllm:kv_cache_usage_perc{model_name="m"} 0.25
 vllm:generation_tokens_total{model_name="m"} 40
 vllm:generation_tokens_total{model_name="n"} 2
 `
-	s, err := ParseEngineMetrics([]byte(text))
+	s, err := ParseEngineMetrics("", []byte(text))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Running != 3 || s.Waiting != 1 || s.KVUsage != 0.25 || s.GenerationToks != 42 || s.RequestsSuccess != 0 || s.TTFTCount != 0 {
 		t.Errorf("parsed %+v", s)
 	}
-	if _, err := ParseEngineMetrics([]byte("# TYPE up gauge\nup 1\n")); err == nil || !strings.Contains(err.Error(), "vllm:num_requests_running") {
+	if _, err := ParseEngineMetrics("vllm", []byte("# TYPE up gauge\nup 1\n")); err == nil || !strings.Contains(err.Error(), "vllm:num_requests_running") {
 		t.Errorf("a non-vLLM /metrics: err = %v, want it to name the missing gauges", err)
+	}
+}
+
+// An SGLang engine (the fleet's engines[].server) is read in SGLang's
+// names, with the control plane's mapping: running, queued, KV use, TTFT
+// and tokens show, as for vLLM. A real engine simulator serves SGLang's
+// /metrics; an unknown server kind is an error naming the known ones.
+func TestViewReadsSGLangEngines(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	ctx := context.Background()
+	eng, err := enginesim.Start(ctx, enginesim.Options{ID: "sg", Model: "m", Profile: enginesim.H100Llama8B, Server: fleet.ServerSGLang, TimeScale: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	spec, err := fleet.Parse([]byte(fmt.Sprintf(`name: sg
+regions: [{name: east}]
+frontends: [{name: fe, region: east}]
+models: [{name: m, max_context_tokens: 8192}]
+profiles:
+  - {gpu: H100, model: m, prefill_tokens_per_s: 25000, overhead_ms: 10, decode_step_ms: 6.5, decode_step_per_seq_ms: 0.055, kv_capacity_tokens: 450000}
+classes: [{name: chat, model: m}]
+engines:
+  - {id: sg, address: %q, region: east, gpu: H100, model: m, server: sglang}
+`, eng.Addr())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	c := &Collector{Client: hc, Fleet: spec}
+	first, err := c.Collect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		resp, err := hc.Post("http://"+eng.Addr()+"/v1/chat/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"hello %d"}]}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	cur, err := c.Collect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cur.Engines["sg"]
+	if !s.Up || s.TTFTCount-first.Engines["sg"].TTFTCount != 5 || s.GenerationToks < 15 || s.RequestsSuccess < 5 {
+		t.Fatalf("SGLang engine sample %+v (before %+v): want it up, 5 first tokens, 15 tokens, 5 requests", s, first.Engines["sg"])
+	}
+	if r := c.Build(first, cur).Engines[0]; math.IsNaN(r.TTFTMs) || r.TTFTMs <= 0 {
+		t.Fatalf("SGLang engine row %+v: want a mean TTFT", r)
+	}
+	if _, err := ParseEngineMetrics("tgi", nil); err == nil || !strings.Contains(err.Error(), "vllm, sglang or generic") {
+		t.Fatalf("unknown server kind: %v", err)
 	}
 }
 

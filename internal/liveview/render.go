@@ -302,9 +302,11 @@ func Render(w io.Writer, v View) {
 		if !r.Up {
 			id += " DOWN"
 		}
+		// The engines' /metrics are in real time (engine-sim's too); the
+		// view is in their simulated time, as the clients' latencies.
 		fmt.Fprintf(w, "%-21s %-8s %-5s %4.0f %4.0f %s %s %7s %s %6s\n",
 			trunc(id, 21), trunc(r.Region, 8), trunc(r.GPU, 5), r.Running, r.Waiting,
-			bar(r.KVUsage, full, 10), pct(r.KVUsage), num(r.TTFTMs, "%7.0f", 7), pct(r.PrefixHitRate), num(r.TokensPerS, "%6.0f", 6))
+			bar(r.KVUsage, full, 10), pct(r.KVUsage), num(r.TTFTMs/scale, "%7.0f", 7), pct(r.PrefixHitRate), num(r.TokensPerS*scale, "%6.0f", 6))
 	}
 
 	// Weights per class: only classes with traffic, else the first.

@@ -123,8 +123,11 @@ func LoadAzure(path string) ([]AzureRow, error) {
 // AzureOptions shape an Azure replay.
 type AzureOptions struct {
 	Format Format
-	// Seed varies the prompt text.
+	// Seed varies the prompt text (and the priorities drawn).
 	Seed uint64
+	// Priorities is the priority mix of the rows (empty: no priority),
+	// drawn per row from Seed: the trace has no priorities.
+	Priorities []Share
 }
 
 // Azure replays Azure rows: arrivals at the trace's times (the first row is
@@ -141,6 +144,11 @@ type Azure struct {
 func NewAzure(rows []AzureRow, opt AzureOptions) (*Azure, error) {
 	if opt.Format != Chat && opt.Format != Completion {
 		return nil, fmt.Errorf("azure: unknown format %d", opt.Format)
+	}
+	if len(opt.Priorities) > 0 {
+		if err := validShares(opt.Priorities); err != nil {
+			return nil, fmt.Errorf("azure: priorities: %w", err)
+		}
 	}
 	return &Azure{rows: rows, opt: opt}, nil
 }
@@ -170,6 +178,16 @@ func (a *Azure) Request(i int) Request {
 		MaxTokens: row.GeneratedTokens,
 	}
 	seed := mix64(uint64(i) ^ mix64(a.opt.Seed^0x617a757265))
+	r.Priority = rowPriority(a.opt.Priorities, seed)
 	singlePrompt(&r, a.opt.Format, row.ContextTokens, func(words int) string { return Words(seed, words) })
 	return r
+}
+
+// rowPriority draws a trace row's priority from its seed (the same row and
+// seed always get the same priority).
+func rowPriority(sh []Share, seed uint64) string {
+	if len(sh) == 0 {
+		return ""
+	}
+	return pickAt(sh, float64(mix64(seed^0x7072696f)>>11)/(1<<53))
 }

@@ -125,6 +125,9 @@ type MooncakeOptions struct {
 	// own). Outputs never enter a Mooncake prompt, so a cap keeps the prefix
 	// structure while shortening a replay that studies the prefix cache.
 	MaxOutputTokens int
+	// Priorities is the priority mix of the rows (empty: no priority),
+	// drawn per row from Seed: the trace has no priorities.
+	Priorities []Share
 }
 
 // Mooncake replays Mooncake rows as requests. Each hash id becomes a fixed
@@ -151,6 +154,11 @@ func NewMooncake(rows []MooncakeRow, opt MooncakeOptions) (*Mooncake, error) {
 	}
 	if opt.MaxOutputTokens < 0 {
 		return nil, fmt.Errorf("mooncake: max output tokens %d is negative", opt.MaxOutputTokens)
+	}
+	if len(opt.Priorities) > 0 {
+		if err := validShares(opt.Priorities); err != nil {
+			return nil, fmt.Errorf("mooncake: priorities: %w", err)
+		}
 	}
 	return &Mooncake{rows: rows, opt: opt}, nil
 }
@@ -188,6 +196,7 @@ func (m *Mooncake) Request(i int) Request {
 		Offset:    time.Duration(row.Timestamp-m.rows[0].Timestamp) * time.Millisecond,
 		MaxTokens: row.OutputLength, // outputs never enter the prefix cache: not scaled
 		HashIDs:   row.HashIDs,
+		Priority:  rowPriority(m.opt.Priorities, mix64(uint64(i)^mix64(m.opt.Seed^0x6d6f6f6e))),
 	}
 	if m.opt.MaxOutputTokens > 0 {
 		r.MaxTokens = min(r.MaxTokens, m.opt.MaxOutputTokens)

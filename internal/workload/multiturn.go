@@ -99,11 +99,19 @@ func pick(sh []Share, rng *rand.Rand) string {
 	if len(sh) == 0 {
 		return ""
 	}
+	return pickAt(sh, rng.Float64())
+}
+
+// pickAt is the share that u ∈ [0, 1) falls in (the shares laid end to end).
+func pickAt(sh []Share, u float64) string {
+	if len(sh) == 0 {
+		return ""
+	}
 	sum := 0.0
 	for _, x := range sh {
 		sum += x.Weight
 	}
-	u := rng.Float64() * sum
+	u *= sum
 	for _, x := range sh {
 		if u < x.Weight {
 			return x.Name

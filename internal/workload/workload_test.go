@@ -194,6 +194,65 @@ func TestAzureReplaysTheTrace(t *testing.T) {
 	}
 }
 
+// A trace has no priorities: a mix is drawn per row, the same for the same
+// seed, in the given shares; Mooncake likewise.
+func TestTracePriorityMix(t *testing.T) {
+	rows, err := LoadAzure(filepath.Join("testdata", "azure_code_head.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	many := slices.Repeat(rows, 40) // 4,000 rows
+	mix := []Share{{"critical", 1}, {"batch", 3}}
+	a, err := NewAzure(many, AzureOptions{Seed: 5, Priorities: mix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := NewAzure(many, AzureOptions{Seed: 5, Priorities: mix})
+	crit := 0.0
+	for i := range many {
+		r := a.Request(i)
+		if r.Priority != b.Request(i).Priority {
+			t.Fatalf("row %d: priority differs between two replays of one seed", i)
+		}
+		switch r.Priority {
+		case "critical":
+			crit++
+		case "batch":
+		default:
+			t.Fatalf("row %d: priority %q", i, r.Priority)
+		}
+	}
+	if share := crit / float64(len(many)); math.Abs(share-0.25) > 0.03 {
+		t.Fatalf("critical share %.3f, want 0.25", share)
+	}
+	if none, _ := NewAzure(rows, AzureOptions{}); none.Request(0).Priority != "" {
+		t.Fatalf("no mix: priority %q", none.Request(0).Priority)
+	}
+	mrows, err := LoadMooncake(filepath.Join("testdata", "mooncake_head.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMooncake(mrows, MooncakeOptions{Seed: 5, Priorities: mix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i := range mrows {
+		seen[m.Request(i).Priority] = true
+	}
+	if !seen["critical"] || !seen["batch"] || len(seen) != 2 {
+		t.Fatalf("mooncake priorities %v", seen)
+	}
+	for _, bad := range [][]Share{{{"x", -1}}, {{"x", 0}}} {
+		if _, err := NewAzure(rows, AzureOptions{Priorities: bad}); err == nil || !strings.Contains(err.Error(), "azure: priorities") {
+			t.Errorf("azure %v: %v", bad, err)
+		}
+		if _, err := NewMooncake(mrows, MooncakeOptions{Priorities: bad}); err == nil || !strings.Contains(err.Error(), "mooncake: priorities") {
+			t.Errorf("mooncake %v: %v", bad, err)
+		}
+	}
+}
+
 func TestAzureFullTraces(t *testing.T) {
 	for name, n := range map[string]int{"AzureLLMInferenceTrace_code.csv": 8819, "AzureLLMInferenceTrace_conv.csv": 19366} {
 		rows, err := LoadAzure(sharedData(t, name))

@@ -135,7 +135,8 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		xds, admin := freeAddr(t), freeAddr(t)
 		args := []string{"control-plane", "--fleet", s.fleetPath, "--xds-listen", xds, "--admin-listen", admin,
 			"--interval", "1s", "--scrape-interval", "250ms", "--scrape-timeout", "500ms", "--stale-after", "2s",
-			"--smoothing", "1s", "--demand-window", "4s", "--warmup", "500ms", "--log-level", "info"}
+			"--smoothing", "1s", "--demand-window", "4s", "--warmup", "500ms", "--log-level", "info",
+			"--time-scale", fmt.Sprint(o.timeScale)}
 		args = append(args, s.auth.serverFlags()...)
 		args = append(args, o.cpArgs...)
 		s.cps = append(s.cps, startProc(t, s.dir, fmt.Sprintf("control-plane-%d", k), bin, args...))

@@ -213,14 +213,42 @@ func (in *Intake) now() time.Time {
 //     MaxAttempts × MaxInflight for the requests in flight when it started
 //     (and at most that much carried over). Responses beyond the credit are
 //     not from requests the instance saw.
+//
+// A report is counted once however often it arrives. An instance that got
+// no answer resends its report merged with the next interval's (the same
+// interval_start, a later end; cpclient.Reporter), yet the first may have
+// arrived: a report with the interval_start of one already accepted from
+// the instance replaces it if it ends later (it holds all of it), and is
+// ignored otherwise (it is a late copy of what the other holds).
 func (in *Intake) Report(_ context.Context, r *policyv1.ReportRequest) error {
 	now := in.now()
 	err := in.validate(r, now)
 	k := [2]string{r.NodeId, r.Instance}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	prev := -1
 	if err == nil {
-		err = in.spend(k, r)
+		prev = in.sameStart(k, r)
+		switch {
+		case prev < 0:
+			err = in.spend(k, r)
+		case !r.IntervalEnd.AsTime().After(in.byInstance[k][prev].req.IntervalEnd.AsTime()):
+			// A late copy: what it says is counted, if it is a copy (it
+			// holds no more than the report that extends it).
+			ha, hr := totals(in.byInstance[k][prev].req)
+			if a, rs := totals(r); a > ha || rs > hr {
+				err = reject("evidence", "report from %s/%s: %.0f admitted requests and %.0f engine responses since %s, more than the %.0f and %.0f of the report it resends",
+					k[0], k[1], a, rs, r.IntervalStart.AsTime().Format(time.RFC3339Nano), ha, hr)
+				break
+			}
+			in.accepted++
+			return nil
+		default:
+			// It extends the report: that one's credit back, then this one's.
+			a, rs := totals(in.byInstance[k][prev].req)
+			in.credit[k] += rs - in.opt.MaxAttempts*a
+			err = in.spend(k, r)
+		}
 	}
 	if err != nil {
 		in.rejected++
@@ -232,14 +260,43 @@ func (in *Intake) Report(_ context.Context, r *policyv1.ReportRequest) error {
 	d := r.IntervalEnd.AsTime().Sub(r.IntervalStart.AsTime())
 	rep := report{received: now, req: r, start: now.Add(-d), end: now}
 	in.accepted++
+	in.lastReport[r.NodeId] = now
+	if prev >= 0 {
+		old := in.byInstance[k][prev].req
+		in.byInstance[k] = append(slices.Delete(in.byInstance[k], prev, prev+1), rep)
+		in.prefixes.Add(now, &policyv1.ReportRequest{Prefixes: prefixesBeyond(r.Prefixes, old.Prefixes)})
+		return nil
+	}
 	reps := append(in.byInstance[k], rep)
 	if len(reps) > in.opt.MaxIntervals {
 		reps = reps[len(reps)-in.opt.MaxIntervals:]
 	}
 	in.byInstance[k] = reps
-	in.lastReport[r.NodeId] = now
 	in.prefixes.Add(now, r)
 	return nil
+}
+
+// sameStart is the index of the instance's accepted report with r's
+// interval_start, -1 if none; in.mu must be held.
+func (in *Intake) sameStart(k [2]string, r *policyv1.ReportRequest) int {
+	s := r.IntervalStart.AsTime()
+	for i, rp := range in.byInstance[k] {
+		if rp.req.IntervalStart.AsTime().Equal(s) {
+			return i
+		}
+	}
+	return -1
+}
+
+// totals are a report's admitted requests and engine responses.
+func totals(r *policyv1.ReportRequest) (admitted, responses float64) {
+	for _, d := range r.Demand {
+		admitted += float64(d.Requests - d.Shed)
+	}
+	for _, e := range r.Engines {
+		responses += float64(e.Responses)
+	}
+	return admitted, responses
 }
 
 // Prefixes returns the prefix view of every class as of now.
@@ -262,13 +319,7 @@ func (in *Intake) spend(k [2]string, r *policyv1.ReportRequest) error {
 		c = in.credit0(k[0])
 	}
 	c = math.Min(c, in.credit0(k[0]))
-	var admitted, responses float64
-	for _, d := range r.Demand {
-		admitted += float64(d.Requests - d.Shed)
-	}
-	for _, e := range r.Engines {
-		responses += float64(e.Responses)
-	}
+	admitted, responses := totals(r)
 	c += in.opt.MaxAttempts * admitted
 	if responses > c {
 		return reject("evidence", "report from %s/%s: %.0f engine responses, more than its %.0f admitted requests and the ones it had in flight can produce (at most %.0f)",

@@ -194,6 +194,47 @@ func (x *Prefixes) Add(now time.Time, r *policyv1.ReportRequest) {
 	}
 }
 
+// prefixesBeyond is what report m's prefix counts add to old's, the
+// report it replaces (m holds old's counts plus a later interval's): per
+// class and point the difference, none below zero (a merged report may
+// have dropped a light point).
+func prefixesBeyond(m, old []*policyv1.PrefixReport) []*policyv1.PrefixReport {
+	sub := func(a, b uint64) uint64 { return a - min(a, b) }
+	var out []*policyv1.PrefixReport
+	for _, pr := range m {
+		var o *policyv1.PrefixReport
+		for _, x := range old {
+			if x.Class == pr.Class {
+				o = x
+			}
+		}
+		if o == nil {
+			out = append(out, pr)
+			continue
+		}
+		was := map[uint64]*policyv1.PrefixCount{}
+		for _, c := range o.Counts {
+			was[c.Prefix] = c
+		}
+		d := &policyv1.PrefixReport{Class: pr.Class, Requests: sub(pr.Requests, o.Requests), Tokens: sub(pr.Tokens, o.Tokens)}
+		for _, c := range pr.Counts {
+			w := was[c.Prefix]
+			if w == nil {
+				d.Counts = append(d.Counts, c)
+				continue
+			}
+			x := &policyv1.PrefixCount{Prefix: c.Prefix, Parent: c.Parent, DepthBytes: c.DepthBytes, DepthTokens: c.DepthTokens, Flags: c.Flags,
+				Requests: sub(c.Requests, w.Requests), Tokens: sub(c.Tokens, w.Tokens), Continuations: c.Continuations}
+			x.RequestsError = min(sub(c.RequestsError, w.RequestsError), x.Requests)
+			if x.Requests > 0 || x.Continuations != w.Continuations {
+				d.Counts = append(d.Counts, x)
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
 // prune keeps the Capacity most counted points.
 func (x *Prefixes) prune(c *classPrefixes) {
 	all := make([]*pointStat, 0, len(c.points))

@@ -348,13 +348,16 @@ func TestIntakePlausibility(t *testing.T) {
 		})
 	}
 	// The credit carries: 30 responses in flight at start, then 3 per
-	// admitted request; beyond, refused.
+	// admitted request; beyond, refused (each report a new interval: one
+	// with the interval_start of another is a resend, counted once).
 	if err := in.Report(context.Background(), rep("c", 0, 30)); err != nil {
 		t.Fatalf("responses of the requests in flight at start: %v", err)
 	}
+	now = now.Add(time.Second)
 	if err := in.Report(context.Background(), rep("c", 5, 15)); err != nil {
 		t.Fatalf("3 responses per admitted request: %v", err)
 	}
+	now = now.Add(time.Second)
 	if err := in.Report(context.Background(), rep("c", 0, 1)); err == nil {
 		t.Fatal("a response beyond the credit was accepted")
 	}

@@ -148,9 +148,22 @@ func StartControlPlane(t testing.TB, addr string) *ControlPlane {
 
 type reportLog struct{ cp *ControlPlane }
 
+// Report keeps req, counting a resent report once as the control plane's
+// intake does (signals.Intake.Report): one with the node, instance and
+// interval_start of a kept report replaces it if it ends later, else it is
+// a late copy and dropped (a report whose answer came after the reporter's
+// deadline had arrived, and is resent merged into the next).
 func (r reportLog) Report(_ context.Context, req *policyv1.ReportRequest) error {
 	r.cp.mu.Lock()
 	defer r.cp.mu.Unlock()
+	for i, x := range r.cp.reports {
+		if x.NodeId == req.NodeId && x.Instance == req.Instance && x.IntervalStart.AsTime().Equal(req.IntervalStart.AsTime()) {
+			if req.IntervalEnd.AsTime().After(x.IntervalEnd.AsTime()) {
+				r.cp.reports[i] = req
+			}
+			return nil
+		}
+	}
 	r.cp.reports = append(r.cp.reports, req)
 	return nil
 }
@@ -204,7 +217,8 @@ func (cp *ControlPlane) publish(r *translate.Resources) error {
 	return nil
 }
 
-// Reports returns the reports received so far.
+// Reports returns the reports received so far (a resent one in place of
+// the one it extends).
 func (cp *ControlPlane) Reports() []*policyv1.ReportRequest {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()

@@ -75,7 +75,19 @@
     return { background: `hsl(214, 75%, ${light}%)`, color: light < 60 ? "#fff" : "#111" };
   }
 
-  function renderWeights(w) {
+  // observedShed is what ext_proc reported it shed of a node's class, per
+  // priority (/signals demand, over the demand window): the planned shed
+  // plus its local in-flight guardrail's 429s.
+  function observedShed(sig, node, cls) {
+    const out = [];
+    for (const [k, d] of Object.entries((sig && sig.demand) || {})) {
+      const [n, c, p] = k.split("/");
+      if (n === node && c === cls && d.requests_per_s > 0 && d.shed_per_s > 0) out.push([p, d.shed_per_s / d.requests_per_s]);
+    }
+    return out.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  }
+
+  function renderWeights(w, sig) {
     const box = $("#heatmaps");
     box.setAttribute("data-at", w.at);
     const classes = new Set();
@@ -94,7 +106,11 @@
         const meta = state.fleet && state.fleet.engines.find((e) => e.id === id);
         head.append(el("th", { class: "engine-col", text: id, title: meta ? `${meta.region}, ${meta.gpu}` : id }));
       }
-      head.append(el("th", { text: "shed", title: "fraction of each priority's demand ext_proc sheds (429)" }));
+      head.append(el("th", { text: "shed planned", title: "fraction of each priority's demand the control plane tells ext_proc to shed (429), from the allocation" }));
+      head.append(el("th", {
+        text: "shed observed",
+        title: "fraction of each priority's requests ext_proc answered 429, as it reports them (over the demand window): the planned shed plus its local in-flight guardrail's. Above the planned fraction, the rest is the guardrail: more requests in flight at the frontend than its local limit (engines slower than planned, a burst)",
+      }));
       const body = el("tbody");
       for (const n of nodes) {
         const cd = w.nodes[n].classes[cls];
@@ -122,7 +138,9 @@
         }
         const shed = Object.entries(cd.shed_by_priority || {}).filter(([, f]) => f > 0)
           .map(([p, f]) => `${p} ${pct(f)}`).join(", ");
-        row.append(el("td", { class: "shed", text: shed || "·" }));
+        row.append(el("td", { class: "shed planned", "data-node": n, "data-class": cls, text: shed || "·" }));
+        const obs = observedShed(sig, n, cls).map(([p, f]) => `${p} ${pct(f)}`).join(", ");
+        row.append(el("td", { class: "shed observed", "data-node": n, "data-class": cls, text: obs || "·" }));
         body.append(row);
       }
       frag.append(el("div", { class: "heatmap-wrap" },
@@ -334,16 +352,17 @@
     }
     mergeHistory(h);
     renderCharts();
+    const sig = await getJSON("../signals");
     try {
       const w = await getJSON("../weights");
-      renderWeights(w);
+      renderWeights(w, sig);
       const at = new Date(w.at);
       $("#cycle").textContent = `weights of the cycle at ${at.toLocaleTimeString()}`;
     } catch (err) {
       if (err.status !== 503) throw err; // 503: warming up, no cycle yet
       $("#cycle").textContent = "warming up: no cycle yet";
     }
-    renderEngines(await getJSON("../signals"));
+    renderEngines(sig);
     if (state.open) await refreshExplain();
     const s = $("#status");
     s.textContent = "updated " + new Date().toLocaleTimeString();
