@@ -30,7 +30,7 @@
 //     replace the published ones only when the move is worth its cache
 //     misses or an eligible engine's health changed.
 //  5. Split tables per class (affinity.go).
-//  6. Translation (publish.go, package xds/translate; retry.go's retry
+//  6. Translation (publish.go, package publish/translate; retry.go's retry
 //     policy) of every node; nodes whose content changed are returned for
 //     publication, and the decisions become the published ones.
 package controlplane
@@ -48,8 +48,8 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/xds/signals"
-	"github.com/inferlb/inferlb/xds/translate"
+	"github.com/inferlb/inferlb/publish/translate"
+	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // Config is the cycle's tuning. Start from DefaultConfig.
@@ -92,7 +92,7 @@ type Config struct {
 	// RetryBudget is the retry share at low utilization, published as the
 	// policy's retry_budget_fraction. ext_proc alone scales it down with
 	// utilization and stops it while the class sheds (retryScale in
-	// extproc/admission.go: it sees the moment as well as the plan).
+	// request/extproc/admission.go: it sees the moment as well as the plan).
 	// MaxRetries per request while the budget is positive.
 	RetryBudget float64
 	MaxRetries  uint32
@@ -243,15 +243,15 @@ func (c Config) Validate() error {
 // Inputs are one cycle's observations.
 type Inputs struct {
 	Now      time.Time
-	Engines  []signals.Engine
-	Demand   map[signals.DemandKey]signals.DemandRate
-	Evidence map[string]signals.Evidence // by engine address
+	Engines  []scrape.Engine
+	Demand   map[scrape.DemandKey]scrape.DemandRate
+	Evidence map[string]scrape.Evidence // by engine address
 	// DemandWindow is the span Demand's rates average over (the intake's
 	// window), for their noise (demand.go); 0 means 10 s.
 	DemandWindow time.Duration
-	// Prefixes is the prefix view by class (signals.Intake.Prefixes), from
+	// Prefixes is the prefix view by class (scrape.Intake.Prefixes), from
 	// which the split tables are learned (affinity.go).
-	Prefixes map[string]signals.ClassPrefixes
+	Prefixes map[string]scrape.ClassPrefixes
 }
 
 // EngineView is what the cycle concluded about an engine (admin view).
@@ -273,15 +273,15 @@ type EngineView struct {
 	// Residuals: observed / predicted at the observed load and queue (0: no
 	// evidence): TTFT and TBOT from the engine's metrics, E2E from
 	// ext_proc's timing of whole requests. The predictions are in ms.
-	TTFTResidual float64        `json:"ttft_residual"`
-	TBOTResidual float64        `json:"tbot_residual"`
-	E2EResidual  float64        `json:"e2e_residual"`
-	TTFTPredMs   float64        `json:"ttft_predicted_ms"`
-	TBOTPredMs   float64        `json:"tbot_predicted_ms"`
-	Window       signals.Window `json:"evidence_window"`
-	ErrorRate    float64        `json:"error_rate"`
-	Penalty      float64        `json:"penalty"`
-	PenaltyWhy   string         `json:"penalty_why,omitempty"`
+	TTFTResidual float64       `json:"ttft_residual"`
+	TBOTResidual float64       `json:"tbot_residual"`
+	E2EResidual  float64       `json:"e2e_residual"`
+	TTFTPredMs   float64       `json:"ttft_predicted_ms"`
+	TBOTPredMs   float64       `json:"tbot_predicted_ms"`
+	Window       scrape.Window `json:"evidence_window"`
+	ErrorRate    float64       `json:"error_rate"`
+	Penalty      float64       `json:"penalty"`
+	PenaltyWhy   string        `json:"penalty_why,omitempty"`
 }
 
 // ClassDecision is one (frontend, class)'s outcome.
@@ -363,7 +363,7 @@ type Controller struct {
 	tables map[string][]translate.PrefixRule
 	// smoothed is the demand the optimizer planned with, at smoothedAt
 	// (demand.go).
-	smoothed   map[signals.DemandKey]smoothedDemand
+	smoothed   map[scrape.DemandKey]smoothedDemand
 	smoothedAt time.Time
 	// shapes holds each class's smoothed work estimate, shapeView its value
 	// this cycle, traffic each class's requests/s per engine under the
@@ -572,7 +572,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 // with the same shapes, learned first (shape.go): planned with the spec's
 // 200/200-token mean against ~1k-token prompts, our own traffic read as
 // background load. It returns the smoothed demand (demand.go).
-func (c *Controller) observeDemand(in Inputs, res *Result) map[signals.DemandKey]signals.DemandRate {
+func (c *Controller) observeDemand(in Inputs, res *Result) map[scrape.DemandKey]scrape.DemandRate {
 	c.traffic = c.classTraffic(in.Demand)
 	c.shapeView = c.updateShapes(in.Now, in.Demand, in.Engines, c.traffic)
 	res.Shapes = c.shapeView
@@ -608,7 +608,7 @@ func (c *Controller) decideNode(fe fleet.Frontend, sol *optimizer.Solution, eng 
 // commit makes the cycle's decisions the published ones: the version (if
 // anything is published), the weights, the load they plan, the split
 // tables.
-func (c *Controller) commit(res *Result, dem map[signals.DemandKey]signals.DemandRate, nextVersion int64) {
+func (c *Controller) commit(res *Result, dem map[scrape.DemandKey]scrape.DemandRate, nextVersion int64) {
 	if len(res.Publish) > 0 {
 		c.version = nextVersion
 	}
@@ -647,9 +647,9 @@ func (c *Controller) InflightLimit(class string) int {
 // largest context of the fleet in prompt and in output tokens (ext_proc
 // caps both at its class's context limit). Window and clock are the
 // caller's.
-func (c *Controller) IntakeOptions() signals.IntakeOptions {
+func (c *Controller) IntakeOptions() scrape.IntakeOptions {
 	spec := c.spec
-	o := signals.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
+	o := scrape.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
 		MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
 	for _, f := range spec.Frontends {
 		o.Nodes = append(o.Nodes, f.NodeID)
@@ -692,7 +692,7 @@ func (c *Controller) CapacityRPS() float64 {
 // published weights send at the given demand, counting only what ext_proc
 // admits (shed requests never reach an engine), each class's requests at
 // its learned work (shapeOf).
-func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.DemandRate) map[string]float64 {
+func (c *Controller) plannedFromPublished(dem map[scrape.DemandKey]scrape.DemandRate) map[string]float64 {
 	planned := map[string]float64{}
 	traffic := c.classTraffic(dem)
 	for _, cl := range c.problem.classes {

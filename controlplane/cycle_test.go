@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/xds/signals"
+	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // testFleetYAML is two regions 60 ms apart, a frontend and two H100
@@ -55,15 +55,15 @@ type fake struct {
 }
 
 // engines runs a tracker over two synthetic scrapes one second apart.
-func engines(now time.Time, f map[string]fake) []signals.Engine {
+func engines(now time.Time, f map[string]fake) []scrape.Engine {
 	ids := []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"}
-	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
+	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
 	for _, id := range ids {
 		x := f[id]
-		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true})
-		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5,
+		tr.Observe(scrape.Sample{ID: id, At: now.Add(-time.Second), Healthy: true})
+		m0 := scrape.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5,
 			PrefixQueries: 1e5}
-		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
+		tr.Observe(scrape.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
 		m1 := m0
 		m1.Success += x.reqPerS
 		m1.PromptTokens += x.promptTokS
@@ -74,13 +74,13 @@ func engines(now time.Time, f map[string]fake) []signals.Engine {
 		m1.TTFTSum += x.reqPerS * x.ttftMs / 1000
 		m1.ITLCount += x.genTokS
 		m1.ITLSum += x.genTokS * x.tbotMs / 1000
-		tr.Observe(signals.Sample{ID: id, At: now, Healthy: !x.down, Metrics: m1})
+		tr.Observe(scrape.Sample{ID: id, At: now, Healthy: !x.down, Metrics: m1})
 	}
 	return tr.Engines(now)
 }
 
-func demand(east, west float64) map[signals.DemandKey]signals.DemandRate {
-	return map[signals.DemandKey]signals.DemandRate{
+func demand(east, west float64) map[scrape.DemandKey]scrape.DemandRate {
+	return map[scrape.DemandKey]scrape.DemandRate{
 		{Node: "fe-east", Class: "chat", Priority: "high"}: {RequestsPerS: east, PromptTokens: 200, OutputTokens: 200},
 		{Node: "fe-west", Class: "chat", Priority: "high"}: {RequestsPerS: west, PromptTokens: 200, OutputTokens: 200},
 	}
@@ -189,7 +189,7 @@ func TestCyclePenaltyFromOwnProfileDecays(t *testing.T) {
 	// Errors reported by ext_proc count too.
 	now = now.Add(time.Second)
 	r3, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, normal(30)), Demand: demand(40, 20),
-		Evidence: map[string]signals.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 50}}})
+		Evidence: map[string]scrape.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 50}}})
 	if v := view(r3, "e-east-2"); v.Penalty < 0.8 || v.ErrorRate != 0.5 {
 		t.Errorf("50%% errors: %+v", v)
 	}
@@ -384,18 +384,18 @@ func BenchmarkCycle3Region(b *testing.B) {
 		ids = append(ids, e.ID)
 	}
 	now := time.Unix(1_800_000_000, 0)
-	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: time.Hour}, ids)
+	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: time.Hour}, ids)
 	for _, id := range ids {
-		tr.Observe(signals.Sample{ID: id, At: now, Healthy: true, Metrics: signals.Metrics{}})
+		tr.Observe(scrape.Sample{ID: id, At: now, Healthy: true, Metrics: scrape.Metrics{}})
 	}
 	eng := tr.Engines(now)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		now = now.Add(5 * time.Second)
-		d := map[signals.DemandKey]signals.DemandRate{}
+		d := map[scrape.DemandKey]scrape.DemandRate{}
 		for k, f := range spec.Frontends {
 			for _, cl := range spec.Classes {
-				d[signals.DemandKey{Node: f.NodeID, Class: cl.Name, Priority: "standard"}] = signals.DemandRate{
+				d[scrape.DemandKey{Node: f.NodeID, Class: cl.Name, Priority: "standard"}] = scrape.DemandRate{
 					RequestsPerS: 20 + float64((i+k)%7), PromptTokens: cl.MeanPromptTokens, OutputTokens: cl.MeanOutputTokens}
 			}
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/ordered"
-	"github.com/inferlb/inferlb/xds/signals"
+	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // Outlier penalties tell faults from overload.
@@ -48,23 +48,23 @@ import (
 // observe builds every engine's view (state, health, utilization,
 // background load) and assessment from the inputs; up marks the engines
 // that are up.
-func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.State, as map[string]*assessment, up map[string]bool) {
+func (c *Controller) observe(in Inputs) (views []EngineView, states []scrape.State, as map[string]*assessment, up map[string]bool) {
 	f := &c.problem
-	sig := map[string]signals.Engine{}
+	sig := map[string]scrape.Engine{}
 	for _, e := range in.Engines {
 		sig[e.ID] = e
 	}
-	evidence := map[string]signals.Evidence{}
+	evidence := map[string]scrape.Evidence{}
 	for addr, ev := range in.Evidence {
 		if id, ok := f.byAddr[addr]; ok {
 			evidence[id] = ev
 		}
 	}
-	views, states = make([]EngineView, len(f.engines)), make([]signals.State, len(f.engines))
+	views, states = make([]EngineView, len(f.engines)), make([]scrape.State, len(f.engines))
 	as, up = map[string]*assessment{}, map[string]bool{}
 	for j, e := range f.engines {
 		s, ok := sig[e.ID]
-		state := signals.New
+		state := scrape.New
 		if ok {
 			state = s.Status()
 		}
@@ -72,7 +72,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 		prof := c.profiles[e.ID]
 		reps := float64(max(e.Replicas, 1))
 		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
-		if state == signals.Up {
+		if state == scrape.Up {
 			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*c.outputTokenSec(e.ID)
 			v.ObservedUtilization = work / reps
 			// Background: load beyond what our traffic explains (the
@@ -108,7 +108,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			}
 			up[e.ID] = true
 		} else {
-			s = signals.Engine{} // latency evidence only from an engine that is up
+			s = scrape.Engine{} // latency evidence only from an engine that is up
 		}
 		a := c.judge(e, s, evidence[e.ID], &v)
 		as[e.ID] = &a
@@ -155,7 +155,7 @@ type assessment struct {
 // judge fills the view's residuals and predictions and returns the
 // engine's assessment. s is its tracker view (state Up), ev its ext_proc
 // evidence (zero if none).
-func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence, v *EngineView) assessment {
+func (c *Controller) judge(e fleet.Engine, s scrape.Engine, ev scrape.Evidence, v *EngineView) assessment {
 	po := c.cfg.Penalty
 	var a assessment
 	w := s.Window // zero unless the engine is up

@@ -16,11 +16,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/xds/auth"
-	"github.com/inferlb/inferlb/xds/server"
-	"github.com/inferlb/inferlb/xds/signals"
+	"github.com/inferlb/inferlb/publish/auth"
+	"github.com/inferlb/inferlb/publish/xds"
+	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // RunConfig configures a Runner.
@@ -39,7 +40,7 @@ type RunConfig struct {
 	StaleAfter, Smoothing, DemandWindow time.Duration
 	// EvidenceWindow is how far back the latency evidence of penalties
 	// reaches; IdleReset how long without a first token makes an engine
-	// forget its latency (signals.TrackerOptions; 0: 10 s and 60 s).
+	// forget its latency (scrape.TrackerOptions; 0: 10 s and 60 s).
 	EvidenceWindow, IdleReset time.Duration
 	// Warmup delays the first publication so that the first cycle sees one
 	// full scrape round and the demand reports of a demand window's worth
@@ -80,10 +81,10 @@ type Runner struct {
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	ctrl    *Controller
-	srv     *server.Server
-	intake  *signals.Intake
-	scraper *signals.Scraper
-	targets []signals.Target
+	srv     *xds.Server
+	intake  *scrape.Intake
+	scraper *scrape.Scraper
+	targets []scrape.Target
 	kick    chan struct{}
 	// scrapeDone signals a finished scrape round: the cycle loop checks
 	// whether a penalty would rise (Controller.PenaltyRising).
@@ -94,7 +95,7 @@ type Runner struct {
 	// mu guards tracker (the scrape loop writes it, the cycle and the admin
 	// handlers read it), last, cycles, ready and the bound addresses.
 	mu                 sync.Mutex
-	tracker            *signals.Tracker
+	tracker            *scrape.Tracker
 	last               *Result
 	cycles             int
 	ready              bool
@@ -165,16 +166,16 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	var ids []string
 	for _, e := range cfg.Fleet.Engines {
 		ids = append(ids, e.ID)
-		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
+		r.targets = append(r.targets, scrape.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
 	}
-	if r.intake, err = signals.NewIntake(r.intakeOptions()); err != nil {
+	if r.intake, err = scrape.NewIntake(r.intakeOptions()); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
+	r.tracker = scrape.NewTracker(scrape.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
 		EvidenceWindow: cfg.EvidenceWindow, IdleReset: cfg.IdleReset}, ids)
-	r.scraper = &signals.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
+	r.scraper = &scrape.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
-	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
+	r.srv, err = xds.New(xds.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
 		VersionPrefix: fmt.Sprintf("p%d-", cfg.Now().UnixMilli())})
 	if err != nil {
 		return nil, err
@@ -198,7 +199,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 
 // intakeOptions are the Reports intake's names and bounds (the
 // controller's) with the runner's window, clock and clock skew.
-func (r *Runner) intakeOptions() signals.IntakeOptions {
+func (r *Runner) intakeOptions() scrape.IntakeOptions {
 	o := r.ctrl.IntakeOptions()
 	o.Window, o.Now, o.MaxClockSkew = r.cfg.DemandWindow, r.cfg.Now, r.cfg.MaxClockSkew
 	return o
@@ -208,7 +209,7 @@ func (r *Runner) intakeOptions() signals.IntakeOptions {
 func (r *Runner) Registry() *prometheus.Registry { return r.reg }
 
 // Server is the xDS server.
-func (r *Runner) Server() *server.Server { return r.srv }
+func (r *Runner) Server() *xds.Server { return r.srv }
 
 // Addrs returns the bound xDS and admin addresses once Run has bound them.
 func (r *Runner) Addrs(ctx context.Context) (xds, admin string, err error) {
@@ -251,7 +252,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.log.Info("control plane serving", "xds", r.xdsAddr, "admin", r.adminAddr, "fleet", r.cfg.Fleet.Name,
 		"engines", len(r.targets), "interval", r.cfg.Interval)
 
-	g, ctx := newGroup(ctx)
+	// Every part ends when the first fails or ctx ends.
+	g, ctx := errgroup.WithContext(ctx)
 	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
 	g.Go(func() error { return r.srv.Serve(xl) })
 	g.Go(func() error {
@@ -451,7 +453,7 @@ func (r *Runner) cycle(ctx context.Context) {
 	}
 	for _, e := range engines {
 		r.m.age.WithLabelValues(e.ID).Set(e.AgeSeconds)
-		for _, st := range []signals.State{signals.Up, signals.Down, signals.Stale, signals.New} {
+		for _, st := range []scrape.State{scrape.Up, scrape.Down, scrape.Stale, scrape.New} {
 			v := 0.0
 			if e.Status() == st {
 				v = 1
@@ -513,34 +515,4 @@ func (r *Runner) Kick() {
 	case r.kick <- struct{}{}:
 	default:
 	}
-}
-
-// group runs goroutines that all end when the first fails or ctx ends.
-type group struct {
-	wg     sync.WaitGroup
-	cancel context.CancelFunc
-	once   sync.Once
-	err    error
-}
-
-func newGroup(ctx context.Context) (*group, context.Context) {
-	ctx, cancel := context.WithCancel(ctx)
-	return &group{cancel: cancel}, ctx
-}
-
-func (g *group) Go(f func() error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := f(); err != nil {
-			g.once.Do(func() { g.err = err })
-			g.cancel()
-		}
-	}()
-}
-
-func (g *group) Wait() error {
-	g.wg.Wait()
-	g.cancel()
-	return g.err
 }

@@ -136,16 +136,6 @@ func (s Shape) UncachedPromptTokens() float64 { return s.PromptTokens * (1 - s.C
 // ContextTokens is the KV the request holds at its end.
 func (s Shape) ContextTokens() float64 { return s.PromptTokens + s.OutputTokens }
 
-func (s Shape) check(what string) error {
-	if !(s.PromptTokens >= 0) || !(s.OutputTokens >= 0) || !finite(s.PromptTokens+s.OutputTokens) {
-		return fmt.Errorf("%w: %s has token shape %g prompt / %g output", ErrInvalidProblem, what, s.PromptTokens, s.OutputTokens)
-	}
-	if !(s.CachedShare >= 0 && s.CachedShare <= 1) {
-		return fmt.Errorf("%w: %s has cached prompt share %g, must be in [0, 1]", ErrInvalidProblem, what, s.CachedShare)
-	}
-	return nil
-}
-
 // Reference is the profile's reference request (nothing cached).
 func (p *Profile) Reference() Shape {
 	return Shape{PromptTokens: p.RefPromptTokens, OutputTokens: p.RefOutputTokens}

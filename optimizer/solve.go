@@ -39,7 +39,7 @@ func Solve(p *Problem, opts Options) (*Solution, error) {
 		if pl := m.pool(); pl != nil && !opts.NoPooling {
 			pm := compile(pl.problem)
 			ps := newSolver(pm)
-			sweeps, ok, bound = ps.run(maxSweeps)
+			sweeps, _, bound = ps.run(maxSweeps)
 			m.disaggregate(pm, pl)
 			s := newSolver(m)
 			s.initRho()

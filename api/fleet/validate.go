@@ -101,26 +101,18 @@ func (v *validator) ident(path, s string, ok func(rune) bool, allowed string) bo
 
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
-// number checks a required number in [lo, hi] (lo excluded if open).
-func (v *validator) number(path string, p *float64, lo, hi float64, open bool) bool {
+// number checks a required number in [0, hi], 0 excluded if positive.
+func (v *validator) number(path string, p *float64, hi float64, positive bool) bool {
 	if p == nil {
 		v.errorf(path, "required")
 		return false
 	}
 	x := *p
 	switch {
-	case open && x <= lo:
-		if lo == 0 {
-			v.errorf(path, "must be positive, got %s", fmtFloat(x))
-		} else {
-			v.errorf(path, "must be greater than %s, got %s", fmtFloat(lo), fmtFloat(x))
-		}
-	case !open && x < lo:
-		if lo == 0 {
-			v.errorf(path, "must not be negative, got %s", fmtFloat(x))
-		} else {
-			v.errorf(path, "must be at least %s, got %s", fmtFloat(lo), fmtFloat(x))
-		}
+	case positive && x <= 0:
+		v.errorf(path, "must be positive, got %s", fmtFloat(x))
+	case !positive && x < 0:
+		v.errorf(path, "must not be negative, got %s", fmtFloat(x))
 	case x > hi:
 		v.errorf(path, "must be at most %s, got %s", fmtFloat(hi), fmtFloat(x))
 	default:
@@ -218,12 +210,12 @@ func (v *validator) checkRegions() {
 
 func (v *validator) checkNetwork() {
 	n := &v.d.Network
-	v.number("network.same_region_rtt_ms", n.SameRegionRTTMs, 0, maxRTTMs, false)
+	v.number("network.same_region_rtt_ms", n.SameRegionRTTMs, maxRTTMs, false)
 	seen := map[[2]string]int{}
 	for i, l := range n.Links {
 		p := fmt.Sprintf("network.links[%d]", i)
 		okA, okB := v.region(p+".a", l.A), v.region(p+".b", l.B)
-		v.number(p+".rtt_ms", l.RTTMs, 0, maxRTTMs, true)
+		v.number(p+".rtt_ms", l.RTTMs, maxRTTMs, true)
 		if !okA || !okB {
 			continue
 		}
@@ -284,16 +276,16 @@ func (v *validator) checkProfiles() {
 		p := fmt.Sprintf("profiles[%d]", i)
 		okGPU := v.name(p+".gpu", pr.GPU)
 		okModel := v.model(p+".model", pr.Model)
-		v.number(p+".prefill_tokens_per_s", pr.PrefillTokensPerS, 0, maxRate, true)
-		v.number(p+".overhead_ms", pr.OverheadMs, 0, maxMs, false)
-		v.number(p+".decode_step_ms", pr.DecodeStepMs, 0, maxMs, true)
-		v.number(p+".decode_step_per_seq_ms", pr.DecodeStepPerSeqMs, 0, maxMs, false)
+		v.number(p+".prefill_tokens_per_s", pr.PrefillTokensPerS, maxRate, true)
+		v.number(p+".overhead_ms", pr.OverheadMs, maxMs, false)
+		v.number(p+".decode_step_ms", pr.DecodeStepMs, maxMs, true)
+		v.number(p+".decode_step_per_seq_ms", pr.DecodeStepPerSeqMs, maxMs, false)
 		okRun := v.integer(p+".max_running", pr.MaxRunning, 1, maxTokens)
 		okBatch := v.integer(p+".max_batched_tokens", pr.MaxBatchedTokens, 1, maxTokens)
 		okKV := v.integer(p+".kv_capacity_tokens", pr.KVCapacityTokens, 1, maxTokens)
 		okBlock := v.integer(p+".block_size", pr.BlockSize, 1, maxTokens)
 		if pr.CapacityRPS != nil {
-			v.number(p+".capacity_rps", pr.CapacityRPS, 0, maxRate, true)
+			v.number(p+".capacity_rps", pr.CapacityRPS, maxRate, true)
 		}
 		v.checkCurves(p, pr)
 		if okRun && okBatch && *pr.MaxBatchedTokens < *pr.MaxRunning {
@@ -375,8 +367,8 @@ func (v *validator) checkClasses() {
 		if bad || limit == 0 {
 			v.badClass[i] = true
 		}
-		okP := v.number(p+".mean_prompt_tokens", c.MeanPromptTokens, 0, maxTokens, true)
-		okO := v.number(p+".mean_output_tokens", c.MeanOutputTokens, 0, maxTokens, true)
+		okP := v.number(p+".mean_prompt_tokens", c.MeanPromptTokens, maxTokens, true)
+		okO := v.number(p+".mean_output_tokens", c.MeanOutputTokens, maxTokens, true)
 		if okP && okO && limit > 0 && *c.MeanPromptTokens+*c.MeanOutputTokens > float64(limit) {
 			v.errorf(p+".mean_prompt_tokens", "%s plus mean_output_tokens %s exceeds model %q's max_context_tokens %d",
 				fmtFloat(*c.MeanPromptTokens), fmtFloat(*c.MeanOutputTokens), c.Model, limit)
@@ -411,7 +403,7 @@ func (v *validator) checkAffinity(p string, a *affinityDoc) {
 		}
 		seen[k] = i
 	}
-	v.number(p+".hot_share", a.HotShare, 0, maxHotShare, true)
+	v.number(p+".hot_share", a.HotShare, maxHotShare, true)
 	if a.SpreadMinPrefixTokens != nil {
 		v.integer(p+".spread_min_prefix_tokens", a.SpreadMinPrefixTokens, 1, maxTokens)
 	}
@@ -448,7 +440,7 @@ func (v *validator) checkPriorities() {
 				levels[*pr.Level] = i
 			}
 		}
-		if v.number(p+".shed_cost", pr.ShedCost, 0, maxShedCost, true) && okLevel {
+		if v.number(p+".shed_cost", pr.ShedCost, maxShedCost, true) && okLevel {
 			good = append(good, okPrio{i, *pr.Level, *pr.ShedCost})
 		}
 	}
@@ -479,7 +471,7 @@ func (v *validator) checkFrontends() {
 			}
 		}
 		v.region(p+".region", f.Region)
-		v.number(p+".max_requests_per_s", &f.MaxRequestsPerS, 0, maxRate, false)
+		v.number(p+".max_requests_per_s", &f.MaxRequestsPerS, maxRate, false)
 		switch {
 		case f.NodeID == "":
 			// name was empty too; reported there
@@ -683,9 +675,9 @@ func (v *validator) checkCurves(p string, pr *profileDoc) {
 		if given == "" {
 			given = c.key
 		}
-		ok = v.number(p+"."+c.key+".base_ms", c.curve.BaseMs, 0, maxMs, true) && ok
-		okL := v.number(p+"."+c.key+".linear_ms", c.curve.LinearMs, 0, maxMs, false)
-		okQ := v.number(p+"."+c.key+".queue_ms", c.curve.QueueMs, 0, maxMs, false)
+		ok = v.number(p+"."+c.key+".base_ms", c.curve.BaseMs, maxMs, true) && ok
+		okL := v.number(p+"."+c.key+".linear_ms", c.curve.LinearMs, maxMs, false)
+		okQ := v.number(p+"."+c.key+".queue_ms", c.curve.QueueMs, maxMs, false)
 		if ok = ok && okL && okQ; ok {
 			growth += *c.curve.LinearMs + *c.curve.QueueMs
 		}

@@ -37,10 +37,6 @@ const (
 	// SourceRegion is the frontend's region. The engine simulator delays its
 	// answer by the fleet's round trip from this region (no netem here).
 	SourceRegion = "x-inferlb-source-region"
-	// UpstreamHost was the response header naming the engine that served;
-	// ext_proc now reads it from Envoy's access log. Still stripped from
-	// client requests.
-	UpstreamHost = "x-inferlb-upstream-host"
 	// RequestID is the id ext_proc gives an admitted request; Envoy's
 	// request access log carries it back when the request ends.
 	RequestID = "x-inferlb-request-id"

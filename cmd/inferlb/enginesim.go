@@ -21,17 +21,7 @@ var profileFlags = []string{"prefill-tokens-per-s", "overhead-ms", "decode-step-
 	"max-running", "max-batched-tokens", "kv-capacity-tokens", "block-size", "max-context-tokens"}
 
 func newEngineSimCmd() *cobra.Command {
-	var (
-		fleetPath, engines, listen, gpu, modelName, region string
-		adminListen                                        string
-		timeScale                                          float64
-		seed                                               uint64
-		defaultMaxTokens                                   int
-		maxBody                                            int64
-		prof                                               fleet.Profile
-		server                                             string
-		loadingFor                                         time.Duration
-	)
+	var e engineSimFlags
 	cmd := &cobra.Command{
 		Use:   "engine-sim",
 		Short: "Serve simulated vLLM-compatible inference engines",
@@ -58,145 +48,166 @@ while after they start, as a server loading its model does.`,
   inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128
   inferlb engine-sim --listen 127.0.0.1:18100 --model m --server sglang --loading-for 2s`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-			// The library reads 0 as "use the default"; on the command line
-			// a 0 is a value the user typed, not an omission.
-			if !(timeScale > 0) {
-				return fmt.Errorf("--time-scale: must be > 0, got %v", timeScale)
-			}
-			if defaultMaxTokens < 1 {
-				return fmt.Errorf("--default-max-tokens: must be at least 1, got %d", defaultMaxTokens)
-			}
-			if maxBody < 1 {
-				return fmt.Errorf("--max-body-bytes: must be at least 1, got %d", maxBody)
-			}
-			if server != "" && server != enginesim.ServerVLLM && server != enginesim.ServerSGLang {
-				return fmt.Errorf("--server: %q is not vllm or sglang", server)
-			}
-			if loadingFor < 0 {
-				return fmt.Errorf("--loading-for: must not be negative, got %v", loadingFor)
-			}
-			for _, name := range profileFlags {
-				if cmd.Flags().Changed(name) && (fleetPath != "" || listen == "") {
-					return fmt.Errorf("%s is a standalone profile flag (--listen without --fleet); with --fleet the fleet's profile applies", cliconfig.Name(cmd.Flags(), name))
-				}
-			}
-			for _, name := range []string{"max-running", "max-batched-tokens", "block-size", "max-context-tokens"} {
-				if v, _ := cmd.Flags().GetInt(name); cmd.Flags().Changed(name) && v < 1 {
-					return fmt.Errorf("%s: must be at least 1, got %d", cliconfig.Name(cmd.Flags(), name), v)
-				}
-			}
-			var spec *fleet.Spec
-			if fleetPath != "" {
-				var err error
-				if spec, err = fleet.Load(fleetPath); err != nil {
-					return err
-				}
-			}
-			if listen == "" {
-				if spec == nil {
-					return fmt.Errorf("either --fleet (fleet mode) or --listen (standalone mode) is required")
-				}
-				if gpu != "" || modelName != "" || region != "" {
-					return fmt.Errorf("--gpu, --model and --region apply to standalone mode (--listen)")
-				}
-				var ids []string
-				if engines != "" {
-					for _, id := range strings.Split(engines, ",") {
-						if id = strings.TrimSpace(id); id == "" {
-							return fmt.Errorf("--engines: empty engine id in %q", engines)
-						}
-						ids = append(ids, id)
-					}
-				}
-				fl, err := enginesim.StartFleet(ctx, spec, enginesim.FleetOptions{
-					Engines: ids, TimeScale: timeScale, Seed: seed, DefaultMaxTokens: defaultMaxTokens,
-					MaxBodyBytes: maxBody, Logger: log, Server: server, LoadingFor: loadingFor,
-				})
-				if err != nil {
-					return err
-				}
-				for _, s := range fl.Servers() {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
-				}
-				if err := serveAdmin(cmd, adminListen, fl.Servers()); err != nil {
-					fl.Close()
-					return err
-				}
-				<-ctx.Done()
-				fl.Close()
-				return nil
-			}
-			if engines != "" {
-				return fmt.Errorf("--engines applies to fleet mode (without --listen)")
-			}
-			if modelName == "" {
-				return fmt.Errorf("--model is required in standalone mode")
-			}
-			o := enginesim.Options{Listen: listen, Model: modelName, Region: region}
-			if spec != nil {
-				if gpu == "" {
-					return fmt.Errorf("--gpu is required with --fleet in standalone mode")
-				}
-				p, ok := spec.Profile(gpu, modelName)
-				if !ok {
-					return fmt.Errorf("--gpu %q --model %q: the fleet has no such profile", gpu, modelName)
-				}
-				o.Profile, o.Fleet = p, spec
-				if m, ok := spec.ModelByName(modelName); ok && p.MaxContextTokens == 0 {
-					o.MaxContextTokens = m.MaxContextTokens
-				}
-			} else {
-				prof.GPU, prof.Model = gpu, modelName
-				if prof.GPU == "" {
-					prof.GPU = "flags"
-				}
-				o.Profile = prof
-			}
-			o.TimeScale, o.Seed, o.DefaultMaxTokens, o.MaxBodyBytes, o.Logger = timeScale, seed, defaultMaxTokens, maxBody, log
-			o.Server, o.LoadingFor = server, loadingFor
-			s, err := enginesim.Start(ctx, o)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
-			if err := serveAdmin(cmd, adminListen, []*enginesim.Server{s}); err != nil {
-				s.Close()
-				return err
-			}
-			<-ctx.Done()
-			return s.Close()
-		},
+		RunE: e.run,
 	}
 	f := cmd.Flags()
-	f.StringVar(&fleetPath, "fleet", "", "fleet spec (YAML); alone, serves its engines at their addresses")
-	f.StringVar(&engines, "engines", "", "fleet mode: comma-separated engine ids to serve (default all)")
-	f.StringVar(&listen, "listen", "", "standalone mode: address of the one engine, e.g. 127.0.0.1:18100")
-	f.StringVar(&gpu, "gpu", "", "standalone mode: GPU type (selects the fleet's profile with --fleet)")
-	f.StringVar(&modelName, "model", "", "standalone mode: served model name")
-	f.StringVar(&region, "region", "", "standalone mode: the engine's region (network delay with --fleet)")
-	f.StringVar(&adminListen, "admin-listen", "", "address of the faults admin API (/admin/engines/{id}/faults); empty: none")
-	f.Float64Var(&timeScale, "time-scale", 1, "real seconds per simulated second (0.1 runs 10x faster)")
-	f.Uint64Var(&seed, "seed", 1, "seed of the error-rate fault's random choices")
-	f.IntVar(&defaultMaxTokens, "default-max-tokens", 128, "output tokens when a request sets no max_tokens")
-	f.Int64Var(&maxBody, "max-body-bytes", 4<<20, "largest request body; larger gets 413")
-	f.StringVar(&server, "server", "", "server kind to mimic: vllm or sglang (default: vllm; in fleet mode each engine's engines[].server)")
-	f.DurationVar(&loadingFor, "loading-for", 0, "answer 503 on health paths and requests for this long after start (a server loading its model)")
+	f.StringVar(&e.fleetPath, "fleet", "", "fleet spec (YAML); alone, serves its engines at their addresses")
+	f.StringVar(&e.engines, "engines", "", "fleet mode: comma-separated engine ids to serve (default all)")
+	f.StringVar(&e.listen, "listen", "", "standalone mode: address of the one engine, e.g. 127.0.0.1:18100")
+	f.StringVar(&e.gpu, "gpu", "", "standalone mode: GPU type (selects the fleet's profile with --fleet)")
+	f.StringVar(&e.modelName, "model", "", "standalone mode: served model name")
+	f.StringVar(&e.region, "region", "", "standalone mode: the engine's region (network delay with --fleet)")
+	f.StringVar(&e.adminListen, "admin-listen", "", "address of the faults admin API (/admin/engines/{id}/faults); empty: none")
+	f.Float64Var(&e.timeScale, "time-scale", 1, "real seconds per simulated second (0.1 runs 10x faster)")
+	f.Uint64Var(&e.seed, "seed", 1, "seed of the error-rate fault's random choices")
+	f.IntVar(&e.defaultMaxTokens, "default-max-tokens", 128, "output tokens when a request sets no max_tokens")
+	f.Int64Var(&e.maxBody, "max-body-bytes", 4<<20, "largest request body; larger gets 413")
+	f.StringVar(&e.server, "server", "", "server kind to mimic: vllm or sglang (default: vllm; in fleet mode each engine's engines[].server)")
+	f.DurationVar(&e.loadingFor, "loading-for", 0, "answer 503 on health paths and requests for this long after start (a server loading its model)")
 	d := enginesim.H100Llama8B
-	f.Float64Var(&prof.PrefillTokensPerS, "prefill-tokens-per-s", d.PrefillTokensPerS, "standalone profile: prefill throughput (uncached tokens/s)")
-	f.Float64Var(&prof.OverheadMs, "overhead-ms", d.OverheadMs, "standalone profile: fixed per-request overhead")
-	f.Float64Var(&prof.DecodeStepMs, "decode-step-ms", d.DecodeStepMs, "standalone profile: step time intercept")
-	f.Float64Var(&prof.DecodeStepPerSeqMs, "decode-step-per-seq-ms", d.DecodeStepPerSeqMs, "standalone profile: step time per running sequence")
-	f.IntVar(&prof.MaxRunning, "max-running", d.MaxRunning, "standalone profile: running slots (vLLM max_num_seqs)")
-	f.IntVar(&prof.MaxBatchedTokens, "max-batched-tokens", d.MaxBatchedTokens, "standalone profile: tokens per step (vLLM max_num_batched_tokens)")
-	f.IntVar(&prof.KVCapacityTokens, "kv-capacity-tokens", d.KVCapacityTokens, "standalone profile: KV cache size in tokens")
-	f.IntVar(&prof.BlockSize, "block-size", d.BlockSize, "standalone profile: KV block size in tokens")
-	f.IntVar(&prof.MaxContextTokens, "max-context-tokens", d.MaxContextTokens, "standalone profile: context limit (vLLM max_model_len)")
+	f.Float64Var(&e.prof.PrefillTokensPerS, "prefill-tokens-per-s", d.PrefillTokensPerS, "standalone profile: prefill throughput (uncached tokens/s)")
+	f.Float64Var(&e.prof.OverheadMs, "overhead-ms", d.OverheadMs, "standalone profile: fixed per-request overhead")
+	f.Float64Var(&e.prof.DecodeStepMs, "decode-step-ms", d.DecodeStepMs, "standalone profile: step time intercept")
+	f.Float64Var(&e.prof.DecodeStepPerSeqMs, "decode-step-per-seq-ms", d.DecodeStepPerSeqMs, "standalone profile: step time per running sequence")
+	f.IntVar(&e.prof.MaxRunning, "max-running", d.MaxRunning, "standalone profile: running slots (vLLM max_num_seqs)")
+	f.IntVar(&e.prof.MaxBatchedTokens, "max-batched-tokens", d.MaxBatchedTokens, "standalone profile: tokens per step (vLLM max_num_batched_tokens)")
+	f.IntVar(&e.prof.KVCapacityTokens, "kv-capacity-tokens", d.KVCapacityTokens, "standalone profile: KV cache size in tokens")
+	f.IntVar(&e.prof.BlockSize, "block-size", d.BlockSize, "standalone profile: KV block size in tokens")
+	f.IntVar(&e.prof.MaxContextTokens, "max-context-tokens", d.MaxContextTokens, "standalone profile: context limit (vLLM max_model_len)")
 	_ = cmd.MarkFlagFilename("fleet", "yaml", "yml")
 	cliconfig.Add(cmd)
 	return cmd
+}
+
+// engineSimFlags are inferlb engine-sim's flags.
+type engineSimFlags struct {
+	fleetPath, engines, listen, gpu, modelName, region string
+	adminListen                                        string
+	timeScale                                          float64
+	seed                                               uint64
+	defaultMaxTokens                                   int
+	maxBody                                            int64
+	prof                                               fleet.Profile
+	server                                             string
+	loadingFor                                         time.Duration
+}
+
+// run carries out the command.
+func (e *engineSimFlags) run(cmd *cobra.Command, args []string) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// The library reads 0 as "use the default"; on the command line
+	// a 0 is a value the user typed, not an omission.
+	if !(e.timeScale > 0) {
+		return fmt.Errorf("--time-scale: must be > 0, got %v", e.timeScale)
+	}
+	if e.defaultMaxTokens < 1 {
+		return fmt.Errorf("--default-max-tokens: must be at least 1, got %d", e.defaultMaxTokens)
+	}
+	if e.maxBody < 1 {
+		return fmt.Errorf("--max-body-bytes: must be at least 1, got %d", e.maxBody)
+	}
+	if e.server != "" && e.server != enginesim.ServerVLLM && e.server != enginesim.ServerSGLang {
+		return fmt.Errorf("--server: %q is not vllm or sglang", e.server)
+	}
+	if e.loadingFor < 0 {
+		return fmt.Errorf("--loading-for: must not be negative, got %v", e.loadingFor)
+	}
+	for _, name := range profileFlags {
+		if cmd.Flags().Changed(name) && (e.fleetPath != "" || e.listen == "") {
+			return fmt.Errorf("%s is a standalone profile flag (--listen without --fleet); with --fleet the fleet's profile applies", cliconfig.Name(cmd.Flags(), name))
+		}
+	}
+	for _, name := range []string{"max-running", "max-batched-tokens", "block-size", "max-context-tokens"} {
+		if v, _ := cmd.Flags().GetInt(name); cmd.Flags().Changed(name) && v < 1 {
+			return fmt.Errorf("%s: must be at least 1, got %d", cliconfig.Name(cmd.Flags(), name), v)
+		}
+	}
+	var spec *fleet.Spec
+	if e.fleetPath != "" {
+		var err error
+		if spec, err = fleet.Load(e.fleetPath); err != nil {
+			return err
+		}
+	}
+	return e.serve(cmd, spec, log)
+}
+
+// serve runs the fleet's engines (fleet mode) or the one engine (standalone mode) until the command's context ends.
+func (e *engineSimFlags) serve(cmd *cobra.Command, spec *fleet.Spec, log *slog.Logger) error {
+	ctx := cmd.Context()
+	if e.listen == "" {
+		if spec == nil {
+			return fmt.Errorf("either --fleet (fleet mode) or --listen (standalone mode) is required")
+		}
+		if e.gpu != "" || e.modelName != "" || e.region != "" {
+			return fmt.Errorf("--gpu, --model and --region apply to standalone mode (--listen)")
+		}
+		var ids []string
+		if e.engines != "" {
+			for _, id := range strings.Split(e.engines, ",") {
+				if id = strings.TrimSpace(id); id == "" {
+					return fmt.Errorf("--engines: empty engine id in %q", e.engines)
+				}
+				ids = append(ids, id)
+			}
+		}
+		fl, err := enginesim.StartFleet(ctx, spec, enginesim.FleetOptions{
+			Engines: ids, TimeScale: e.timeScale, Seed: e.seed, DefaultMaxTokens: e.defaultMaxTokens,
+			MaxBodyBytes: e.maxBody, Logger: log, Server: e.server, LoadingFor: e.loadingFor,
+		})
+		if err != nil {
+			return err
+		}
+		for _, s := range fl.Servers() {
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
+		}
+		if err := serveAdmin(cmd, e.adminListen, fl.Servers()); err != nil {
+			fl.Close()
+			return err
+		}
+		<-ctx.Done()
+		fl.Close()
+		return nil
+	}
+	if e.engines != "" {
+		return fmt.Errorf("--engines applies to fleet mode (without --listen)")
+	}
+	if e.modelName == "" {
+		return fmt.Errorf("--model is required in standalone mode")
+	}
+	o := enginesim.Options{Listen: e.listen, Model: e.modelName, Region: e.region}
+	if spec != nil {
+		if e.gpu == "" {
+			return fmt.Errorf("--gpu is required with --fleet in standalone mode")
+		}
+		p, ok := spec.Profile(e.gpu, e.modelName)
+		if !ok {
+			return fmt.Errorf("--gpu %q --model %q: the fleet has no such profile", e.gpu, e.modelName)
+		}
+		o.Profile, o.Fleet = p, spec
+		if m, ok := spec.ModelByName(e.modelName); ok && p.MaxContextTokens == 0 {
+			o.MaxContextTokens = m.MaxContextTokens
+		}
+	} else {
+		e.prof.GPU, e.prof.Model = e.gpu, e.modelName
+		if e.prof.GPU == "" {
+			e.prof.GPU = "flags"
+		}
+		o.Profile = e.prof
+	}
+	o.TimeScale, o.Seed, o.DefaultMaxTokens, o.MaxBodyBytes, o.Logger = e.timeScale, e.seed, e.defaultMaxTokens, e.maxBody, log
+	o.Server, o.LoadingFor = e.server, e.loadingFor
+	s, err := enginesim.Start(ctx, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.ID(), s.URL())
+	if err := serveAdmin(cmd, e.adminListen, []*enginesim.Server{s}); err != nil {
+		s.Close()
+		return err
+	}
+	<-ctx.Done()
+	return s.Close()
 }
 
 // serveAdmin starts the faults admin listener until the command's context

@@ -19,7 +19,7 @@ import (
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/xds/signals"
+	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // fixedShape is a workload of single-turn chat requests of one shape, each
@@ -43,13 +43,7 @@ func (s *fixedShape) Next(time.Duration) (workload.Request, bool) {
 }
 
 func init() {
-	var (
-		target, modelName, gpu, fleetPath string
-		server                            string
-		prompt, output, points, requests  int
-		maxRate, timeScale                float64
-		timeout                           time.Duration
-	)
+	var o profileCmdFlags
 	cmd := &cobra.Command{
 		Use:   "profile --target URL --model MODEL --max-rate RPS",
 		Short: "Measure an engine's latency profile with a load sweep and fit it",
@@ -84,90 +78,107 @@ dependence), and needs --gpu and a KV size from /metrics.`,
   inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 \
       --points 4 --requests 40 --fleet examples/fleet-3region.yaml --gpu H100`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if target == "" || modelName == "" || !(maxRate > 0) {
-				return fmt.Errorf("profile: --target, --model and --max-rate > 0 are required")
-			}
-			if points < 4 || requests < 20 || prompt < 2 || output < 2 {
-				return fmt.Errorf("profile: need --points ≥ 4, --requests ≥ 20, --prompt-tokens ≥ 2, --output-tokens ≥ 2")
-			}
-			var base *fleet.Profile
-			if fleetPath != "" {
-				spec, err := fleet.Load(fleetPath)
-				if err != nil {
-					return err
-				}
-				fp, ok := spec.Profile(gpu, modelName)
-				if !ok {
-					return fmt.Errorf("profile: fleet %s has no profile for gpu %q model %q", fleetPath, gpu, modelName)
-				}
-				base = &fp
-			}
-			mp := signals.MappingFor(server)
-			if mp == nil {
-				return fmt.Errorf("profile: --server %q is not one of %s", server, strings.Join(fleet.ServerKinds, ", "))
-			}
-			out := cmd.OutOrStdout()
-			if base == nil && gpu != "" {
-				base = &fleet.Profile{GPU: gpu, Model: modelName}
-			}
-			client := &loadgen.Client{BaseURL: strings.TrimRight(target, "/"), Model: modelName, IgnoreEOS: true, Timeout: timeout}
-			defer client.CloseIdleConnections()
-			var samples []optimizer.Sample
-			for k := 0; k < points; k++ {
-				rate := maxRate * (0.1 + 0.7*float64(k)/float64(points-1))
-				rep, err := loadgen.Run(cmd.Context(), loadgen.Config{
-					Client: client, Source: &fixedShape{prompt: prompt, output: output, seed: uint64(k+1) << 32},
-					Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: rate}, MaxRequests: requests,
-					Seed: uint64(k + 1), TimeScale: timeScale,
-				})
-				if err != nil {
-					return fmt.Errorf("profile: load at %.3g req/s: %w", rate, err)
-				}
-				if rep.Interrupted {
-					return fmt.Errorf("profile: interrupted")
-				}
-				if rep.Requests.OK < requests*9/10 {
-					return fmt.Errorf("profile: at %.3g req/s only %d of %d requests succeeded (errors: %v)", rate, rep.Requests.OK, requests, rep.Errors)
-				}
-				s := optimizer.Sample{RatePerS: rate, TTFTMs: rep.TTFT.Mean, TBOTMs: rep.TPOT.Mean}
-				fmt.Fprintf(out, "# rate %7.3f req/s: TTFT %8.2f ms  TBOT %7.3f ms  (%d ok)\n", rate, s.TTFTMs, s.TBOTMs, rep.Requests.OK)
-				samples = append(samples, s)
-			}
-			f, err := optimizer.FitProfile(samples)
-			if err != nil {
-				return fmt.Errorf("profile: %w", err)
-			}
-			// After the sweep: some servers (SGLang) create their series
-			// at the first request.
-			eng, err := readEngineConfig(cmd.Context(), strings.TrimRight(target, "/"), modelName, mp)
-			if err != nil {
-				return fmt.Errorf("profile: %w", err)
-			}
-			fmt.Fprintf(out, "# engine config: %s\n", eng)
-			if base != nil {
-				eng.apply(base, f, prompt, fleetPath == "")
-				if base.KVCapacityTokens == 0 {
-					fmt.Fprintln(out, "# WARNING: kv_capacity_tokens unknown (the engine's /metrics has no cache config): fill it in below")
-				}
-			}
-			return writeProfile(out, f, base, target, modelName, gpu, prompt, output)
-		},
+		RunE: o.run,
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&target, "target", "", "engine base URL, e.g. http://127.0.0.1:8000")
-	fl.StringVar(&modelName, "model", "", "model name to request (and to look up in --fleet)")
-	fl.StringVar(&gpu, "gpu", "", "GPU type of the engine (with --fleet: whose profile to update)")
-	fl.StringVar(&fleetPath, "fleet", "", "fleet spec whose (--gpu, --model) profile the output updates")
-	fl.StringVar(&server, "server", fleet.ServerVLLM, "the engine's server kind, for its /metrics names: vllm, sglang or generic")
-	fl.IntVar(&prompt, "prompt-tokens", 200, "prompt tokens per request")
-	fl.IntVar(&output, "output-tokens", 200, "output tokens per request (ignore_eos)")
-	fl.Float64Var(&maxRate, "max-rate", 0, "estimated saturation rate (req/s, target time); the sweep covers 10%–80% of it")
-	fl.IntVar(&points, "points", 8, "number of load levels")
-	fl.IntVar(&requests, "requests", 300, "requests per load level")
-	fl.Float64Var(&timeScale, "time-scale", 0, "target's time scale (engine-sim --time-scale); rates and latencies are in target time")
-	fl.DurationVar(&timeout, "timeout", 5*time.Minute, "bound on one request")
+	fl.StringVar(&o.target, "target", "", "engine base URL, e.g. http://127.0.0.1:8000")
+	fl.StringVar(&o.modelName, "model", "", "model name to request (and to look up in --fleet)")
+	fl.StringVar(&o.gpu, "gpu", "", "GPU type of the engine (with --fleet: whose profile to update)")
+	fl.StringVar(&o.fleetPath, "fleet", "", "fleet spec whose (--gpu, --model) profile the output updates")
+	fl.StringVar(&o.server, "server", fleet.ServerVLLM, "the engine's server kind, for its /metrics names: vllm, sglang or generic")
+	fl.IntVar(&o.prompt, "prompt-tokens", 200, "prompt tokens per request")
+	fl.IntVar(&o.output, "output-tokens", 200, "output tokens per request (ignore_eos)")
+	fl.Float64Var(&o.maxRate, "max-rate", 0, "estimated saturation rate (req/s, target time); the sweep covers 10%–80% of it")
+	fl.IntVar(&o.points, "points", 8, "number of load levels")
+	fl.IntVar(&o.requests, "requests", 300, "requests per load level")
+	fl.Float64Var(&o.timeScale, "time-scale", 0, "target's time scale (engine-sim --time-scale); rates and latencies are in target time")
+	fl.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on one request")
 	rootCmd.AddCommand(cmd)
+}
+
+// profileCmdFlags are inferlb profile's flags.
+type profileCmdFlags struct {
+	target, modelName, gpu, fleetPath string
+	server                            string
+	prompt, output, points, requests  int
+	maxRate, timeScale                float64
+	timeout                           time.Duration
+}
+
+// run carries out the command.
+func (o *profileCmdFlags) run(cmd *cobra.Command, args []string) error {
+	if o.target == "" || o.modelName == "" || !(o.maxRate > 0) {
+		return fmt.Errorf("profile: --target, --model and --max-rate > 0 are required")
+	}
+	if o.points < 4 || o.requests < 20 || o.prompt < 2 || o.output < 2 {
+		return fmt.Errorf("profile: need --points ≥ 4, --requests ≥ 20, --prompt-tokens ≥ 2, --output-tokens ≥ 2")
+	}
+	var base *fleet.Profile
+	if o.fleetPath != "" {
+		spec, err := fleet.Load(o.fleetPath)
+		if err != nil {
+			return err
+		}
+		fp, ok := spec.Profile(o.gpu, o.modelName)
+		if !ok {
+			return fmt.Errorf("profile: fleet %s has no profile for gpu %q model %q", o.fleetPath, o.gpu, o.modelName)
+		}
+		base = &fp
+	}
+	mp := scrape.MappingFor(o.server)
+	if mp == nil {
+		return fmt.Errorf("profile: --server %q is not one of %s", o.server, strings.Join(fleet.ServerKinds, ", "))
+	}
+	if base == nil && o.gpu != "" {
+		base = &fleet.Profile{GPU: o.gpu, Model: o.modelName}
+	}
+	return o.sweep(cmd, base, mp)
+}
+
+// sweep measures the load levels, fits the profile and writes the entry.
+func (o *profileCmdFlags) sweep(cmd *cobra.Command, base *fleet.Profile, mp *scrape.Mapping) error {
+	out := cmd.OutOrStdout()
+	client := &loadgen.Client{BaseURL: strings.TrimRight(o.target, "/"), Model: o.modelName, IgnoreEOS: true, Timeout: o.timeout}
+	defer client.CloseIdleConnections()
+	var samples []optimizer.Sample
+	for k := 0; k < o.points; k++ {
+		rate := o.maxRate * (0.1 + 0.7*float64(k)/float64(o.points-1))
+		rep, err := loadgen.Run(cmd.Context(), loadgen.Config{
+			Client: client, Source: &fixedShape{prompt: o.prompt, output: o.output, seed: uint64(k+1) << 32},
+			Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: rate}, MaxRequests: o.requests,
+			Seed: uint64(k + 1), TimeScale: o.timeScale,
+		})
+		if err != nil {
+			return fmt.Errorf("profile: load at %.3g req/s: %w", rate, err)
+		}
+		if rep.Interrupted {
+			return fmt.Errorf("profile: interrupted")
+		}
+		if rep.Requests.OK < o.requests*9/10 {
+			return fmt.Errorf("profile: at %.3g req/s only %d of %d requests succeeded (errors: %v)", rate, rep.Requests.OK, o.requests, rep.Errors)
+		}
+		s := optimizer.Sample{RatePerS: rate, TTFTMs: rep.TTFT.Mean, TBOTMs: rep.TPOT.Mean}
+		fmt.Fprintf(out, "# rate %7.3f req/s: TTFT %8.2f ms  TBOT %7.3f ms  (%d ok)\n", rate, s.TTFTMs, s.TBOTMs, rep.Requests.OK)
+		samples = append(samples, s)
+	}
+	f, err := optimizer.FitProfile(samples)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	// After the sweep: some servers (SGLang) create their series
+	// at the first request.
+	eng, err := readEngineConfig(cmd.Context(), strings.TrimRight(o.target, "/"), o.modelName, mp)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	fmt.Fprintf(out, "# engine config: %s\n", eng)
+	if base != nil {
+		eng.apply(base, f, o.prompt, o.fleetPath == "")
+		if base.KVCapacityTokens == 0 {
+			fmt.Fprintln(out, "# WARNING: kv_capacity_tokens unknown (the engine's /metrics has no cache config): fill it in below")
+		}
+	}
+	return writeProfile(out, f, base, o.target, o.modelName, o.prompt, o.output)
 }
 
 // engineConfig is what an engine says about itself: KV cache and context
@@ -195,7 +206,7 @@ func (e engineConfig) String() string {
 
 // readEngineConfig reads the engine's cache configuration from /metrics
 // (with the server kind's mapping) and its context limit from /v1/models.
-func readEngineConfig(ctx context.Context, base, model string, mp *signals.Mapping) (engineConfig, error) {
+func readEngineConfig(ctx context.Context, base, model string, mp *scrape.Mapping) (engineConfig, error) {
 	var e engineConfig
 	get := func(path string) ([]byte, error) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -281,7 +292,7 @@ func (e engineConfig) apply(p *fleet.Profile, f optimizer.Fit, prompt int, fresh
 	}
 }
 
-func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, modelName, gpu string, prompt, output int) error {
+func writeProfile(out io.Writer, f optimizer.Fit, base *fleet.Profile, target, modelName string, prompt, output int) error {
 	fmt.Fprintf(out, "# inferlb profile against %s, model %s, %d/%d-token requests\n", target, modelName, prompt, output)
 	fmt.Fprintf(out, "#   capacity %.3f req/s\n", f.CapacityRPS)
 	fmt.Fprintf(out, "#   TTFT(u) = %.3f + %.3f·u + %.3f·u/(1−u) ms   R² %.4f  RMSE %.3f ms\n", f.TTFT.Base, f.TTFT.Linear, f.TTFT.Queue, f.TTFTR2, f.TTFTRMSE)

@@ -13,7 +13,7 @@ import (
 	"github.com/inferlb/inferlb/controlplane"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/xds/signals"
+	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // The profiles entry `inferlb profile` prints carries the fitted capacity and
@@ -28,7 +28,7 @@ func TestWriteProfileEntryRoundTrips(t *testing.T) {
 	fit := optimizer.Fit{CapacityRPS: 9.87654, TTFT: optimizer.Curve{Base: 41.23456, Linear: 5.5, Queue: 2.0004},
 		TBOT: optimizer.Curve{Base: 7.1111, Linear: 3, Queue: 0.25}}
 	var out bytes.Buffer
-	if err := writeProfile(&out, fit, &base, "http://127.0.0.1:1", base.Model, base.GPU, 1000, 200); err != nil {
+	if err := writeProfile(&out, fit, &base, "http://127.0.0.1:1", base.Model, 1000, 200); err != nil {
 		t.Fatal(err)
 	}
 	entry := out.String()[strings.Index(out.String(), "profiles:"):]
@@ -76,7 +76,7 @@ func TestProfileReadsEngineConfig(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
-			got, err := readEngineConfig(ctx, e.URL(), "m", signals.MappingFor(server))
+			got, err := readEngineConfig(ctx, e.URL(), "m", scrape.MappingFor(server))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -45,14 +45,14 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	"github.com/inferlb/inferlb/controlplane"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
-	"github.com/inferlb/inferlb/extproc"
-	"github.com/inferlb/inferlb/extproc/cpclient"
-	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
+	"github.com/inferlb/inferlb/request/extproc"
+	"github.com/inferlb/inferlb/request/extproc/cpclient"
+	"github.com/inferlb/inferlb/request/extproc/service"
 )
 
 // Modes.
@@ -327,10 +327,7 @@ type group struct {
 	stop []func()
 }
 
-func (g *group) goRun(f func()) {
-	g.wg.Add(1)
-	go func() { defer g.wg.Done(); f() }()
-}
+func (g *group) goRun(f func()) { g.wg.Go(f) }
 
 func (g *group) close() {
 	for i := len(g.stop) - 1; i >= 0; i-- {
@@ -353,26 +350,9 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 
 	// Engines, each behind a recording proxy.
 	rc := &recorder{}
-	var addrs []string
-	var sims []*enginesim.Server
-	for i := 0; i < o.Engines; i++ {
-		id := fmt.Sprintf("e%d", i)
-		srv, err := enginesim.Start(ctx, enginesim.Options{ID: id, Model: o.Profile.Model, Profile: o.Profile,
-			MaxContextTokens: o.Profile.MaxContextTokens, TimeScale: o.TimeScale, Logger: log, Seed: uint64(i + 1)})
-		if err != nil {
-			return nil, err
-		}
-		g.stop = append(g.stop, func() { _ = srv.Close() })
-		sims = append(sims, srv)
-		target, _ := url.Parse(srv.URL())
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		hs := &http.Server{Handler: rc.proxy(id, target), ReadHeaderTimeout: 10 * time.Second}
-		g.goRun(func() { _ = hs.Serve(lis) })
-		g.stop = append(g.stop, func() { _ = hs.Close() })
-		addrs = append(addrs, lis.Addr().String())
+	addrs, sims, err := startEngines(ctx, o, g, rc)
+	if err != nil {
+		return nil, err
 	}
 	spec, err := fleet.Parse([]byte(fleetYAML(o, mode, addrs)))
 	if err == nil {
@@ -384,43 +364,16 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	}
 
 	// The control plane.
-	cfg := controlplane.DefaultRunConfig()
-	cfg.Fleet, cfg.XDSListen, cfg.AdminListen, cfg.Logger = spec, "127.0.0.1:0", "127.0.0.1:0", log
-	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 200*time.Millisecond, time.Second
-	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 3*time.Second, time.Second, 5*time.Second, 300*time.Millisecond
-	cfg.Cycle.Translate.HashBalanceFactor = o.HashBalanceFactor
-	runner, err := controlplane.NewRunner(cfg)
-	if err != nil {
-		return nil, err
-	}
-	cpCtx, cpCancel := context.WithCancel(ctx)
-	g.goRun(func() { _ = runner.Run(cpCtx) })
-	g.stop = append(g.stop, cpCancel)
-	xdsAddr, _, err := runner.Addrs(ctx)
+	xdsAddr, err := startControlPlane(ctx, o, g, spec)
 	if err != nil {
 		return nil, err
 	}
 
 	// ext_proc, subscribed to the policy and reporting.
-	ext := extproc.New(extproc.Options{Logger: log})
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	ext, extPort, err := startExtProc(ctx, g, xdsAddr, log)
 	if err != nil {
 		return nil, err
 	}
-	g.stop = append(g.stop, func() { conn.Close() })
-	sub := &cpclient.Subscriber{Conn: conn, NodeID: "fe", Region: "local", Apply: ext.SetPolicy, Logger: log, MinBackoff: 20 * time.Millisecond}
-	repo := &cpclient.Reporter{Conn: conn, NodeID: "fe", Instance: "bench", Interval: 500 * time.Millisecond, Flush: ext.Observer().Flush, Logger: log}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	gs := grpc.NewServer(service.ServerOptions(extproc.DefaultBodyLimit)...)
-	ext.Register(gs)
-	epCtx, epCancel := context.WithCancel(ctx)
-	g.goRun(func() { _ = sub.Run(epCtx) })
-	g.goRun(func() { _ = repo.Run(epCtx) })
-	g.goRun(func() { _ = gs.Serve(lis) })
-	g.stop = append(g.stop, gs.Stop, epCancel)
 
 	// Envoy.
 	_, xp, _ := net.SplitHostPort(xdsAddr)
@@ -433,7 +386,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	// race detector) a decision can take longer than the production
 	// second, and a 504 there measures the machine, not affinity.
 	boot, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "fe", Region: "local",
-		ListenPort: listen, ExtProcPort: lis.Addr().(*net.TCPAddr).Port, XDSPort: xdsPort, BodyLimit: extproc.DefaultBodyLimit,
+		ListenPort: listen, ExtProcPort: extPort, XDSPort: xdsPort, BodyLimit: extproc.DefaultBodyLimit,
 		MessageTimeout: "10s"})
 	if err != nil {
 		return nil, err
@@ -476,7 +429,107 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(256), BaseURL: fmt.Sprintf("http://127.0.0.1:%d", listen), Model: o.Profile.Model,
 		Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 60 * time.Second}
 	defer client.CloseIdleConnections()
-	sampleCtx, stopSampling := context.WithCancel(ctx)
+	stopSampling := sampleWeights(ctx, envoy)
+	lg, err := loadgen.Run(ctx, loadgen.Config{Client: client, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: o.Rate},
+		MaxRequests: o.Requests, TimeScale: o.TimeScale, Seed: o.Seed})
+	changes, moved := stopSampling()
+	if err != nil {
+		return nil, err
+	}
+	ph = &Phase{Mode: mode, Loadgen: lg, WeightChanges: changes, WeightTV: math.Round(moved*1000) / 1000}
+	if a := ext.Policy(); a != nil {
+		for _, c := range a.Classes() {
+			ph.TableRules, ph.TableVersion = c.TableRules()
+		}
+	}
+	rc.mu.Lock()
+	reqs := slices.Clone(rc.reqs)
+	rc.mu.Unlock()
+	summarize(ph, reqs, o.Engines)
+	if ph.EngineTTFTP50Ms, ph.EngineTTFTP99Ms, err = engineTTFT(sims); err != nil {
+		return nil, err
+	}
+	o.progressf("%s: %d requests, %d distinct keys, TTFT p50 %.0f ms p99 %.0f ms (engines: %.0f, %.0f), hit rate %.3f, max/mean %.2f, remaps %d of %d later turns, %d weight changes (TV %.3f)",
+		mode, ph.Requests, ph.DistinctKeys, ph.TTFTP50(), ph.TTFTP99(), ph.EngineTTFTP50Ms, ph.EngineTTFTP99Ms, ph.HitRate(), ph.MaxOverMean, ph.Remaps, ph.LaterTurns, ph.WeightChanges, ph.WeightTV)
+	return ph, nil
+}
+
+// startEngines starts o.Engines simulated engines, each behind a proxy that
+// records its requests in rc, and returns the proxies' addresses.
+func startEngines(ctx context.Context, o Options, g *group, rc *recorder) (addrs []string, sims []*enginesim.Server, err error) {
+	log := o.Logger
+	for i := 0; i < o.Engines; i++ {
+		id := fmt.Sprintf("e%d", i)
+		srv, err := enginesim.Start(ctx, enginesim.Options{ID: id, Model: o.Profile.Model, Profile: o.Profile,
+			MaxContextTokens: o.Profile.MaxContextTokens, TimeScale: o.TimeScale, Logger: log, Seed: uint64(i + 1)})
+		if err != nil {
+			return nil, nil, err
+		}
+		g.stop = append(g.stop, func() { _ = srv.Close() })
+		sims = append(sims, srv)
+		target, _ := url.Parse(srv.URL())
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, nil, err
+		}
+		hs := &http.Server{Handler: rc.proxy(id, target), ReadHeaderTimeout: 10 * time.Second}
+		g.goRun(func() { _ = hs.Serve(lis) })
+		g.stop = append(g.stop, func() { _ = hs.Close() })
+		addrs = append(addrs, lis.Addr().String())
+	}
+	return addrs, sims, nil
+}
+
+// startControlPlane runs the control plane for spec at the rig's pace and
+// returns its xDS address.
+func startControlPlane(ctx context.Context, o Options, g *group, spec *fleet.Spec) (string, error) {
+	log := o.Logger
+	cfg := controlplane.DefaultRunConfig()
+	cfg.Fleet, cfg.XDSListen, cfg.AdminListen, cfg.Logger = spec, "127.0.0.1:0", "127.0.0.1:0", log
+	cfg.Interval, cfg.ScrapeInterval, cfg.ScrapeTimeout = 500*time.Millisecond, 200*time.Millisecond, time.Second
+	cfg.StaleAfter, cfg.Smoothing, cfg.DemandWindow, cfg.Warmup = 3*time.Second, time.Second, 5*time.Second, 300*time.Millisecond
+	cfg.Cycle.Translate.HashBalanceFactor = o.HashBalanceFactor
+	runner, err := controlplane.NewRunner(cfg)
+	if err != nil {
+		return "", err
+	}
+	cpCtx, cpCancel := context.WithCancel(ctx)
+	g.goRun(func() { _ = runner.Run(cpCtx) })
+	g.stop = append(g.stop, cpCancel)
+	xdsAddr, _, err := runner.Addrs(ctx)
+	return xdsAddr, err
+}
+
+// startExtProc runs an ext_proc server subscribed to the control plane at
+// xdsAddr and reporting to it; it returns the server and its port.
+func startExtProc(ctx context.Context, g *group, xdsAddr string, log *slog.Logger) (*extproc.Server, int, error) {
+	ext := extproc.New(extproc.Options{Logger: log})
+	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, 0, err
+	}
+	g.stop = append(g.stop, func() { conn.Close() })
+	sub := &cpclient.Subscriber{Conn: conn, NodeID: "fe", Region: "local", Apply: ext.SetPolicy, Logger: log, MinBackoff: 20 * time.Millisecond}
+	repo := &cpclient.Reporter{Conn: conn, NodeID: "fe", Instance: "bench", Interval: 500 * time.Millisecond, Flush: ext.Observer().Flush, Logger: log}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, 0, err
+	}
+	gs := grpc.NewServer(service.ServerOptions(extproc.DefaultBodyLimit)...)
+	ext.Register(gs)
+	epCtx, epCancel := context.WithCancel(ctx)
+	g.goRun(func() { _ = sub.Run(epCtx) })
+	g.goRun(func() { _ = repo.Run(epCtx) })
+	g.goRun(func() { _ = gs.Serve(lis) })
+	g.stop = append(g.stop, gs.Stop, epCancel)
+	return ext, lis.Addr().(*net.TCPAddr).Port, nil
+}
+
+// sampleWeights reads Envoy's weights of inferlb_chat every 250 ms until
+// the returned function is called, which returns how many times they
+// changed and the total variation distance they moved.
+func sampleWeights(ctx context.Context, envoy *envoyrun.Envoy) (stop func() (changes int, moved float64)) {
+	sampleCtx, cancel := context.WithCancel(ctx)
 	var changes int
 	var moved float64
 	sampled := make(chan struct{})
@@ -511,29 +564,11 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 			}
 		}
 	}()
-	lg, err := loadgen.Run(ctx, loadgen.Config{Client: client, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: o.Rate},
-		MaxRequests: o.Requests, TimeScale: o.TimeScale, Seed: o.Seed})
-	stopSampling()
-	<-sampled
-	if err != nil {
-		return nil, err
+	return func() (int, float64) {
+		cancel()
+		<-sampled
+		return changes, moved
 	}
-	ph = &Phase{Mode: mode, Loadgen: lg, WeightChanges: changes, WeightTV: math.Round(moved*1000) / 1000}
-	if a := ext.Policy(); a != nil {
-		for _, c := range a.Classes() {
-			ph.TableRules, ph.TableVersion = c.TableRules()
-		}
-	}
-	rc.mu.Lock()
-	reqs := slices.Clone(rc.reqs)
-	rc.mu.Unlock()
-	summarize(ph, reqs, o.Engines)
-	if ph.EngineTTFTP50Ms, ph.EngineTTFTP99Ms, err = engineTTFT(sims); err != nil {
-		return nil, err
-	}
-	o.progressf("%s: %d requests, %d distinct keys, TTFT p50 %.0f ms p99 %.0f ms (engines: %.0f, %.0f), hit rate %.3f, max/mean %.2f, remaps %d of %d later turns, %d weight changes (TV %.3f)",
-		mode, ph.Requests, ph.DistinctKeys, ph.TTFTP50(), ph.TTFTP99(), ph.EngineTTFTP50Ms, ph.EngineTTFTP99Ms, ph.HitRate(), ph.MaxOverMean, ph.Remaps, ph.LaterTurns, ph.WeightChanges, ph.WeightTV)
-	return ph, nil
 }
 
 // preambled opens every conversation's first user message with one shared

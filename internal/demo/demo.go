@@ -128,34 +128,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if len(spec.Frontends) == 0 {
 		return nil, errors.New("demo: the fleet has no frontends")
 	}
-	if o.SurgeRegion != "" && o.SurgeAfter > 0 {
-		// A region no frontend is in would make the surge silently not
-		// happen.
-		var regions []string
-		for _, f := range spec.Frontends {
-			if f.Region == o.SurgeRegion {
-				regions = nil
-				break
-			}
-			regions = append(regions, f.Region)
-		}
-		if regions != nil {
-			return nil, fmt.Errorf("demo: surge region %q has no frontend (frontends are in %s)", o.SurgeRegion, strings.Join(regions, ", "))
-		}
-	}
-	var failAddr string
-	if o.FailEngine != "" && o.FailAfter > 0 {
-		for _, e := range spec.Engines {
-			if e.ID == o.FailEngine {
-				failAddr = e.Address
-			}
-		}
-		if failAddr == "" {
-			return nil, fmt.Errorf("demo: the engine to fail, %q, is not in the fleet", o.FailEngine)
-		}
-	}
-	if o.OverloadAfter > 0 && !(o.OverloadFactor > 0 && o.OverloadFor > 0) {
-		return nil, fmt.Errorf("demo: an overload phase needs a factor > 0 and a length > 0, got %v and %v", o.OverloadFactor, o.OverloadFor)
+	failAddr, err := checkOptions(o, spec)
+	if err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return nil, err
@@ -165,40 +140,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	pt := layout(o.BasePort, len(spec.Frontends))
-	busy := append([]string{}, engineAddrs(spec)...)
-	for _, p := range pt.all() {
-		busy = append(busy, fmt.Sprintf("127.0.0.1:%d", p))
-	}
-	seen := map[string]bool{}
-	for _, a := range busy {
-		if seen[a] {
-			return nil, fmt.Errorf("demo: %s is both an engine address and a demo port; choose another base port", a)
-		}
-		seen[a] = true
-	}
-	for _, a := range busy {
-		if l, err := net.Listen("tcp", a); err != nil {
-			return nil, fmt.Errorf("demo: %s is in use (another demo running?): %w", a, err)
-		} else {
-			l.Close()
-		}
+	if err := checkPorts(spec, pt); err != nil {
+		return nil, err
 	}
 
 	sup := &supervisor{dir: o.OutDir, log: log}
 	defer sup.stopAll()
 
-	// 1. Engines (one process serves all of them).
-	if err := sup.start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
-		"--time-scale", fmt.Sprint(o.TimeScale), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.simAdmin)); err != nil {
-		return nil, err
-	}
-	// 2. Control plane.
+	// 1. Engines, 2. the control plane.
 	cpAdmin := fmt.Sprintf("http://127.0.0.1:%d", pt.cpAdmin)
-	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
-		"--xds-listen", fmt.Sprintf("127.0.0.1:%d", pt.xds),
-		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.cpAdmin),
-		"--interval", o.ControlInterval.String(), "--insecure", "--time-scale", fmt.Sprint(o.TimeScale),
-		"--state-file", filepath.Join(o.OutDir, "control-plane-state.json")); err != nil {
+	if err := startBackends(sup, o, pt); err != nil {
 		return nil, err
 	}
 	// 3. Per frontend: ext_proc and Envoy.
@@ -235,6 +186,151 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 
 	// 4. Wait until every part is ready.
+	checks := readyChecks(spec, pt, cpAdmin, admins)
+	if err := waitReady(ctx, sup, checks, 60*time.Second); err != nil {
+		return nil, err
+	}
+	log.Info("demo: every component is ready", "out", o.OutDir)
+
+	// 5. Traffic: multi-turn conversations from every frontend region, then
+	// a surge in one region.
+	report, requests := filepath.Join(o.OutDir, "loadgen-report.json"), filepath.Join(o.OutDir, "requests.jsonl")
+	lg, err := sup.startProc("loadgen", o.Self, loadgenArgs(o, spec, pt, regionURLs, report, requests)...)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+
+	// 6. The live view until the traffic ends or ctx is cancelled.
+	viewCtx, stopView := context.WithCancel(ctx)
+	defer stopView()
+	var wg sync.WaitGroup
+	if failAddr != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			failEngine(viewCtx, log, o, fmt.Sprintf("127.0.0.1:%d", pt.simAdmin), start)
+		}()
+	}
+	if o.View != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runView(viewCtx, o, spec, admins, filepath.Join(o.OutDir, "loadgen.log"), requests, start, cpAdmin)
+		}()
+	}
+	var lgErr error
+	select {
+	case <-lg.done:
+		lgErr = lg.err
+	case <-ctx.Done():
+		sup.stop(lg)
+	}
+	stopView()
+	wg.Wait()
+	if err := sup.firstExit(); err != nil {
+		return nil, err
+	}
+	if lgErr != nil && ctx.Err() == nil {
+		return nil, fmt.Errorf("demo: load generator: %w (see %s)", lgErr, filepath.Join(o.OutDir, "loadgen.log"))
+	}
+	return readResult(report, o.OutDir, cpAdmin)
+}
+
+// startBackends starts the engines (one process serves all of them) and
+// the control plane.
+func startBackends(sup *supervisor, o Options, pt ports) error {
+	// 1. Engines (one process serves all of them).
+	if err := sup.start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
+		"--time-scale", fmt.Sprint(o.TimeScale), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.simAdmin)); err != nil {
+		return err
+	}
+	// 2. Control plane.
+	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
+		"--xds-listen", fmt.Sprintf("127.0.0.1:%d", pt.xds),
+		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.cpAdmin),
+		"--interval", o.ControlInterval.String(), "--insecure", "--time-scale", fmt.Sprint(o.TimeScale),
+		"--state-file", filepath.Join(o.OutDir, "control-plane-state.json")); err != nil {
+		return err
+	}
+	return nil
+}
+
+// readResult is the demo's result: where its outputs are, and the load
+// generator's report if it wrote one.
+func readResult(report, outDir, cpAdmin string) (*Result, error) {
+	res := &Result{LoadgenReport: report, OutDir: outDir, ControlPlaneAdmin: cpAdmin}
+	if b, err := os.ReadFile(report); err == nil {
+		var rep loadgen.Report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return nil, fmt.Errorf("demo: load generator report %s: %w", report, err)
+		}
+		res.Report = &rep
+	}
+	return res, nil
+}
+
+// checkOptions refuses failure and surge options the fleet cannot carry out
+// (they would silently not happen); it returns the address of the engine to
+// fail ("" for none).
+func checkOptions(o Options, spec *fleet.Spec) (failAddr string, err error) {
+	if o.SurgeRegion != "" && o.SurgeAfter > 0 {
+		// A region no frontend is in would make the surge silently not
+		// happen.
+		var regions []string
+		for _, f := range spec.Frontends {
+			if f.Region == o.SurgeRegion {
+				regions = nil
+				break
+			}
+			regions = append(regions, f.Region)
+		}
+		if regions != nil {
+			return "", fmt.Errorf("demo: surge region %q has no frontend (frontends are in %s)", o.SurgeRegion, strings.Join(regions, ", "))
+		}
+	}
+	if o.FailEngine != "" && o.FailAfter > 0 {
+		for _, e := range spec.Engines {
+			if e.ID == o.FailEngine {
+				failAddr = e.Address
+			}
+		}
+		if failAddr == "" {
+			return "", fmt.Errorf("demo: the engine to fail, %q, is not in the fleet", o.FailEngine)
+		}
+	}
+	if o.OverloadAfter > 0 && !(o.OverloadFactor > 0 && o.OverloadFor > 0) {
+		return "", fmt.Errorf("demo: an overload phase needs a factor > 0 and a length > 0, got %v and %v", o.OverloadFactor, o.OverloadFor)
+	}
+	return failAddr, nil
+}
+
+// checkPorts refuses a layout whose demo ports collide with an engine's
+// address or are taken.
+func checkPorts(spec *fleet.Spec, pt ports) error {
+	busy := append([]string{}, engineAddrs(spec)...)
+	for _, p := range pt.all() {
+		busy = append(busy, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	seen := map[string]bool{}
+	for _, a := range busy {
+		if seen[a] {
+			return fmt.Errorf("demo: %s is both an engine address and a demo port; choose another base port", a)
+		}
+		seen[a] = true
+	}
+	for _, a := range busy {
+		if l, err := net.Listen("tcp", a); err != nil {
+			return fmt.Errorf("demo: %s is in use (another demo running?): %w", a, err)
+		} else {
+			l.Close()
+		}
+	}
+	return nil
+}
+
+// readyChecks are the health URLs of every part of the demo.
+func readyChecks(spec *fleet.Spec, pt ports, cpAdmin string, admins map[string]string) []readyCheck {
 	var checks []readyCheck
 	for _, e := range spec.Engines {
 		checks = append(checks, readyCheck{"engine " + e.ID, "http://" + e.Address + "/health"})
@@ -245,16 +341,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			readyCheck{"ext_proc " + f.Name, fmt.Sprintf("http://127.0.0.1:%d/healthz", pt.extprocHTTP[k])},
 			readyCheck{"envoy " + f.Name, admins[f.Name] + "/ready"})
 	}
-	if err := waitReady(ctx, sup, checks, 60*time.Second); err != nil {
-		return nil, err
-	}
-	log.Info("demo: every component is ready", "out", o.OutDir)
+	return checks
+}
 
-	// 5. Traffic: multi-turn conversations from every frontend region, then
-	// a surge in one region.
+// loadgenArgs is the load generator's command line: conversations from
+// every frontend region at o.Rate, then the surge and the overload phases;
+// report and requests are its JSON report and request log.
+func loadgenArgs(o Options, spec *fleet.Spec, pt ports, regionURLs []string, report, requests string) []string {
 	model := spec.Models[0].Name
-	report := filepath.Join(o.OutDir, "loadgen-report.json")
-	requests := filepath.Join(o.OutDir, "requests.jsonl")
 	args := []string{"loadgen", "--workload", "multiturn", "--model", model,
 		"--url", fmt.Sprintf("http://127.0.0.1:%d", pt.envoy[0]),
 		"--arrival", "poisson", "--rate", fmt.Sprint(o.Rate),
@@ -294,54 +388,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		args = append(args, "--rate-at", fmt.Sprintf("%v:%g", o.OverloadAfter, o.Rate*o.OverloadFactor),
 			"--rate-at", fmt.Sprintf("%v:%g", o.OverloadAfter+o.OverloadFor, o.Rate))
 	}
-	lg, err := sup.startProc("loadgen", o.Self, args...)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-
-	// 6. The live view until the traffic ends or ctx is cancelled.
-	viewCtx, stopView := context.WithCancel(ctx)
-	defer stopView()
-	var wg sync.WaitGroup
-	if failAddr != "" {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			failEngine(viewCtx, log, o, fmt.Sprintf("127.0.0.1:%d", pt.simAdmin), start)
-		}()
-	}
-	if o.View != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runView(viewCtx, o, spec, admins, filepath.Join(o.OutDir, "loadgen.log"), requests, start, cpAdmin)
-		}()
-	}
-	var lgErr error
-	select {
-	case <-lg.done:
-		lgErr = lg.err
-	case <-ctx.Done():
-		sup.stop(lg)
-	}
-	stopView()
-	wg.Wait()
-	if err := sup.firstExit(); err != nil {
-		return nil, err
-	}
-	if lgErr != nil && ctx.Err() == nil {
-		return nil, fmt.Errorf("demo: load generator: %w (see %s)", lgErr, filepath.Join(o.OutDir, "loadgen.log"))
-	}
-	res := &Result{LoadgenReport: report, OutDir: o.OutDir, ControlPlaneAdmin: cpAdmin}
-	if b, err := os.ReadFile(report); err == nil {
-		var rep loadgen.Report
-		if err := json.Unmarshal(b, &rep); err != nil {
-			return nil, fmt.Errorf("demo: load generator report %s: %w", report, err)
-		}
-		res.Report = &rep
-	}
-	return res, nil
+	return args
 }
 
 func engineAddrs(spec *fleet.Spec) []string {

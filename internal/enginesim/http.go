@@ -227,14 +227,8 @@ func (s *Server) serveStream(w http.ResponseWriter, hr *http.Request, rw *respon
 	}
 	sent := 0
 	for {
-		select {
-		case <-st.notify:
-		case <-hr.Context().Done():
-			s.abort(mr)
+		if !s.await(hr, st, mr, crashCh) {
 			return
-		case <-crashCh:
-			s.abort(mr)
-			panic(http.ErrAbortHandler)
 		}
 		n, first, cached, done, reason := st.snapshot()
 		if done && reason == model.FinishAbort {
@@ -271,16 +265,26 @@ func (s *Server) serveStream(w http.ResponseWriter, hr *http.Request, rw *respon
 	}
 }
 
+// await waits for the request's next tokens; false means the client left
+// (the request is aborted). A crash of the engine aborts it and the
+// connection.
+func (s *Server) await(hr *http.Request, st *stream, mr *model.Request, crashCh chan struct{}) bool {
+	select {
+	case <-st.notify:
+		return true
+	case <-hr.Context().Done():
+		s.abort(mr)
+		return false
+	case <-crashCh:
+		s.abort(mr)
+		panic(http.ErrAbortHandler)
+	}
+}
+
 func (s *Server) serveWhole(w http.ResponseWriter, hr *http.Request, rw *responder, st *stream, mr *model.Request, crashCh chan struct{}) {
 	for {
-		select {
-		case <-st.notify:
-		case <-hr.Context().Done():
-			s.abort(mr)
+		if !s.await(hr, st, mr, crashCh) {
 			return
-		case <-crashCh:
-			s.abort(mr)
-			panic(http.ErrAbortHandler)
 		}
 		n, _, cached, done, reason := st.snapshot()
 		if !done {

@@ -39,6 +39,7 @@ package envoylb
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"sort"
 
 	"github.com/cespare/xxhash/v2"
@@ -475,17 +476,9 @@ func appendUint(b []byte, v uint64) []byte {
 	return append(b, d[i:]...)
 }
 
-func isPrime(n uint64) bool {
-	if n < 2 {
-		return false
-	}
-	for d := uint64(2); d*d <= n; d++ {
-		if n%d == 0 {
-			return false
-		}
-	}
-	return true
-}
+// isPrime is exact: ProbablyPrime(0) (Baillie-PSW) makes no mistakes
+// below 2^64.
+func isPrime(n uint64) bool { return new(big.Int).SetUint64(n).ProbablyPrime(0) }
 
 // mt19937 is the 32-bit Mersenne Twister (std::mt19937), which Envoy seeds
 // with the request's hash to order the probes of bounded loads.

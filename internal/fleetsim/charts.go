@@ -141,18 +141,19 @@ func p99OverTime(r *ScenarioResult) ([]*plot.Plot, int) {
 	return []*plot.Plot{p}, 1
 }
 
-// markEvents draws the faults' starts as vertical lines.
+// markEvents draws the faults' starts as vertical lines. Every policy runs
+// the same timeline, so the first policy's events stand for all.
 func markEvents(p *plot.Plot, r *ScenarioResult) {
-	for _, pr := range r.Policies {
-		for _, m := range pr.Events {
-			l, err := plotter.NewLine(plotter.XYs{{X: m.At, Y: p.Y.Min + 1e-9}, {X: m.At, Y: math.Max(p.Y.Max, 1)}})
-			if err == nil {
-				l.Color = color.Gray{Y: 150}
-				l.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
-				p.Add(l)
-			}
+	if len(r.Policies) == 0 {
+		return
+	}
+	for _, m := range r.Policies[0].Events {
+		l, err := plotter.NewLine(plotter.XYs{{X: m.At, Y: p.Y.Min + 1e-9}, {X: m.At, Y: math.Max(p.Y.Max, 1)}})
+		if err == nil {
+			l.Color = color.Gray{Y: 150}
+			l.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
+			p.Add(l)
 		}
-		return // the same timeline for every policy
 	}
 }
 

@@ -111,7 +111,6 @@ func (s *Sim) result() (*PolicyResult, error) {
 	var prompt, cached float64
 	good, follow, moved := 0, 0, 0
 	warm := s.sc.Warmup.Seconds()
-	type win struct{ xs []float64 }
 	wins := map[int]*win{}
 	prioArrived, prioShed := map[int8]int{}, map[int8]int{}
 	for _, rec := range r.recs {
@@ -207,8 +206,22 @@ func (s *Sim) result() (*PolicyResult, error) {
 		// nothing but this figure's trailing digits.
 		res.ChurnPerCycle = math.Round(r.churnSum/float64(r.churnN)*1e6) / 1e6
 	}
+	var load, util []float64
+	res.Engines, load, util = s.engineFigures(perTTFT, perPrompt, perCached, perRemap)
+	res.MaxMeanLoad, res.MaxMeanUtil = maxOverMean(load), maxOverMean(util)
+	if !s.opt.NoSeries {
+		res.series = s.resultSeries(ttft, wins)
+	}
+	return res, nil
+}
+
+// engineFigures are each engine's figures from its served requests' TTFTs,
+// prompt and cached tokens and remaps, and the recorder's load and work;
+// load and util are the engines' mean in-flight and utilization.
+func (s *Sim) engineFigures(perTTFT [][]float64, perPrompt, perCached []float64, perRemap []int) (figs []EngineFigures, load, util []float64) {
+	r := s.rec
 	span := (s.sc.Duration - s.sc.Warmup).Seconds()
-	load, util := make([]float64, len(s.engines)), make([]float64, len(s.engines))
+	load, util = make([]float64, len(s.engines)), make([]float64, len(s.engines))
 	for j, e := range s.engines {
 		if r.loadN > 0 {
 			load[j] = r.loadSum[j] / float64(r.loadN)
@@ -226,29 +239,36 @@ func (s *Sim) result() (*PolicyResult, error) {
 		if perPrompt[j] > 0 {
 			ef.HitRate = round3(perCached[j] / perPrompt[j])
 		}
-		res.Engines = append(res.Engines, ef)
+		figs = append(figs, ef)
 	}
-	res.MaxMeanLoad, res.MaxMeanUtil = maxOverMean(load), maxOverMean(util)
-	if !s.opt.NoSeries {
-		sr := &series{ttft: ttft, weightsT: r.weightsT, weights: r.weights, samples: r.samples, load: r.load}
-		sort.Float64s(sr.ttft)
-		keys := make([]int, 0, len(wins))
-		for k := range wins {
-			keys = append(keys, k)
-		}
-		sort.Ints(keys)
-		for _, k := range keys {
-			xs := wins[k].xs
-			sort.Float64s(xs)
-			sr.p99T = append(sr.p99T, (float64(k)+0.5)*p99Window)
-			sr.p99 = append(sr.p99, quantile(xs, 0.99))
-		}
-		for _, e := range s.spec.Engines {
-			sr.engineIDs = append(sr.engineIDs, e.ID)
-		}
-		res.series = sr
+	return figs, load, util
+}
+
+// win holds the TTFTs of the served requests that arrived in one p99
+// window.
+type win struct{ xs []float64 }
+
+// resultSeries is the run's time series: the TTFTs, the p99 per window, the
+// published weights and the load samples.
+func (s *Sim) resultSeries(ttft []float64, wins map[int]*win) *series {
+	r := s.rec
+	sr := &series{ttft: ttft, weightsT: r.weightsT, weights: r.weights, samples: r.samples, load: r.load}
+	sort.Float64s(sr.ttft)
+	keys := make([]int, 0, len(wins))
+	for k := range wins {
+		keys = append(keys, k)
 	}
-	return res, nil
+	sort.Ints(keys)
+	for _, k := range keys {
+		xs := wins[k].xs
+		sort.Float64s(xs)
+		sr.p99T = append(sr.p99T, (float64(k)+0.5)*p99Window)
+		sr.p99 = append(sr.p99, quantile(xs, 0.99))
+	}
+	for _, e := range s.spec.Engines {
+		sr.engineIDs = append(sr.engineIDs, e.ID)
+	}
+	return sr
 }
 
 // maxOverMean is the largest value over the mean (0 when the mean is 0).

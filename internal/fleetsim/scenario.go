@@ -1,7 +1,6 @@
 package fleetsim
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -229,9 +228,7 @@ func ParseScenario(data []byte, path string) (*Scenario, error) {
 	var d scenarioDoc
 	lines, ferrs := fleet.DecodeStrict(data, &d, "scenario")
 	v := &validator{lines: lines, file: path}
-	for _, fe := range ferrs {
-		v.errs = append(v.errs, fe)
-	}
+	v.errs = append(v.errs, ferrs...)
 	if len(ferrs) > 0 && d.Name == "" && d.Workload == nil {
 		return nil, v.err()
 	}
@@ -317,12 +314,14 @@ func (v *validator) duration(path, s string, def time.Duration, allowZero bool) 
 	return d
 }
 
-func (v *validator) rng(path string, r *rangeDoc, def workload.Range, lo int) workload.Range {
+// rng checks an optional range of counts: 1 ≤ min ≤ max; absent is the
+// zero Range.
+func (v *validator) rng(path string, r *rangeDoc) workload.Range {
 	if r == nil {
-		return def
+		return workload.Range{}
 	}
-	if r.Min < lo || r.Max < r.Min {
-		v.bad(path, "want %d ≤ min ≤ max, got min %d max %d", lo, r.Min, r.Max)
+	if r.Min < 1 || r.Max < r.Min {
+		v.bad(path, "want 1 ≤ min ≤ max, got min %d max %d", r.Min, r.Max)
 	}
 	return workload.Range{Min: r.Min, Max: r.Max}
 }
@@ -481,15 +480,15 @@ func (v *validator) workload(sc *Scenario, d *workloadDoc) {
 		mt.Format = workload.Chat
 		mt.Seed = sc.Seed
 		mt.SystemPrompts, mt.SystemPromptTokens = d.SystemPrompts, d.SystemPromptTokens
-		mt.Turns = v.rng("workload.turns", d.Turns, workload.Range{}, 1)
-		mt.UserTokens = v.rng("workload.user_tokens", d.UserTokens, workload.Range{}, 1)
-		mt.OutputTokens = v.rng("workload.output_tokens", d.OutputTokens, workload.Range{}, 1)
+		mt.Turns = v.rng("workload.turns", d.Turns)
+		mt.UserTokens = v.rng("workload.user_tokens", d.UserTokens)
+		mt.OutputTokens = v.rng("workload.output_tokens", d.OutputTokens)
 		mt.Preambles = d.Preambles
-		mt.PreambleTokens = v.rng("workload.preamble_tokens", d.PreambleTokens, workload.Range{}, 1)
+		mt.PreambleTokens = v.rng("workload.preamble_tokens", d.PreambleTokens)
 		if d.Preambles > 0 && d.PreambleTokens == nil {
 			v.bad("workload.preamble_tokens", "is required with preambles")
 		}
-		mt.ToolTokens = v.rng("workload.tool_tokens", d.ToolTokens, workload.Range{}, 1)
+		mt.ToolTokens = v.rng("workload.tool_tokens", d.ToolTokens)
 		mt.ThinkTime = v.duration("workload.think_time", d.ThinkTime, 0, true)
 		mt.SessionIDs = d.SessionIDs
 		if spec != nil {
@@ -589,6 +588,3 @@ func (v *validator) fault(sc *Scenario, i int, d faultDoc) {
 	}
 	sc.Faults = append(sc.Faults, f)
 }
-
-// errNoTrace is wrapped when a trace file cannot be read.
-var errNoTrace = errors.New("trace not found")

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
 )
 
 var nan = math.NaN()
@@ -99,17 +101,7 @@ func (c *Collector) Build(prev, cur Sample) View {
 		return cluster
 	}
 	// weight[class][frontend][engine], traffic likewise (request counts).
-	weight := map[string]map[string]map[string]float64{}
-	traffic := map[string]map[string]map[string]float64{}
-	put := func(m map[string]map[string]map[string]float64, cl, fe, id string, x float64) {
-		if m[cl] == nil {
-			m[cl] = map[string]map[string]float64{}
-		}
-		if m[cl][fe] == nil {
-			m[cl][fe] = map[string]float64{}
-		}
-		m[cl][fe][id] += x
-	}
+	weight, traffic := shares{}, shares{}
 	for _, fn := range v.Frontends {
 		fs := cur.Frontends[fn]
 		v.FrontUp[fn] = fs.Up
@@ -124,10 +116,10 @@ func (c *Collector) Build(prev, cur Sample) View {
 			for _, h := range hs {
 				cl := classOf(h.Cluster)
 				if h.Priority == 0 && h.Healthy {
-					put(weight, cl, fn, id, float64(h.Weight))
+					weight.add(cl, fn, id, float64(h.Weight))
 				}
 				if p, ok := findHost(prev.Frontends[fn], addr, h.Cluster); ok && h.RqTotal >= p.RqTotal {
-					put(traffic, cl, fn, id, h.RqTotal-p.RqTotal)
+					traffic.add(cl, fn, id, h.RqTotal-p.RqTotal)
 					totalRq += h.RqTotal - p.RqTotal
 					v.ClassRequests[cl] += h.RqTotal - p.RqTotal
 				}
@@ -147,46 +139,68 @@ func (c *Collector) Build(prev, cur Sample) View {
 			}
 		}
 	}
-	share := func(m map[string]map[string]float64, fe, id string) float64 {
-		total := 0.0
-		for _, x := range m[fe] {
-			total += x
-		}
-		if total == 0 {
-			return nan
-		}
-		return m[fe][id] / total
-	}
 	for _, e := range c.Fleet.Engines {
-		s := cur.Engines[e.ID]
-		row := EngineRow{ID: e.ID, Region: e.Region, GPU: e.GPU, Up: s.Up,
-			Running: s.Running, Waiting: s.Waiting, KVUsage: s.KVUsage,
-			TTFTMs: nan, PrefixHitRate: nan, TokensPerS: nan,
-			Weight: map[string]map[string]float64{}, Traffic: map[string]map[string]float64{}}
-		if p, ok := prev.Engines[e.ID]; ok && p.Up && s.Up {
-			if dc := s.TTFTCount - p.TTFTCount; dc > 0 {
-				row.TTFTMs = (s.TTFTSum - p.TTFTSum) / dc * 1000
-			}
-			if dq := s.PrefixQueries - p.PrefixQueries; dq > 0 {
-				row.PrefixHitRate = (s.PrefixHits - p.PrefixHits) / dq
-			}
-			row.TokensPerS = rate(p.GenerationToks, s.GenerationToks, v.Interval)
-		}
-		for _, cl := range v.Classes {
-			row.Weight[cl], row.Traffic[cl] = map[string]float64{}, map[string]float64{}
-			for _, fn := range v.Frontends {
-				w := share(weight[cl], fn, e.ID)
-				if math.IsNaN(w) {
-					w = 0
-				}
-				row.Weight[cl][fn] = w
-				row.Traffic[cl][fn] = share(traffic[cl], fn, e.ID)
-			}
-		}
-		v.Engines = append(v.Engines, row)
+		v.Engines = append(v.Engines, v.engineRow(e, prev.Engines[e.ID], cur.Engines[e.ID], weight, traffic))
 	}
 	sort.SliceStable(v.Engines, func(i, j int) bool { return v.Engines[i].Region < v.Engines[j].Region })
 	return v
+}
+
+// shares holds a figure per class, frontend and engine.
+type shares map[string]map[string]map[string]float64
+
+func (m shares) add(cl, fe, id string, x float64) {
+	if m[cl] == nil {
+		m[cl] = map[string]map[string]float64{}
+	}
+	if m[cl][fe] == nil {
+		m[cl][fe] = map[string]float64{}
+	}
+	m[cl][fe][id] += x
+}
+
+// share is the engine's share of the frontend's total in the class (NaN
+// when the total is 0).
+func (m shares) share(cl, fe, id string) float64 {
+	total := 0.0
+	for _, x := range m[cl][fe] {
+		total += x
+	}
+	if total == 0 {
+		return nan
+	}
+	return m[cl][fe][id] / total
+}
+
+// engineRow is engine e's row: its gauges now, its interval figures from
+// the two samples (p is the zero sample without an earlier one), and its
+// shares of weight and traffic per class and frontend.
+func (v *View) engineRow(e fleet.Engine, p, s EngineSample, weight, traffic shares) EngineRow {
+	row := EngineRow{ID: e.ID, Region: e.Region, GPU: e.GPU, Up: s.Up,
+		Running: s.Running, Waiting: s.Waiting, KVUsage: s.KVUsage,
+		TTFTMs: nan, PrefixHitRate: nan, TokensPerS: nan,
+		Weight: map[string]map[string]float64{}, Traffic: map[string]map[string]float64{}}
+	if p.Up && s.Up {
+		if dc := s.TTFTCount - p.TTFTCount; dc > 0 {
+			row.TTFTMs = (s.TTFTSum - p.TTFTSum) / dc * 1000
+		}
+		if dq := s.PrefixQueries - p.PrefixQueries; dq > 0 {
+			row.PrefixHitRate = (s.PrefixHits - p.PrefixHits) / dq
+		}
+		row.TokensPerS = rate(p.GenerationToks, s.GenerationToks, v.Interval)
+	}
+	for _, cl := range v.Classes {
+		row.Weight[cl], row.Traffic[cl] = map[string]float64{}, map[string]float64{}
+		for _, fn := range v.Frontends {
+			w := weight.share(cl, fn, e.ID)
+			if math.IsNaN(w) {
+				w = 0
+			}
+			row.Weight[cl][fn] = w
+			row.Traffic[cl][fn] = traffic.share(cl, fn, e.ID)
+		}
+	}
+	return row
 }
 
 func findHost(fs FrontendSample, addr, cluster string) (HostSample, bool) {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/inferlb/inferlb/internal/hashmix"
 	"github.com/inferlb/inferlb/internal/tokens"
 )
 
@@ -35,6 +36,30 @@ func buildVocab() []string {
 	return out
 }
 
+// wordStream is the sequence of vocabulary indices a seed stands for: each
+// PCG output gives 64/vocabBits words. Words, AppendWordIDs and wordWriter
+// read the same stream, so their texts and ids agree.
+type wordStream struct {
+	rng  *rand.PCG
+	bits uint64
+	left int
+}
+
+func newWordStream(seed uint64) wordStream {
+	return wordStream{rng: rand.NewPCG(seed, 0x776f726473)}
+}
+
+// next is the index of the stream's next word.
+func (s *wordStream) next() uint64 {
+	if s.left == 0 {
+		s.bits, s.left = s.rng.Uint64(), 64/vocabBits
+	}
+	k := s.bits & (1<<vocabBits - 1)
+	s.bits >>= vocabBits
+	s.left--
+	return k
+}
+
 // wordWriter appends pseudo-random words, separated by single spaces, to a
 // strings.Builder.
 type wordWriter struct {
@@ -47,19 +72,12 @@ func (w *wordWriter) write(seed uint64, n int) {
 	if n <= 0 {
 		return
 	}
-	rng := rand.NewPCG(seed, 0x776f726473)
-	var bits uint64
-	var left int
+	ws := newWordStream(seed)
 	for i := 0; i < n; i++ {
-		if left == 0 {
-			bits, left = rng.Uint64(), 64/vocabBits
-		}
 		if w.words > 0 {
 			w.sb.WriteByte(' ')
 		}
-		w.sb.WriteString(vocab[bits&(1<<vocabBits-1)])
-		bits >>= vocabBits
-		left--
+		w.sb.WriteString(vocab[ws.next()])
 		w.words++
 	}
 }
@@ -77,18 +95,11 @@ func Words(seed uint64, n int) string {
 	// letters): one store per word, the same text as wordWriter writes.
 	buf := make([]byte, 8*n)
 	pos := 0
-	rng := rand.NewPCG(seed, 0x776f726473)
-	var bits uint64
-	var left int
+	ws := newWordStream(seed)
 	for i := 0; i < n; i++ {
-		if left == 0 {
-			bits, left = rng.Uint64(), 64/vocabBits
-		}
-		k := bits & (1<<vocabBits - 1)
+		k := ws.next()
 		binary.LittleEndian.PutUint64(buf[pos:], vocabPacked[k])
 		pos += int(vocabLen[k]) + 1
-		bits >>= vocabBits
-		left--
 	}
 	return unsafe.String(&buf[0], pos-1) // without the last space; buf is not touched again
 }
@@ -106,29 +117,8 @@ var vocabPacked, vocabLen = func() ([]uint64, []uint8) {
 	return p, l
 }()
 
-// firstWords returns the first n space-separated words of s.
-func firstWords(s string, n int) string {
-	if n <= 0 {
-		return ""
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == ' ' {
-			n--
-			if n == 0 {
-				return s[:i]
-			}
-		}
-	}
-	return s
-}
-
 // mix64 is SplitMix64's finalizer: a cheap bijective hash for deriving seeds.
-func mix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
+func mix64(x uint64) uint64 { return hashmix.SplitMix64(x + 0x9e3779b97f4a7c15) }
 
 // vocabIDs are the token ids of the vocabulary's words (one token each).
 var vocabIDs = func() []uint64 {
@@ -145,16 +135,9 @@ func AppendWordIDs(dst []uint64, seed uint64, n int) []uint64 {
 	if n <= 0 {
 		return dst
 	}
-	rng := rand.NewPCG(seed, 0x776f726473)
-	var bits uint64
-	var left int
+	ws := newWordStream(seed)
 	for i := 0; i < n; i++ {
-		if left == 0 {
-			bits, left = rng.Uint64(), 64/vocabBits
-		}
-		dst = append(dst, vocabIDs[bits&(1<<vocabBits-1)])
-		bits >>= vocabBits
-		left--
+		dst = append(dst, vocabIDs[ws.next()])
 	}
 	return dst
 }

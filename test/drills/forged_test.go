@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/publish/auth"
 )
 
 // forgery is one forged report and what the control plane must answer.

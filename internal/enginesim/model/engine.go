@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/inferlb/inferlb/internal/hashmix"
 )
 
 // FinishReason says why a request ended.
@@ -657,22 +659,12 @@ func chainFrom(out []uint64, last uint64, i0 int, tail []uint64, bs int) []uint6
 	h := last
 	for b := 0; b < len(tail)/bs; b++ {
 		for _, t := range tail[b*bs : (b+1)*bs] {
-			h = mix(h ^ t)
+			h = hashmix.SplitMix64(h ^ t)
 		}
-		h = mix(h + uint64(i0+b+1))
+		h = hashmix.SplitMix64(h + uint64(i0+b+1))
 		out = append(out, h)
 	}
 	return out
-}
-
-// mix is splitmix64's finalizer.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }
 
 // ChainHashes returns the chained block hashes the prefix cache uses for a

@@ -107,12 +107,13 @@ func (g gptScanner) match(s string, i int) int {
 			return end
 		}
 	}
-	next := func() (uint8, int) {
+	// next is the class of the character after the first.
+	next := func() uint8 {
 		if i+n >= len(s) {
-			return 255, 0
+			return 255
 		}
-		c2, n2, _ := at(s, i+n)
-		return c2, n2
+		c2, _, _ := at(s, i+n)
+		return c2
 	}
 	if g.llama {
 		// [^\r\n\p{L}\p{N}]?\p{L}+
@@ -120,7 +121,7 @@ func (g gptScanner) match(s string, i int) int {
 			return run(s, i, clLetter)
 		}
 		if c != clNumber && r != '\r' && r != '\n' {
-			if c2, _ := next(); c2 == clLetter {
+			if next() == clLetter {
 				return run(s, i+n, clLetter)
 			}
 		}
@@ -138,7 +139,7 @@ func (g gptScanner) match(s string, i int) int {
 			return end
 		}
 		// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-		if start := g.otherStart(s, i, c, r, n); start >= 0 {
+		if start := g.otherStart(s, i, c, r); start >= 0 {
 			end := run(s, start, clOther)
 			for end < len(s) && (s[end] == '\r' || s[end] == '\n') {
 				end++
@@ -162,7 +163,7 @@ func (g gptScanner) match(s string, i int) int {
 		return run(s, i, c)
 	}
 	if r == ' ' {
-		if c2, _ := next(); c2 == clLetter || c2 == clNumber || c2 == clOther {
+		if c2 := next(); c2 == clLetter || c2 == clNumber || c2 == clOther {
 			return run(s, i+1, c2)
 		}
 	}
@@ -173,7 +174,7 @@ func (g gptScanner) match(s string, i int) int {
 }
 
 // otherStart: where the run of others of ` ?[^\s\p{L}\p{N}]+` starts, or -1.
-func (g gptScanner) otherStart(s string, i int, c uint8, r rune, n int) int {
+func (g gptScanner) otherStart(s string, i int, c uint8, r rune) int {
 	if c == clOther {
 		return i
 	}

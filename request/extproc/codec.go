@@ -1,0 +1,283 @@
+package extproc
+
+import (
+	"bytes"
+	"unicode/utf8"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers the standard codec Codec delegates to
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// Codec is the gRPC codec of the ext_proc server (grpc.ForceServerCodecV2):
+// the standard protobuf codec, except for the ProcessingRequests Envoy sends
+// on every request. A request body then aliases a single copy of the message
+// bytes, where the standard codec copies it twice (from the transport's
+// frames into a pooled buffer, then into the message). Request and response
+// headers are decoded with a handful of allocations instead of three per
+// header. Anything the fast paths do not recognise exactly goes to the
+// standard codec, so the result is always what proto.Unmarshal gives
+// (FuzzCodec holds it to that).
+//
+// What that buys, measured side by side in one run on 2 shared cores
+// (medians): BenchmarkCodecRequest, a request's whole exchange over
+// loopback gRPC, took 0.89× the process CPU of the standard codec at 220 KB
+// (6 runs each; the runs spread ±15%, so the gain is at the edge of the
+// noise) and no less at 8 KB; BenchmarkCodecUnmarshalBody, the body
+// message's decode alone, showed no difference at either size (4 runs).
+// A request's exchange makes 12 fewer allocations (230 instead of 242), and
+// a six-header message decodes with 9 instead of 27 in half the time
+// (BenchmarkCodecUnmarshal).
+type Codec struct{}
+
+var protoCodec = encoding.GetCodecV2("proto")
+
+// Name is the content subtype: the codec speaks standard protobuf.
+func (Codec) Name() string { return "proto" }
+
+// Marshal is the standard codec's, except for the constant answers below,
+// which are encoded once.
+func (Codec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*extprocv3.ProcessingResponse); ok {
+		if b, ok := constEncoded[r]; ok {
+			// A SliceBuffer's Free is a no-op: the transport writes it and
+			// leaves it alone.
+			return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		}
+	}
+	return protoCodec.Marshal(v)
+}
+
+// The constant answers: "continue" to every request's request headers (the
+// decision goes with the body's answer) and response headers. They are
+// shared by every stream: never modify one.
+var (
+	respContinueHeaders = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{}}}
+	respContinueResponseHeaders = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{}}}
+	constEncoded = func() map[*extprocv3.ProcessingResponse][]byte {
+		m := map[*extprocv3.ProcessingResponse][]byte{}
+		for _, r := range []*extprocv3.ProcessingResponse{respContinueHeaders, respContinueResponseHeaders} {
+			b, err := proto.Marshal(r)
+			if err != nil {
+				panic(err) // constant messages: cannot fail
+			}
+			m[r] = b
+		}
+		return m
+	}()
+)
+
+// Unmarshal decodes data into v.
+func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	req, ok := v.(*extprocv3.ProcessingRequest)
+	if !ok {
+		return protoCodec.Unmarshal(data, v)
+	}
+	// One copy, owned by the message from here on (the transport's buffers
+	// go back to its pool when this returns): bodies and header bytes alias
+	// it.
+	buf := data.Materialize()
+	if decodeFast(buf, req) {
+		return nil
+	}
+	return protoCodec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(buf)}, v)
+}
+
+// emptyMetadata is an empty metadata_context (field 8), which Envoy 1.40
+// adds to every message.
+var emptyMetadata = []byte{8<<3 | byte(protowire.BytesType), 0}
+
+// decodeFast decodes the messages Envoy sends on every request — request
+// headers, request body, response headers — each member of the request
+// oneof present once, with any other top-level fields merged in by the
+// standard decoder. It reports false, leaving req to the standard codec, for
+// anything else.
+func decodeFast(b []byte, req *extprocv3.ProcessingRequest) bool {
+	var inner, rest []byte
+	member := protowire.Number(0)
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		if num >= 2 && num <= 7 { // the request oneof
+			v, m := protowire.ConsumeBytes(b[n:])
+			if typ != protowire.BytesType || m < 0 || member != 0 {
+				return false
+			}
+			member, inner = num, v
+			b = b[n+m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return false
+		}
+		if rest == nil && len(b) == n+m {
+			rest = b[:n+m] // the only other field: no copy
+		} else {
+			rest = append(rest[:len(rest):len(rest)], b[:n+m]...)
+		}
+		b = b[n+m:]
+	}
+	req.Reset()
+	switch member {
+	case 4:
+		body, ok := decodeHTTPBody(inner)
+		if !ok {
+			return false
+		}
+		req.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
+	case 2, 3:
+		h, ok := decodeHTTPHeaders(inner)
+		if !ok {
+			return false
+		}
+		if member == 2 {
+			req.Request = &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: h}
+		} else {
+			req.Request = &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: h}
+		}
+	default:
+		return false
+	}
+	switch {
+	case len(rest) == 0:
+	case bytes.Equal(rest, emptyMetadata):
+		req.MetadataContext = &corev3.Metadata{}
+	default:
+		return mergeRest.Unmarshal(rest, req) == nil
+	}
+	return true
+}
+
+// decodeHTTPBody decodes an HttpBody with at most its body and end_of_stream
+// fields, each at most once; the body aliases b.
+func decodeHTTPBody(b []byte) (*extprocv3.HttpBody, bool) {
+	body, _, eos, ok := bytesAndVarint(b, 1, 2)
+	if !ok {
+		return nil, false
+	}
+	// Capped: an append to the body must not overwrite what follows it.
+	return &extprocv3.HttpBody{Body: body[:len(body):len(body)], EndOfStream: eos != 0}, true
+}
+
+// decodeHTTPHeaders decodes an HttpHeaders with at most its header map and
+// end_of_stream, each once. The header map becomes one slice of
+// HeaderValues whose keys and values share one string and whose raw values
+// alias b, instead of three allocations per header.
+func decodeHTTPHeaders(b []byte) (*extprocv3.HttpHeaders, bool) {
+	hmap, seenMap, eos, ok := bytesAndVarint(b, 1, 3)
+	if !ok {
+		return nil, false
+	}
+	h := &extprocv3.HttpHeaders{EndOfStream: eos != 0}
+	if seenMap {
+		if h.Headers, ok = decodeHeaderMap(hmap); !ok {
+			return nil, false
+		}
+	}
+	return h, true
+}
+
+// bytesAndVarint walks a message whose only fields are a length-delimited
+// field bytesNum and a varint field varintNum, each at most once, and
+// returns their values; anything else reports false.
+func bytesAndVarint(b []byte, bytesNum, varintNum protowire.Number) (v []byte, seenV bool, x uint64, ok bool) {
+	seenX := false
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, false, 0, false
+		}
+		b = b[n:]
+		var m int
+		switch {
+		case num == bytesNum && typ == protowire.BytesType && !seenV:
+			v, m = protowire.ConsumeBytes(b)
+			seenV = true
+		case num == varintNum && typ == protowire.VarintType && !seenX:
+			x, m = protowire.ConsumeVarint(b)
+			seenX = true
+		default:
+			return nil, false, 0, false
+		}
+		if m < 0 {
+			return nil, false, 0, false
+		}
+		b = b[m:]
+	}
+	return v, seenV, x, true
+}
+
+// decodeHeaderMap decodes a HeaderMap: only its repeated headers field, each
+// HeaderValue with at most one each of key, value and raw_value.
+func decodeHeaderMap(b []byte) (*corev3.HeaderMap, bool) {
+	count := 0
+	for r := b; len(r) > 0; count++ {
+		num, typ, n := protowire.ConsumeTag(r)
+		if n < 0 || num != 1 || typ != protowire.BytesType {
+			return nil, false
+		}
+		_, m := protowire.ConsumeBytes(r[n:])
+		if m < 0 {
+			return nil, false
+		}
+		r = r[n+m:]
+	}
+	hm := &corev3.HeaderMap{}
+	if count == 0 {
+		return hm, true
+	}
+	str := string(b) // keys and values are substrings of this one copy
+	vals := make([]corev3.HeaderValue, count)
+	hm.Headers = make([]*corev3.HeaderValue, count)
+	off := 0
+	for i := range vals {
+		_, _, n := protowire.ConsumeTag(b[off:])
+		hv, m := protowire.ConsumeBytes(b[off+n:])
+		// Offsets in b, from the bytes consumed (a length prefix may be
+		// longer than the minimal varint).
+		base := off + n + m - len(hv)
+		var seen [4]bool
+		for p := 0; p < len(hv); {
+			num, typ, n := protowire.ConsumeTag(hv[p:])
+			if n < 0 || num < 1 || num > 3 || typ != protowire.BytesType || seen[num] {
+				return nil, false
+			}
+			seen[num] = true
+			v, m := protowire.ConsumeBytes(hv[p+n:])
+			if m < 0 {
+				return nil, false
+			}
+			start := base + p + n + m - len(v)
+			switch num {
+			case 1, 2:
+				if !utf8.Valid(v) {
+					return nil, false
+				}
+				if num == 1 {
+					vals[i].Key = str[start : start+len(v)]
+				} else {
+					vals[i].Value = str[start : start+len(v)]
+				}
+			case 3:
+				vals[i].RawValue = v[:len(v):len(v)] // capped, as Body
+			}
+			p += n + m
+		}
+		hm.Headers[i] = &vals[i]
+		off += n + m
+	}
+	return hm, true
+}
+
+// mergeRest decodes the small top-level fields beside a request body into
+// the message that already holds the body.
+var mergeRest = proto.UnmarshalOptions{Merge: true}

@@ -1,0 +1,113 @@
+package extproc
+
+import (
+	"hash/fnv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	decisions      *prometheus.CounterVec // class, priority, outcome
+	keys           *prometheus.CounterVec // class, key
+	rejected       *prometheus.CounterVec // status
+	decisionTime   prometheus.Histogram
+	bodyBytes      prometheus.Histogram
+	inflight       *prometheus.GaugeVec // class
+	retriesGranted *prometheus.CounterVec
+	responses      *prometheus.CounterVec // engine, code
+	headerLatency  prometheus.Histogram
+	policyUpdates  *prometheus.CounterVec // result
+	policyVersion  prometheus.Gauge       // VersionHash of the policy in force
+	streams        prometheus.Gauge
+	// requestsExpired counts admitted requests dropped from the request
+	// table without an access-log entry; unknownLogs access-log entries for
+	// requests this instance does not know.
+	requestsExpired prometheus.Counter
+	unknownLogs     prometheus.Counter
+	completion      prometheus.Histogram
+	contextBounds   *prometheus.CounterVec // method
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_decisions_total",
+			Help: "Routing decisions by class, priority and outcome (admitted, shed_policy, shed_local).",
+		}, []string{"class", "priority", "outcome"}),
+		keys: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_affinity_keys_total",
+			Help: "Affinity keys by class and kind: session, prompt_cache_key, user; conversation, group, spread (from the prefix chain and the split table); none (nothing to key on: a fresh key); off (affinity off for the class).",
+		}, []string{"class", "key"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_rejected_total",
+			Help: "Requests answered with an error before routing, by HTTP status and reason.",
+		}, []string{"status", "reason"}),
+		decisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "inferlb_extproc_decision_seconds",
+			Help:    "Time to decide on a request once its body arrived (parse, route, admit).",
+			Buckets: prometheus.ExponentialBuckets(5e-6, 2.5, 12),
+		}),
+		bodyBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "inferlb_extproc_request_body_bytes",
+			Help:    "Size of the request bodies decided on.",
+			Buckets: prometheus.ExponentialBuckets(1024, 4, 8),
+		}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inferlb_extproc_inflight",
+			Help: "Admitted requests of a class in flight at this instance (until Envoy's access log reports their end).",
+		}, []string{"class"}),
+		retriesGranted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_retries_granted_total",
+			Help: "Retries granted to requests (x-envoy-max-retries), by class.",
+		}, []string{"class"}),
+		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_upstream_responses_total",
+			Help: "Responses observed, by engine (upstream address when unknown) and status class.",
+		}, []string{"engine", "code"}),
+		headerLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "inferlb_extproc_response_header_seconds",
+			Help:    "Time from the first upstream byte sent to response headers, per served request (Envoy's access log).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		policyUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_policy_updates_total",
+			Help: "RoutingPolicy updates received, by result (applied, rejected).",
+		}, []string{"result"}),
+		// A number, not a {version} label: one series for the process's
+		// life, however many versions it applies.
+		policyVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inferlb_extproc_policy_version_hash",
+			Help: "VersionHash of the RoutingPolicy version in force (0 before the first): frontends on the same version show the same number.",
+		}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inferlb_extproc_streams",
+			Help: "Open ext_proc streams.",
+		}),
+		contextBounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferlb_extproc_context_bounds_total",
+			Help: "Requests routed by their context need, by how the prompt was bounded: short (11× bytes fit the smallest class), bytes (tokens.Bound), tokenizer (the model's tokenizer.json counted the texts).",
+		}, []string{"method"}),
+	}
+	m.requestsExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_requests_expired_total",
+		Help: "Admitted requests whose end Envoy's access log never reported; their in-flight slot was taken back after --max-request-age."})
+	m.unknownLogs = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_unknown_request_logs_total",
+		Help: "Request access-log entries with an id this instance did not issue (a previous process's, or expired)."})
+	m.completion = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_upstream_completion_seconds",
+		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion)
+	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
+		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
+	return m
+}
+
+// VersionHash is the number inferlb_extproc_policy_version_hash shows for a
+// RoutingPolicy version: the low 53 bits of the version's FNV-1a hash, so
+// that the float64 sample holds it exactly; never 0, which means no policy.
+func VersionHash(version string) float64 {
+	h := fnv.New64a()
+	h.Write([]byte(version))
+	if v := h.Sum64() & (1<<53 - 1); v != 0 {
+		return float64(v)
+	}
+	return 1
+}

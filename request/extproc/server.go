@@ -1,0 +1,509 @@
+// Package extproc is inferlb's Envoy external processor: it sits in each
+// frontend Envoy's request path and decides, from local state only, which
+// eligibility class (Envoy cluster) serves a request, the cache-affinity key
+// the route hashes on, whether the request is admitted or shed, and how many
+// retries it may use. It is not in the response path: once the decision is
+// sent it ends its stream, and learns from Envoy's access logs which engine
+// served, the status and the timing; it reports that evidence and the demand
+// it saw to the control plane. See docs/extproc.md.
+//
+// The hot path reads an immutable Policy through an atomic pointer; a new
+// RoutingPolicy from the control plane (package request/extproc/cpclient) replaces it
+// whole.
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/inferlb/inferlb/api/headers"
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
+	"github.com/inferlb/inferlb/request/extproc/body"
+)
+
+// DefaultBodyLimit is the largest request body accepted (and the value the
+// bootstrap gives Envoy's buffer limits): 4 MiB, room for a ~1M-character
+// prompt. Larger bodies get 413.
+const DefaultBodyLimit = 4 << 20
+
+// Options configure a Server.
+type Options struct {
+	// BodyLimit is the largest request body in bytes (default DefaultBodyLimit).
+	BodyLimit int
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the server's metrics (default: a new registry).
+	Registry *prometheus.Registry
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// MaxRequestAge bounds how long an admitted request holds its in-flight
+	// slot without Envoy's access log reporting its end (default
+	// DefaultMaxRequestAge).
+	MaxRequestAge time.Duration
+	// ClientPriorities, if set, limits the priorities each client may use.
+	ClientPriorities *ClientPriorities
+	// Tokenizers are the models' tokenizers by SHA-256 (the policy names a
+	// class's by digest); a class whose tokenizer is not here is bounded by
+	// bytes alone.
+	Tokenizers map[string]*hf.Tokenizer
+	// Admission tunes local admission and the retry budget (nil:
+	// DefaultAdmission); New does not validate it (Admission.Validate).
+	Admission *Admission
+}
+
+// Server is the ext_proc gRPC service.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	opt Options
+	log *slog.Logger
+	m   *metrics
+	// dec makes the per-request decisions (decide.go); the server adds the
+	// ext_proc protocol, the header mutations and the metrics.
+	dec *Decider
+	// reqs holds the admitted requests until Envoy's request log reports
+	// their end (requests.go).
+	reqs *requestTable
+}
+
+// New returns a Server without a policy: until SetPolicy succeeds every
+// request is answered 503.
+func New(opt Options) *Server {
+	if opt.BodyLimit <= 0 {
+		opt.BodyLimit = DefaultBodyLimit
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.Registry == nil {
+		opt.Registry = prometheus.NewRegistry()
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
+		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
+	s.dec.SetClientPriorities(opt.ClientPriorities)
+	s.dec.SetTokenizers(opt.Tokenizers)
+	if opt.Admission != nil {
+		s.dec.SetAdmission(*opt.Admission)
+	}
+	return s
+}
+
+// Register adds the ext_proc service and the access-log service (Envoy's
+// upstream log of failed attempts and its request log) to a gRPC server.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	accesslogv3.RegisterAccessLogServiceServer(g, attemptLog{s: s})
+}
+
+// Registry returns the metrics registry.
+func (s *Server) Registry() *prometheus.Registry { return s.opt.Registry }
+
+// Observer returns the demand and evidence accumulator (the reports client
+// flushes it).
+func (s *Server) Observer() *Observer { return s.dec.Observer() }
+
+// Decider returns the server's decision logic.
+func (s *Server) Decider() *Decider { return s.dec }
+
+// Policy returns the policy in force (nil before the first).
+func (s *Server) Policy() *Policy { return s.dec.Policy() }
+
+// SetPolicy compiles and installs a RoutingPolicy. On error the old policy
+// stays in force.
+func (s *Server) SetPolicy(rp *policyv1.RoutingPolicy) error {
+	p, _, err := s.dec.SetPolicy(rp)
+	if err != nil {
+		s.m.policyUpdates.WithLabelValues("rejected").Inc()
+		return err
+	}
+	s.m.policyUpdates.WithLabelValues("applied").Inc()
+	s.m.policyVersion.Set(VersionHash(p.Version))
+	if cp := s.dec.clients.Load(); cp != nil {
+		var unknown []string
+		for _, n := range cp.Names() {
+			if _, ok := p.priorities[n]; !ok {
+				unknown = append(unknown, n)
+			}
+		}
+		if len(unknown) > 0 {
+			s.log.Warn("the client priorities name priorities this policy does not have", "unknown", unknown, "known", p.priorityNames())
+		}
+	}
+	s.log.Info("routing policy applied", "version", p.Version, "classes", len(p.classes), "node", p.NodeID)
+	for _, c := range p.classes {
+		if c.TokenizerSHA256 != "" && c.tokenizer == nil {
+			s.log.Warn("class's tokenizer not loaded: its context limit is judged by the bytes bound (load the model's tokenizer.json with --tokenizer)",
+				"class", c.Name, "model", c.Model, "sha256", c.TokenizerSHA256)
+		}
+	}
+	return nil
+}
+
+// phase is where a request is in its ext_proc stream.
+type phase uint8
+
+const (
+	phaseRequestHeaders phase = iota // waiting for request headers
+	phaseRequestBody                 // headers seen, waiting for the buffered body
+	phaseRouted                      // decision sent; the stream ends
+	phaseObserved                    // response headers seen (only if Envoy sends them)
+	phaseAnswered                    // an ImmediateResponse ended the request
+)
+
+func (p phase) String() string {
+	return [...]string{"request_headers", "request_body", "routed", "observed", "answered"}[p]
+}
+
+// stream is one HTTP request's state.
+type stream struct {
+	phase   phase
+	start   time.Time
+	kind    body.Kind
+	remove  []string // client-supplied headers to strip
+	session string
+	prioHdr string
+	resid   string
+	client  string
+	// dc is the decision; id the request's id once it was admitted (its
+	// entry in the request table holds the decision from then on).
+	dc Decision
+	id string
+}
+
+// Process serves one ext_proc stream: one HTTP request's decision.
+//
+// Once the decision is sent (the request routed, or answered with an error)
+// the stream ends with status OK: Envoy then goes on without ext_proc, so
+// nothing that happens to this process afterwards (a crash, a restart) can
+// touch the request, in either failure mode. How the request ended comes
+// from Envoy's request access log (requestTable).
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+	st := &stream{}
+	for {
+		req, err := srv.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		}
+		resp, err := s.step(st, req)
+		if err != nil {
+			s.log.Warn("ext_proc protocol error", "phase", st.phase.String(), "err", err)
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		if resp == nil { // observability-mode message: no answer expected
+			continue
+		}
+		if err := srv.Send(resp); err != nil {
+			// Envoy never got the decision (and fails or bypasses the
+			// request): it will not log it as ours.
+			s.abandon(st.id)
+			return err
+		}
+		if st.phase == phaseRouted || st.phase == phaseAnswered {
+			return nil
+		}
+	}
+}
+
+// abandon forgets an admitted request whose end will not be logged.
+func (s *Server) abandon(id string) {
+	if r := s.reqs.take(id); r != nil {
+		s.release(r)
+	}
+}
+
+// release gives back what an admitted request held.
+func (s *Server) release(r *tracked) {
+	s.dec.Release(&r.dc)
+	s.m.inflight.WithLabelValues(r.dc.Class.Name).Dec()
+}
+
+// step advances the state machine by one message.
+func (s *Server) step(st *stream, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	if req.GetObservabilityMode() {
+		return nil, nil
+	}
+	switch v := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if st.phase != phaseRequestHeaders {
+			return nil, fmt.Errorf("request headers in phase %s", st.phase)
+		}
+		return s.onRequestHeaders(st, v.RequestHeaders), nil
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if st.phase != phaseRequestBody {
+			return nil, fmt.Errorf("request body in phase %s", st.phase)
+		}
+		if !v.RequestBody.GetEndOfStream() {
+			return nil, errors.New("request body arrived in chunks; configure request_body_mode BUFFERED")
+		}
+		return s.onRequestBody(st, v.RequestBody.GetBody()), nil
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		// In any phase: Envoy's own local replies (its 413, its 431 for
+		// oversized headers) pass through the filter before any request
+		// message did. Refusing them made Envoy reset the connection
+		// instead of answering.
+		return s.onResponseHeaders(st, v.ResponseHeaders), nil
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}, nil
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}, nil
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}, nil
+	}
+	return nil, fmt.Errorf("unexpected message %T", req.Request)
+}
+
+func headerValue(h *corev3.HeaderValue) string {
+	if len(h.RawValue) > 0 {
+		return string(h.RawValue)
+	}
+	return h.Value
+}
+
+// isUntrusted reports whether a client-supplied request header must go:
+// inferlb's internal headers and Envoy's x-envoy-* request controls
+// (retries, timeouts), which only inferlb may set.
+func isUntrusted(k string) bool {
+	return strings.HasPrefix(k, headers.InternalPrefix) || strings.HasPrefix(k, "x-envoy-")
+}
+
+func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	st.start = s.opt.Now()
+	var method, path string
+	contentLength := -1
+	clientHdr := s.dec.ClientHeader()
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		k := hv.Key
+		switch {
+		case clientHdr != "" && k == clientHdr:
+			// Set by the authentication layer (the bootstrap strips a
+			// client's own before any filter runs).
+			st.client = headerValue(hv)
+		case k == ":method":
+			method = headerValue(hv)
+		case k == ":path":
+			path = headerValue(hv)
+		case k == "content-length":
+			if n, err := strconv.Atoi(headerValue(hv)); err == nil {
+				contentLength = n
+			}
+		case k == headers.SessionID:
+			st.session = headerValue(hv)
+		case k == headers.Priority:
+			st.prioHdr = headerValue(hv)
+		case k == headers.Residency:
+			st.resid = headerValue(hv)
+		case isUntrusted(k):
+			st.remove = append(st.remove, k)
+		}
+	}
+	if q := strings.IndexByte(path, '?'); q >= 0 {
+		path = path[:q]
+	}
+	switch path {
+	case "/v1/chat/completions":
+		st.kind = body.Chat
+	case "/v1/completions":
+		st.kind = body.Completion
+	default:
+		if path == modelsPath || strings.HasPrefix(path, modelsPath+"/") {
+			return s.onModels(st, method, path)
+		}
+		if what, ok := unrouted[path]; ok {
+			return s.reject(st, unroutedError(method, path, what))
+		}
+		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "unknown_url",
+			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions, and answers GET /v1/models.", method, path), reason: "unknown_path"})
+	}
+	if method != "POST" {
+		return s.reject(st, &apiError{status: 405, typ: "invalid_request_error", code: "method_not_allowed",
+			message: fmt.Sprintf("Method %s not allowed for %s; use POST.", method, path), reason: "method"})
+	}
+	if contentLength > s.opt.BodyLimit {
+		return s.reject(st, tooLarge(contentLength, s.opt.BodyLimit))
+	}
+	if h.GetEndOfStream() {
+		return s.reject(st, badRequest("missing_body", "", "The request has no body; expected a JSON object."))
+	}
+	st.phase = phaseRequestBody
+	// Nothing to change yet: the decision needs the body, and goes with the
+	// body response (allowed for BUFFERED bodies), headers included.
+	return respContinueHeaders
+}
+
+func tooLarge(n, limit int) *apiError {
+	return &apiError{status: 413, typ: "invalid_request_error", code: "request_too_large",
+		message: fmt.Sprintf("Request body of %d bytes exceeds the limit of %d bytes.", n, limit), reason: "too_large"}
+}
+
+func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingResponse {
+	t0 := time.Now()
+	defer func() { s.m.decisionTime.Observe(time.Since(t0).Seconds()) }()
+	s.m.bodyBytes.Observe(float64(len(b)))
+	if len(b) > s.opt.BodyLimit {
+		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
+	}
+	dc := &st.dc
+	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b}, dc)
+	if dc.Bound != "" {
+		s.m.contextBounds.WithLabelValues(dc.Bound).Inc()
+	}
+	if rej != nil {
+		if rej.Shed() {
+			s.m.decisions.WithLabelValues(dc.Class.Name, dc.Priority, dc.Outcome.String()).Inc()
+			s.m.keys.WithLabelValues(dc.Class.Name, dc.Key.label()).Inc()
+		}
+		return s.reject(st, rej.e)
+	}
+	c, level := dc.Class, dc.Level
+	s.m.decisions.WithLabelValues(c.Name, dc.Priority, dc.Outcome.String()).Inc()
+	s.m.keys.WithLabelValues(c.Name, dc.Key.label()).Inc()
+	s.m.inflight.WithLabelValues(c.Name).Inc()
+	if dc.Retries > 0 {
+		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(dc.Retries))
+	}
+	st.phase = phaseRouted
+	id, expired := s.reqs.add(&tracked{dc: *dc, start: st.start}, st.start)
+	st.id = id
+	for _, r := range expired {
+		s.release(r)
+		s.m.requestsExpired.Inc()
+	}
+	p := dc.Policy
+
+	// Only the affinity key and the request id are new per request; the
+	// other headers are built once and shared.
+	set := make([]*corev3.HeaderValueOption, 0, 7)
+	set = append(set, c.clusterHdr, setHeader(headers.AffinityKey, dc.AffinityHeader()), setHeader(headers.RequestID, id), c.classHdr,
+		smallIntHeader(&levelHdrs, headers.PriorityLevel, int(level)), smallIntHeader(&retryHdrs, headers.EnvoyMaxRetries, dc.Retries))
+	if p.regionHdr != nil {
+		set = append(set, p.regionHdr)
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{
+			HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: removeUnset(st.remove)},
+			ClearRouteCache: true,
+		},
+	}}}
+}
+
+// removeUnset drops from the strip list the headers the decision sets
+// anyway (set overwrites them), so one mutation never both sets and removes.
+func removeUnset(rm []string) []string {
+	out := rm[:0]
+	for _, k := range rm {
+		switch k {
+		case headers.Cluster, headers.AffinityKey, headers.RequestID, headers.Class, headers.PriorityLevel, headers.EnvoyMaxRetries, headers.SourceRegion:
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
+func (p *Policy) priorityNames() []string {
+	var out []string
+	for _, n := range p.levelNames {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func hex16(v uint64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[v&15]
+		v >>= 4
+	}
+	return string(b[:])
+}
+
+// levelHdrs and retryHdrs hold the priority-level and retry-allowance
+// headers for small values, built once and shared read-only.
+var levelHdrs, retryHdrs = smallIntHeaders(headers.PriorityLevel), smallIntHeaders(headers.EnvoyMaxRetries)
+
+func smallIntHeaders(k string) (h [16]*corev3.HeaderValueOption) {
+	for i := range h {
+		h[i] = setHeader(k, strconv.Itoa(i))
+	}
+	return h
+}
+
+// smallIntHeader is header k set to v, from cache when v is small.
+func smallIntHeader(cache *[16]*corev3.HeaderValueOption, k string, v int) *corev3.HeaderValueOption {
+	if v >= 0 && v < len(cache) {
+		return cache[v]
+	}
+	return setHeader(k, strconv.Itoa(v))
+}
+
+func setHeader(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// reject ends the request with an OpenAI-format error.
+func (s *Server) reject(st *stream, e *apiError) *extprocv3.ProcessingResponse {
+	st.phase = phaseAnswered
+	s.m.rejected.WithLabelValues(e.statusText(), e.reason).Inc()
+	set := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
+	if e.retryAfter > 0 {
+		set = append(set, setHeader("retry-after", strconv.Itoa(e.retryAfter)))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(e.status)},
+		Headers: &extprocv3.HeaderMutation{SetHeaders: set},
+		Body:    e.body(),
+		Details: "inferlb_" + e.reason,
+	}}}
+}
+
+// onResponseHeaders answers "continue": the bootstrap does not send
+// response headers (ext_proc has left the stream by then), but a
+// configuration that does gets a harmless answer. Evidence comes from
+// Envoy's access logs (attemptlog.go).
+func (s *Server) onResponseHeaders(st *stream, _ *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	if st.phase == phaseRouted {
+		st.phase = phaseObserved
+	}
+	return respContinueResponseHeaders
+}
+
+func codeClass(code int) string {
+	switch {
+	case code >= 500:
+		return "5xx"
+	case code >= 400:
+		return "4xx"
+	case code >= 200 && code < 400:
+		return "2xx"
+	}
+	return "other"
+}

@@ -1,0 +1,410 @@
+// Package service runs `inferlb extproc`: the ext_proc gRPC server, the
+// RoutingPolicy subscription and the Reports client to the control plane, and
+// a small HTTP endpoint for metrics, health and the policy in force, all
+// under one context with a graceful shutdown.
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
+	"github.com/inferlb/inferlb/publish/auth"
+	"github.com/inferlb/inferlb/request/extproc"
+	"github.com/inferlb/inferlb/request/extproc/cpclient"
+)
+
+// streamWorkers is the size of the gRPC server's stream worker pool: above
+// the number of ext_proc streams a busy frontend keeps open (one per
+// in-flight request). Idle workers cost a parked goroutine each.
+const streamWorkers = 512
+
+// ServerOptions are the ext_proc gRPC server's options for bodies up to
+// bodyLimit bytes (also used by `inferlb bench extproc` for its null
+// processor, so both meet Envoy on the same terms).
+func ServerOptions(bodyLimit int) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		// Request bodies decoded with one copy instead of two (see extproc.Codec).
+		grpc.ForceServerCodecV2(extproc.Codec{}),
+		grpc.MaxRecvMsgSize(bodyLimit + (1 << 20)), // a whole buffered body plus headers
+		grpc.MaxConcurrentStreams(100000),
+		// Whole bodies arrive in one message: windows large enough that a
+		// 220 KB body needs no flow-control round trip.
+		grpc.InitialWindowSize(4 << 20),
+		grpc.InitialConnWindowSize(64 << 20),
+		// Every in-flight HTTP request holds one ext_proc stream, so
+		// hundreds are open at once. A pool of long-lived workers serves
+		// them on goroutines whose stacks have already grown: with fewer
+		// workers than open streams, each new stream starts a goroutine
+		// that grows its stack again (about 5% of CPU at 150 concurrent).
+		grpc.NumStreamWorkers(streamWorkers),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
+// Config is the service's configuration (the command's flags).
+type Config struct {
+	// Listen is the ext_proc gRPC address Envoy connects to.
+	Listen string
+	// HTTPListen serves /metrics, /healthz and /policy ("" = off).
+	HTTPListen string
+	// ControlPlane is the control plane's gRPC address, or its replicas'
+	// addresses separated by commas ("" = none: the policy file is all
+	// there is). The policy comes from one replica at a time (another when
+	// it goes away); reports go to all of them.
+	ControlPlane string
+	// Auth is this instance's credential for the control plane's port. It
+	// must be set, or say Insecure explicitly.
+	Auth auth.Client
+	// MaxRequestAge bounds how long an admitted request holds its in-flight
+	// slot without Envoy's access log reporting its end (0: the default).
+	MaxRequestAge time.Duration
+	// ClientPriorities is a file of the priorities each client may use
+	// (extproc.ClientPriorities; "" = no restriction).
+	ClientPriorities string
+	// NodeID and Region: the frontend node this instance serves.
+	NodeID, Region string
+	// Instance names this process in reports (default host-pid).
+	Instance string
+	// PolicyFile is a RoutingPolicy in protobuf JSON, used from start until
+	// the control plane sends one ("" = none: 503 until then).
+	PolicyFile string
+	// BodyLimit is the request body limit in bytes (0: extproc.DefaultBodyLimit).
+	BodyLimit int
+	// Tokenizers are paths of models' tokenizer.json files (--tokenizer).
+	Tokenizers []string
+	// ReportInterval between Reports (default 1 s).
+	ReportInterval time.Duration
+	// ShutdownGrace bounds the graceful stop (default 10 s).
+	ShutdownGrace time.Duration
+	// Admission tunes local admission and the retry budget (nil:
+	// extproc.DefaultAdmission).
+	Admission *extproc.Admission
+	Logger    *slog.Logger
+	// Ready, if set, receives the bound addresses once serving.
+	Ready func(grpcAddr, httpAddr string)
+}
+
+// LoadTokenizers loads tokenizer.json files by their SHA-256, the key a
+// RoutingPolicy names them by. Errors name the flag and the file.
+func LoadTokenizers(paths []string, log *slog.Logger) (map[string]*hf.Tokenizer, error) {
+	out := map[string]*hf.Tokenizer{}
+	for _, p := range paths {
+		t0 := time.Now()
+		t, err := hf.Load(p)
+		if err != nil {
+			return nil, fmt.Errorf("--tokenizer %s: %w", p, err)
+		}
+		out[t.SHA256()] = t
+		if log != nil {
+			log.Info("tokenizer loaded", "path", p, "sha256", t.SHA256(), "took", time.Since(t0).Round(time.Millisecond))
+		}
+	}
+	return out, nil
+}
+
+// LoadPolicyFile reads a RoutingPolicy in protobuf JSON.
+func LoadPolicyFile(path string) (*policyv1.RoutingPolicy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	p := &policyv1.RoutingPolicy{}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(b, p); err != nil {
+		return nil, fmt.Errorf("policy file %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// SplitAddresses splits a comma-separated list of control-plane addresses
+// (host:port each).
+func SplitAddresses(list string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(list, ",") {
+		a = strings.TrimSpace(a)
+		if _, p, err := net.SplitHostPort(a); err != nil || p == "" {
+			return nil, fmt.Errorf("--control-plane %q: %q is not host:port", list, a)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// Run serves until ctx is cancelled, then stops gracefully.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := cfg.normalize(); err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cp, err := cfg.dialControlPlane(log)
+	if err != nil {
+		return err
+	}
+	defer cp.close()
+	srv, err := cfg.newServer(reg, log)
+	if err != nil {
+		return err
+	}
+
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen (--listen) %q: %w", cfg.Listen, err)
+	}
+	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
+	srv.Register(g)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := g.Serve(lis); err != nil {
+			errc <- fmt.Errorf("ext_proc gRPC: %w", err)
+		}
+	}()
+
+	var sub *cpclient.Subscriber
+	if cp.policy != nil {
+		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
+		rep := &cpclient.Reporter{Conns: cp.reports, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
+			Flush: srv.Observer().Flush, Logger: log}
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = sub.Run(ctx) }()
+		go func() { defer wg.Done(); _ = rep.Run(ctx) }()
+	}
+
+	httpAddr := ""
+	var hs *http.Server
+	if cfg.HTTPListen != "" {
+		hl, err := net.Listen("tcp", cfg.HTTPListen)
+		if err != nil {
+			cancel()
+			g.Stop()
+			wg.Wait()
+			return fmt.Errorf("http listen (--http-listen) %q: %w", cfg.HTTPListen, err)
+		}
+		httpAddr = hl.Addr().String()
+		hs = &http.Server{Handler: statusMux(reg, srv, sub), ReadHeaderTimeout: 5 * time.Second}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http: %w", err)
+			}
+		}()
+	}
+	log.Info("ext_proc serving", "grpc", lis.Addr().String(), "http", httpAddr, "control_plane", cfg.ControlPlane, "node", cfg.NodeID)
+	if cfg.Ready != nil {
+		cfg.Ready(lis.Addr().String(), httpAddr)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	cancel()
+	stopServing(g, hs, cfg.ShutdownGrace, log)
+	wg.Wait()
+	log.Info("ext_proc stopped")
+	return runErr
+}
+
+// normalize fills defaults and refuses what cannot run.
+func (cfg *Config) normalize() error {
+	if cfg.Instance == "" {
+		h, _ := os.Hostname()
+		cfg.Instance = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = 10 * time.Second
+	}
+	// The same limit must reach both the server (413 beyond it) and gRPC's
+	// receive limit: with gRPC at its 1 MiB default and the server at 4 MiB,
+	// bodies in between would fail the stream instead of getting a 413.
+	switch {
+	case cfg.Listen == "":
+		// net.Listen would take "" as every interface on a random port:
+		// an ext_proc service Envoy cannot find, open to the network.
+		return errors.New("no ext_proc listen address (--listen)")
+	case cfg.ReportInterval < 0 || cfg.ShutdownGrace < 0:
+		// 0 means the default; a negative one is a mistake, not a default.
+		return fmt.Errorf("negative report interval %v or shutdown grace %v", cfg.ReportInterval, cfg.ShutdownGrace)
+	case cfg.BodyLimit < 0:
+		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
+	case cfg.BodyLimit == 0:
+		cfg.BodyLimit = extproc.DefaultBodyLimit
+	}
+	if cfg.ControlPlane != "" && cfg.NodeID == "" {
+		return errors.New("--node-id is required with --control-plane")
+	}
+	if cfg.Admission != nil {
+		if err := cfg.Admission.Validate(); err != nil {
+			return fmt.Errorf("admission: %w", err)
+		}
+	}
+	return nil
+}
+
+// newServer builds the ext_proc server with its client priorities,
+// tokenizers and, if given, the policy file's policy.
+func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extproc.Server, error) {
+	var clients *extproc.ClientPriorities
+	if cfg.ClientPriorities != "" {
+		var err error
+		if clients, err = extproc.LoadClientPriorities(cfg.ClientPriorities); err != nil {
+			return nil, err
+		}
+	}
+	toks, err := LoadTokenizers(cfg.Tokenizers, log)
+	if err != nil {
+		return nil, err
+	}
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission})
+	if cfg.PolicyFile != "" {
+		p, err := LoadPolicyFile(cfg.PolicyFile)
+		if err != nil {
+			return nil, err
+		}
+		if err := srv.SetPolicy(p); err != nil {
+			return nil, fmt.Errorf("policy file %s: %w", cfg.PolicyFile, err)
+		}
+	}
+	return srv, nil
+}
+
+// cpConns are the connections to the control plane (none without one).
+type cpConns struct {
+	policy  *grpc.ClientConn // one over every replica
+	reports []grpc.ClientConnInterface
+	closers []func() error
+}
+
+func (c *cpConns) close() {
+	for _, f := range c.closers {
+		_ = f()
+	}
+}
+
+// dialControlPlane connects to the control-plane replicas: the policy over
+// one connection to every replica (pick-first: when the replica in use goes
+// away, the resubscription goes to the next), reports over one connection
+// per replica. gRPC connects lazily: nothing here waits for a replica.
+func (cfg *Config) dialControlPlane(log *slog.Logger) (*cpConns, error) {
+	c := &cpConns{}
+	if cfg.ControlPlane == "" {
+		return c, nil
+	}
+	cps, err := SplitAddresses(cfg.ControlPlane)
+	if err != nil {
+		return nil, err
+	}
+	dial, err := cfg.Auth.DialOptions()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Auth.TokenFile != "" && !cfg.Auth.TLS() {
+		log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
+	}
+	res := manual.NewBuilderWithScheme("inferlb-cp")
+	var rs resolver.State
+	for _, a := range cps {
+		host, _, _ := net.SplitHostPort(a)
+		rs.Addresses = append(rs.Addresses, resolver.Address{Addr: a, ServerName: host})
+	}
+	res.InitialState(rs)
+	if c.policy, err = grpc.NewClient(res.Scheme()+":///control-plane", append(dial, grpc.WithResolvers(res))...); err != nil {
+		return nil, err
+	}
+	c.closers = append(c.closers, c.policy.Close)
+	for _, a := range cps {
+		rc, err := grpc.NewClient(a, dial...)
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.closers = append(c.closers, rc.Close)
+		c.reports = append(c.reports, rc)
+	}
+	return c, nil
+}
+
+// statusMux serves the read-only HTTP endpoints: /metrics, /healthz (200
+// once a policy is held) and /policy. GET (and HEAD) only; anything else
+// is 405.
+func statusMux(reg *prometheus.Registry, srv *extproc.Server, sub *cpclient.Subscriber) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if srv.Policy() == nil {
+			http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /policy", func(w http.ResponseWriter, _ *http.Request) {
+		p := srv.Policy()
+		if p == nil {
+			http.Error(w, "no routing policy yet", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("content-type", "application/json")
+		// encoding/json, not %q: Go quoting writes \x escapes (a
+		// control character or invalid UTF-8 in the control plane's
+		// version string), which are not JSON.
+		_ = json.NewEncoder(w).Encode(struct {
+			Version   string `json:"version"`
+			Node      string `json:"node"`
+			Region    string `json:"region"`
+			Connected bool   `json:"control_plane_connected"`
+			Classes   int    `json:"classes"`
+		}{p.Version, p.NodeID, p.Region, sub != nil && sub.Connected(), len(p.Classes())})
+	})
+	return mux
+}
+
+// stopServing stops gracefully: open streams (requests in flight) finish,
+// bounded by the grace; then the HTTP server.
+func stopServing(g *grpc.Server, hs *http.Server, grace time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		log.Warn("graceful stop timed out; closing streams")
+		g.Stop()
+		<-done
+	}
+	if hs != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		_ = hs.Shutdown(sctx)
+		scancel()
+	}
+}
