@@ -1,7 +1,3 @@
-// Package archtest checks the module's package graph: the graph written in
-// docs/architecture.md is the one the code has, and the three paths keep
-// their direction (the request path never imports the control loop, the
-// optimizer knows nothing of the fleet schema or of Envoy).
 package archtest
 
 import (
@@ -31,8 +27,8 @@ type pkg struct {
 	Imports    []string
 }
 
-// graph returns, for every non-test package of the module outside
-// internal/ helpers' own internals, the module packages it imports.
+// graph returns, for every non-test package of the module but this one,
+// the module packages it imports.
 func graph(t *testing.T) map[string][]string {
 	t.Helper()
 	cmd := exec.Command("go", "list", "-json", "../../...")
@@ -77,7 +73,7 @@ func render(g map[string][]string) string {
 		if len(g[n]) > 0 {
 			deps = strings.Join(g[n], " ")
 		}
-		fmt.Fprintf(&b, "%-28s → %s\n", n, deps)
+		fmt.Fprintf(&b, "%-34s → %s\n", n, deps)
 	}
 	b.WriteString("```\n\n" + endMark)
 	return b.String()

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -253,6 +254,21 @@ func TestWriteOut(t *testing.T) {
 	}
 	if err := WriteSummary(dir, []*ScenarioResult{r}, "# t\n"); err != nil {
 		t.Fatal(err)
+	}
+	// Every image the summary links exists (a chart with nothing to draw
+	// has no file, and its link would be a broken image).
+	summary, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := regexp.MustCompile(`!\[[^]]*\]\(([^)]+)\)`).FindAllStringSubmatch(string(summary), -1)
+	if len(links) == 0 {
+		t.Error("the summary links no chart")
+	}
+	for _, m := range links {
+		if _, err := os.Stat(filepath.Join(dir, m[1])); err != nil {
+			t.Errorf("the summary links %s: %v", m[1], err)
+		}
 	}
 	for _, n := range []string{"ttft_cdf", "p99_over_time", "weights_inferlb", "weights_old_controller", "utilization"} {
 		for _, ext := range []string{".png", ".svg"} {

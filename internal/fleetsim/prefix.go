@@ -19,6 +19,20 @@ type prefixIndex struct {
 	l   list.List
 }
 
+// indexGrid is one prefix index per (frontend, engine): a router in each
+// frontend keeps its own view of every engine's cache, as llm-d's and
+// SGLang's routers do, each of capacity blocks.
+func indexGrid(s *Sim, capacity int) [][]*prefixIndex {
+	grid := make([][]*prefixIndex, len(s.fronts))
+	for i := range grid {
+		grid[i] = make([]*prefixIndex, len(s.engines))
+		for j := range grid[i] {
+			grid[i][j] = newPrefixIndex(capacity)
+		}
+	}
+	return grid
+}
+
 func newPrefixIndex(capacity int) *prefixIndex {
 	return &prefixIndex{cap: capacity, m: map[uint64]*list.Element{}}
 }
@@ -77,15 +91,7 @@ const (
 )
 
 func newLLMD(s *Sim) *llmd {
-	l := &llmd{base: base{s: s}}
-	for range s.fronts {
-		row := make([]*prefixIndex, len(s.engines))
-		for j := range row {
-			row[j] = newPrefixIndex(llmdLRUBlocks)
-		}
-		l.idx = append(l.idx, row)
-	}
-	return l
+	return &llmd{base: base{s: s}, idx: indexGrid(s, llmdLRUBlocks)}
 }
 
 func (l *llmd) Pick(p *request) int {
@@ -157,15 +163,7 @@ const (
 )
 
 func newSGLang(s *Sim) *sglang {
-	g := &sglang{base: base{s: s}}
-	for range s.fronts {
-		row := make([]*prefixIndex, len(s.engines))
-		for j := range row {
-			row[j] = newPrefixIndex(sglTreeBlocks)
-		}
-		g.trees = append(g.trees, row)
-	}
-	return g
+	return &sglang{base: base{s: s}, trees: indexGrid(s, sglTreeBlocks)}
 }
 
 func (g *sglang) Pick(p *request) int {

@@ -289,7 +289,7 @@ func WriteSummary(dir string, rs []*ScenarioResult, header string) error {
 			r.Scenario, strings.TrimSuffix(r.Description, "."), r.Fleet, r.DurationS, r.WarmupS, seeds, r.SLOTTFTMs, r.SLOTPOTMs)
 		WriteTable(&b, r)
 		fmt.Fprintf(&b, "\nPer engine: [%s/engines.md](%[1]s/engines.md).\n", r.Scenario)
-		fmt.Fprintf(&b, "\n![TTFT CDF](%[1]s/ttft_cdf.png) ![p99 over time](%[1]s/p99_over_time.png)\n![inferlb weights](%[1]s/weights_inferlb.png) ![old controller weights](%[1]s/weights_old_controller.png)\n![engine load](%[1]s/utilization.png)\n", r.Scenario)
+		writeChartLinks(&b, dir, r.Scenario)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -303,4 +303,27 @@ func WriteSummary(dir string, rs []*ScenarioResult, header string) error {
 	}
 	defer f.Close()
 	return WriteJSON(f, rs)
+}
+
+// charts are the chart files a scenario's folder may hold, with their
+// captions, in the order the summary shows them.
+var charts = []struct{ file, caption string }{
+	{"ttft_cdf.png", "TTFT CDF"}, {"p99_over_time.png", "p99 over time"},
+	{"weights_inferlb.png", "inferlb weights"}, {"weights_old_controller.png", "old controller weights"},
+	{"utilization.png", "engine load"},
+}
+
+// writeChartLinks links the scenario's charts that were written: a chart
+// with nothing to draw (no run of that policy) has no file, and a link to
+// it would show a broken image.
+func writeChartLinks(b *strings.Builder, dir, scenario string) {
+	var links []string
+	for _, c := range charts {
+		if _, err := os.Stat(filepath.Join(dir, scenario, c.file)); err == nil {
+			links = append(links, fmt.Sprintf("![%s](%s/%s)", c.caption, scenario, c.file))
+		}
+	}
+	if len(links) > 0 {
+		fmt.Fprintf(b, "\n%s\n", strings.Join(links, " "))
+	}
 }

@@ -1,4 +1,4 @@
-// Package server is inferlb's xDS server: one gRPC listener serving
+// Package xds is inferlb's xDS server: one gRPC listener serving
 //
 //   - ADS (state of the world and delta) with CDS and EDS per frontend node
 //     from go-control-plane's SnapshotCache (ADS mode, node id = hash);

@@ -119,7 +119,7 @@ func startServer(t testing.TB, cfg xds.Config, addr string) (*xds.Server, string
 // is cluster "class-llama".
 const ClusterPrefix = "class-"
 
-// ControlPlane is inferlb's xDS server (package server) on a loopback port,
+// ControlPlane is inferlb's xDS server (package publish/xds) on a loopback port,
 // publishing class clusters with fixed engine weights built by
 // publish/translate (the production builder) and RoutingPolicies the test
 // writes: the control plane of tests that run no control cycle (ext_proc,
@@ -149,7 +149,7 @@ func StartControlPlane(t testing.TB, addr string) *ControlPlane {
 type reportLog struct{ cp *ControlPlane }
 
 // Report keeps req, counting a resent report once as the control plane's
-// intake does (signals.Intake.Report): one with the node, instance and
+// intake does (scrape.Intake.Report): one with the node, instance and
 // interval_start of a kept report replaces it if it ends later, else it is
 // a late copy and dropped (a report whose answer came after the reporter's
 // deadline had arrived, and is resent merged into the next).

@@ -1,4 +1,4 @@
-// Package signals collects what the control plane knows about engines and
+// Package scrape collects what the control plane knows about engines and
 // demand:
 //
 //   - Scraper reads an engine's Prometheus /metrics (vLLM names, parsed with
