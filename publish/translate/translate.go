@@ -5,10 +5,11 @@
 // the node's RoutingPolicy for its ext_proc services.
 //
 // Translation is pure: no clock, no I/O, deterministic output for equal input
-// (golden-tested in translate_test.go; regenerate with `go test ./publish/translate
-// -update`). Versions are content hashes, so a restarted control plane that
-// computes the same weights produces the same versions and Envoy, which
-// reconnects with its last version, is sent nothing new.
+// (golden-tested in translate_test.go; regenerate with
+// `go test ./publish/translate -update`). Versions are content hashes, so a
+// restarted control plane that computes the same weights produces the same
+// versions and Envoy, which reconnects with its last version, is sent
+// nothing new.
 //
 // Rules the translation keeps:
 //   - Weights become integers ≥ 1 (EndpointWeights, the one home of this

@@ -8,8 +8,8 @@
 // it saw to the control plane. See docs/extproc.md.
 //
 // The hot path reads an immutable Policy through an atomic pointer; a new
-// RoutingPolicy from the control plane (package request/extproc/cpclient) replaces it
-// whole.
+// RoutingPolicy from the control plane (package request/extproc/cpclient)
+// replaces it whole.
 package extproc
 
 import (
