@@ -33,7 +33,7 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 		}
 	}
 	pools := balancePools(regions, p.Classes)
-	caps := balanceCaps(p, sol, c.cfg.BalanceFactor, headroom, pools, restrictedLoad(p, sol, pools))
+	caps := balanceCaps(sol, c.cfg.BalanceFactor, headroom, pools, restrictedLoad(p, sol, pools))
 	if caps == nil {
 		return sol
 	}
@@ -145,7 +145,7 @@ func restrictedLoad(p *optimizer.Problem, sol *optimizer.Solution, pools []int) 
 // no cap, where that is at or above the headroom or the pool plans
 // nothing); or nil when every engine is within its cap already (the plan
 // stands, no second solve).
-func balanceCaps(p *optimizer.Problem, sol *optimizer.Solution, beta, headroom float64, pools []int, restricted []float64) []float64 {
+func balanceCaps(sol *optimizer.Solution, beta, headroom float64, pools []int, restricted []float64) []float64 {
 	load, capa := make([]float64, len(pools)), make([]float64, len(pools))
 	for j, e := range sol.Engines {
 		load[pools[j]] += e.LoadRPS - restricted[j]
