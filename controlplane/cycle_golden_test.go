@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/inferlb/inferlb/internal/golden"
 	"github.com/inferlb/inferlb/signal/scrape"
 )
 
@@ -167,20 +167,5 @@ func roundNumbers(v any) any {
 
 func cycleGolden(t *testing.T, path string, got []byte) {
 	t.Helper()
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./controlplane -run TestStepGolden -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the cycle's output (run with -update if the change is intended)\n--- got\n%s", path, got)
-	}
+	golden.Check(t, path, got, *update, "`go test ./controlplane -run TestStepGolden -update`")
 }

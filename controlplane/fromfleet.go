@@ -172,8 +172,9 @@ func FromFleet(spec *fleet.Spec, d *DemandFile) (*optimizer.Problem, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: engines[%d]: unknown engine %q", optimizer.ErrInvalidProblem, k, st.ID)
 		}
-		// A second entry used to override the first silently (its penalty
-		// even when it stated none), as demand entries listed twice do not.
+		// An engine stated twice is refused, like demand entries listed
+		// twice: which of the two should win (the second's penalty even when
+		// it states none?) is the user's call, not a silent rule.
 		if prev, dup := stated[st.ID]; dup {
 			return nil, fmt.Errorf("%w: engines[%d]: engine %q already stated in engines[%d]", optimizer.ErrInvalidProblem, k, st.ID, prev)
 		}

@@ -70,9 +70,9 @@ func Solve(p *Problem, opts Options) (*Solution, error) {
 }
 
 // validate refuses options the zero-means-default rule does not cover: a
-// negative or NaN tolerance used to fall through (NaN never converged, a
-// negative one silently became 1e-4), and a single tangent divided by zero
-// when spacing the reference LP's tangent points (an "unbounded" LP error).
+// NaN tolerance would never converge and a negative one has no meaning, and
+// a single tangent would divide by zero when spacing the reference LP's
+// tangent points (an "unbounded" LP error).
 func (o Options) validate() error {
 	switch {
 	case !(o.Tolerance >= 0) || math.IsInf(o.Tolerance, 0):

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"maps"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +14,8 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/inferlb/inferlb/internal/golden"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in publish/testdata")
@@ -86,25 +87,9 @@ func render(t *testing.T, r *Resources) []byte {
 	return out.Bytes()
 }
 
-func golden(t *testing.T, name string, got []byte) {
+func checkGolden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("..", "testdata", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./publish/translate -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the translation (run with -update if the change is intended)\n--- got\n%s", path, got)
-	}
+	golden.Check(t, filepath.Join("..", "testdata", name), got, *update, "`go test ./publish/translate -update`")
 }
 
 func TestGoldenMaglev(t *testing.T) {
@@ -112,7 +97,7 @@ func TestGoldenMaglev(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "translate_maglev.golden.json", render(t, r))
+	checkGolden(t, "translate_maglev.golden.json", render(t, r))
 }
 
 func TestGoldenRingHash(t *testing.T) {
@@ -125,7 +110,7 @@ func TestGoldenRingHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "translate_ringhash.golden.json", render(t, r))
+	checkGolden(t, "translate_ringhash.golden.json", render(t, r))
 }
 
 func TestEDSSetEqualsCDS(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 // limit but whose tokens do not goes to the small class when ext_proc has
 // the tokenizer (exact count), and to the large one on the bytes bound.
 func TestContextLimitByRealTokens(t *testing.T) {
-	tok, err := hf.Load("../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
+	tok, err := hf.Load("../../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
 	if err != nil {
 		t.Fatal(err)
 	}
