@@ -108,6 +108,11 @@ type Config struct {
 	// latency (its own and the congestion it adds), if that comes before
 	// the headroom; 0: the headroom alone.
 	MarginalStretch float64
+	// BalanceFactor β, when > 0, bounds balance: no engine is planned
+	// above β × the mean planned utilization of its pool, the engines of
+	// its region eligible for the same classes (balance.go). 0: off, the
+	// optimizer's latency-minimizing plan as it is.
+	BalanceFactor float64
 }
 
 // PenaltyOptions shape outlier penalties.
@@ -237,6 +242,9 @@ func (c Config) Validate() error {
 	if !(c.MarginalStretch == 0 || c.MarginalStretch > 1) || math.IsInf(c.MarginalStretch, 0) {
 		bad("marginal_stretch", c.MarginalStretch, "must be 0 (off) or > 1, and finite")
 	}
+	if !(c.BalanceFactor == 0 || c.BalanceFactor >= 1) || math.IsInf(c.BalanceFactor, 0) {
+		bad("balance_factor", c.BalanceFactor, "must be 0 (off) or ≥ 1, and finite")
+	}
 	return errors.Join(errs...)
 }
 
@@ -343,6 +351,9 @@ type Result struct {
 // Controller is the cycle's state: penalties, what was published, the last
 // solution. Not safe for concurrent use; one loop owns it.
 type Controller struct {
+	// capped holds the engines the balance bound capped in this cycle's
+	// plan (balance.go); reset by allocate. Step's goroutine only.
+	capped   map[string]bool
 	cfg      Config
 	spec     *fleet.Spec
 	alloc    Allocator

@@ -70,7 +70,7 @@ func (dc *deadbandCycle) apply(node string, cl fleet.Class, solved bool, prevCD,
 		}
 		db := dc.pricing()
 		cd.Gain, cd.MissCost = db.worth(node, cl.Name, held, cd.Proposed, cd.TVDistance, meanPrompt(dc.demand, node, cl, dc.prios))
-		cd.Held = cd.Gain < cd.MissCost
+		cd.Held = cd.Gain < cd.MissCost && !dc.c.balanceHolds(held, cd.Proposed, dc.c.cfg.DeadbandTV)
 	}
 	if cd.Held {
 		cd.Weights = prevCD.Weights

@@ -89,6 +89,10 @@ func (c *Controller) allocate(ctx context.Context, p *optimizer.Problem, res *Re
 	if res.Headroom == 0 {
 		res.Headroom = p.Headroom
 	}
+	c.capped = map[string]bool{}
+	if err == nil && c.cfg.BalanceFactor > 0 {
+		sol = c.balance(ctx, p, res.Headroom, sol)
+	}
 	if err != nil {
 		res.Fallback = err.Error()
 		res.Allocator = fmt.Sprintf("%T", c.fallback)

@@ -175,6 +175,11 @@ func compile(p *Problem) *model {
 	if p.MarginalStretch > 0 {
 		m.fullLimits()
 	}
+	for j := range m.eng {
+		if u := p.Engines[j].MaxUtilization; u > 0 && u*m.eng[j].C < m.eng[j].limit {
+			m.eng[j].limit = u * m.eng[j].C
+		}
+	}
 
 	// Shed cost: M·(1 + ShedCost/max ShedCost) with M twice the largest
 	// marginal cost of any route at full headroom, so that a request is

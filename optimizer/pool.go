@@ -106,6 +106,7 @@ func (m *model) poolKey(j int) uint64 {
 		put(v)
 	}
 	put(p.PenaltyCostMs * p.Engines[j].Penalty)
+	put(p.Engines[j].MaxUtilization)
 	for i := range p.RTTMs {
 		put(p.RTTMs[i][j])
 	}
@@ -127,6 +128,10 @@ func (m *model) sameEngine(j, k int) bool {
 	// With a per-request penalty cost, engines of different penalties are
 	// not interchangeable.
 	if p.PenaltyCostMs*p.Engines[j].Penalty != p.PenaltyCostMs*p.Engines[k].Penalty {
+		return false
+	}
+	// Engines of different caps (the balance bound) are not either.
+	if p.Engines[j].MaxUtilization != p.Engines[k].MaxUtilization {
 		return false
 	}
 	for i := range p.RTTMs {
@@ -265,7 +270,7 @@ func (m *model) pooledEngines(pl *pooling) []Engine {
 		}
 		units := c / (e0.Profile.CapacityRPS * (1 - pen))
 		out = append(out, Engine{ID: fmt.Sprintf("pool%d", k), Profile: e0.Profile,
-			Replicas: units, ReadyReplicas: units, Health: 1, Penalty: pen})
+			Replicas: units, ReadyReplicas: units, Health: 1, Penalty: pen, MaxUtilization: e0.MaxUtilization})
 	}
 	return out
 }

@@ -102,6 +102,11 @@ type Engine struct {
 	// Penalty in [0, 1] is the outlier penalty; it removes that share of
 	// the engine's capacity.
 	Penalty float64
+	// MaxUtilization in [0, 1), when > 0, caps this engine's utilization
+	// of its available capacity below Problem.Headroom (and below the
+	// MarginalStretch limit): load_j ≤ MaxUtilization × C_j. 0: no cap of
+	// its own. The control plane's balance bound sets it (BalanceFactor).
+	MaxUtilization float64
 }
 
 // Priority is a traffic priority. ShedCost > 0 orders shedding: the
@@ -220,6 +225,9 @@ func (p *Problem) validateEngines() error {
 		}
 		if err := frac("engine "+e.ID+" penalty", e.Penalty); err != nil {
 			return err
+		}
+		if !(e.MaxUtilization >= 0 && e.MaxUtilization < 1) {
+			return fmt.Errorf("%w: engine %q has max utilization %g, must be in [0, 1) (0: none)", ErrInvalidProblem, e.ID, e.MaxUtilization)
 		}
 	}
 	return nil

@@ -202,6 +202,9 @@ func newInferlb(s *Sim, spec *fleet.Spec) (*inferlb, error) {
 		return nil, err
 	}
 	cfg := controlplane.DefaultConfig()
+	if s.opt.BalanceFactor != nil {
+		cfg.BalanceFactor = *s.opt.BalanceFactor
+	}
 	ctrl, err := controlplane.NewController(spec, cfg, nil)
 	if err != nil {
 		return nil, err

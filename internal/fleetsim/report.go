@@ -48,6 +48,8 @@ type RunOptions struct {
 	// Progress is told each policy's share done (may be called from
 	// several goroutines, not at once for one policy).
 	Progress func(policy string, done float64)
+	// BalanceFactor is Options.BalanceFactor for every run.
+	BalanceFactor *float64
 }
 
 // RunScenario runs every policy on the scenario, each in its own
@@ -101,7 +103,7 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 				if k > 0 {
 					seed = out.Seed + uint64(k)
 				}
-				o := Options{Scenario: sc, Policy: p, Seed: seed, DataDir: opt.DataDir}
+				o := Options{Scenario: sc, Policy: p, Seed: seed, DataDir: opt.DataDir, BalanceFactor: opt.BalanceFactor}
 				if opt.Progress != nil {
 					o.Progress = func(d float64) {
 						progMu.Lock()

@@ -51,6 +51,9 @@ type Options struct {
 	// NoSeries skips the time series and per-request records beyond what
 	// the figures need (benchmarks).
 	NoSeries bool
+	// BalanceFactor, when set, overrides the control plane's
+	// BalanceFactor for the inferlb policies (nil: its default).
+	BalanceFactor *float64
 }
 
 // lead is how long the control plane runs before traffic starts: its

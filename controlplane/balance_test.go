@@ -1,0 +1,98 @@
+package controlplane
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/inferlb/inferlb/optimizer"
+)
+
+// TestBalancePools: engines of a region share a pool when classes link
+// them (an H100 serving long-context and general with the A100s serving
+// general only); regions never share one; an engine no class uses is alone.
+func TestBalancePools(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		regions  []string
+		eligible [][]int // per class
+		want     []int
+	}{
+		{"one class two regions", []string{"a", "a", "b", "b"}, [][]int{{0, 1, 2, 3}}, []int{0, 0, 2, 2}},
+		{"linked by a second class", []string{"a", "a", "a"}, [][]int{{0, 1}, {1, 2}}, []int{0, 0, 0}},
+		{"restricted class joins nothing new", []string{"a", "a", "a"}, [][]int{{0, 1, 2}, {0}}, []int{0, 0, 0}},
+		{"disjoint classes in one region", []string{"a", "a", "a", "a"}, [][]int{{0, 1}, {2, 3}}, []int{0, 0, 2, 2}},
+		{"unused engine", []string{"a", "a", "a"}, [][]int{{0, 1}}, []int{0, 0, 2}},
+	} {
+		var cls []optimizer.Class
+		for _, e := range tc.eligible {
+			cls = append(cls, optimizer.Class{ID: "c", Eligible: e})
+		}
+		got := balancePools(tc.regions, cls)
+		// Compare as partitions: same pool iff same pool in want.
+		for i := range got {
+			for j := range got {
+				if (got[i] == got[j]) != (tc.want[i] == tc.want[j]) {
+					t.Errorf("%s: pools %v, want the partition %v", tc.name, got, tc.want)
+					i = len(got)
+					break
+				}
+			}
+		}
+	}
+}
+
+// TestBalanceCaps: the cap is β × the pool's planned load over its
+// capacity, plus the engine's own restricted load; a plan within its caps
+// needs no second solve (nil); a cap at or above the headroom is none.
+func TestBalanceCaps(t *testing.T) {
+	eng := func(load, capa float64) optimizer.EngineResult {
+		return optimizer.EngineResult{LoadRPS: load, CapacityRPS: capa}
+	}
+	for _, tc := range []struct {
+		name       string
+		engines    []optimizer.EngineResult
+		pools      []int
+		restricted []float64
+		beta       float64
+		want       []float64 // nil: no second solve
+	}{
+		{"balanced: nothing to do", []optimizer.EngineResult{eng(2, 10), eng(1, 5)}, []int{0, 0}, []float64{0, 0}, 1.3, nil},
+		{"H100 busy, A100 idle", []optimizer.EngineResult{eng(3, 10), eng(0, 5)}, []int{0, 0}, []float64{0, 0}, 1.3,
+			[]float64{1.3 * 3 / 15, 1.3 * 3 / 15}},
+		{"pools apart", []optimizer.EngineResult{eng(3, 10), eng(0, 5), eng(1, 10)}, []int{0, 0, 2}, []float64{0, 0, 0}, 1.3,
+			[]float64{1.3 * 3 / 15, 1.3 * 3 / 15, 1.3 * 1 / 10}},
+		{"restricted load lifts its engine's cap", []optimizer.EngineResult{eng(3, 10), eng(0, 5)}, []int{0, 0}, []float64{1.5, 0}, 1.3,
+			[]float64{1.3*1.5/15 + 1.5/10, 1.3 * 1.5 / 15}},
+		// 1.3 × 8/11 ≥ the headroom 0.8: no engine capped, nothing to do.
+		{"cap above the headroom is none", []optimizer.EngineResult{eng(8, 10), eng(0, 1)}, []int{0, 0}, []float64{0, 0}, 1.3, nil},
+	} {
+		got := balanceCaps(&optimizer.Solution{Engines: tc.engines}, tc.beta, 0.8, tc.pools, tc.restricted)
+		if tc.want == nil {
+			if got != nil {
+				t.Errorf("%s: caps %v, want none", tc.name, got)
+			}
+			continue
+		}
+		if !slices.EqualFunc(got, tc.want, func(a, b float64) bool { return math.Abs(a-b) < 1e-12 }) {
+			t.Errorf("%s: caps %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestConfigBalanceFactor: 0 (off) and ≥ 1 are valid; anything else is
+// refused naming the key.
+func TestConfigBalanceFactor(t *testing.T) {
+	for _, tc := range []struct {
+		v  float64
+		ok bool
+	}{{0, true}, {1, true}, {1.3, true}, {0.5, false}, {-1, false}, {math.NaN(), false}, {math.Inf(1), false}} {
+		c := DefaultConfig()
+		c.BalanceFactor = tc.v
+		err := c.Validate()
+		if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "balance_factor")) {
+			t.Errorf("balance_factor %v: %v (want ok=%v, naming balance_factor)", tc.v, err, tc.ok)
+		}
+	}
+}
