@@ -166,7 +166,7 @@ func (r *Runner) serveExplain(w http.ResponseWriter, req *http.Request, res *Res
 		return
 	}
 	r.writeJSON(w, map[string]any{"at": res.At, "allocator": res.Allocator, "fallback_reason": res.Fallback,
-		"objective": res.Objective, "nodes": out}, true)
+		"balance_skipped": res.BalanceSkipped, "objective": res.Objective, "nodes": out}, true)
 }
 
 // serveHistory: the last cycles, column by column, compact.

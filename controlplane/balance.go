@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/inferlb/inferlb/optimizer"
 )
@@ -21,9 +22,10 @@ import (
 // another region costs more than a slower local GPU. Caps at or above
 // the headroom are no caps. When the bounded plan fails, or sheds where
 // the unbounded did not, the unbounded plan stands (balance never costs
-// served traffic). It records the engines whose cap binds (c.capped) for
-// the deadband.
-func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom float64, sol *optimizer.Solution) *optimizer.Solution {
+// served traffic), and balance says why (the cycle's Result shows it, so a
+// bound that never applies is not silent). It records the engines whose cap
+// binds (c.capped) for the deadband.
+func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom float64, sol *optimizer.Solution) (*optimizer.Solution, string) {
 	f := &c.problem
 	regions := make([]string, len(p.Engines))
 	for j, e := range p.Engines {
@@ -35,7 +37,7 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 	pools := balancePools(regions, p.Classes)
 	caps := balanceCaps(sol, c.cfg.BalanceFactor, headroom, pools, restrictedLoad(p, sol, pools))
 	if caps == nil {
-		return sol
+		return sol, ""
 	}
 	q := *p
 	q.Headroom = headroom
@@ -45,15 +47,18 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 		q.Engines[j].MaxUtilization = caps[j]
 	}
 	s2, err := c.alloc.Allocate(ctx, &q)
-	if err != nil || (sheds(s2) && !sheds(sol)) {
-		return sol
+	if err != nil {
+		return sol, fmt.Sprintf("bounded plan failed: %v", err)
+	}
+	if sheds(s2) && !sheds(sol) {
+		return sol, "bounded plan would shed where the unbounded one does not"
 	}
 	for j, e := range s2.Engines {
 		if caps[j] > 0 && e.LoadRPS >= caps[j]*e.CapacityRPS*(1-1e-3) {
 			c.capped[e.ID] = true
 		}
 	}
-	return s2
+	return s2, ""
 }
 
 // balancePools numbers each engine's balance pool: engines of one region

@@ -1,11 +1,15 @@
 package controlplane
 
 import (
+	"context"
+	"errors"
 	"math"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/optimizer"
 )
 
@@ -94,5 +98,60 @@ func TestConfigBalanceFactor(t *testing.T) {
 		if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "balance_factor")) {
 			t.Errorf("balance_factor %v: %v (want ok=%v, naming balance_factor)", tc.v, err, tc.ok)
 		}
+	}
+}
+
+// capRefusing solves like the optimizer but fails every problem that
+// carries a balance cap, standing in for a bounded plan that cannot be met.
+type capRefusing struct {
+	OptimizerAllocator
+	capped *int
+}
+
+func (a capRefusing) Allocate(ctx context.Context, p *optimizer.Problem) (*optimizer.Solution, error) {
+	for _, e := range p.Engines {
+		if e.MaxUtilization > 0 {
+			*a.capped++
+			return nil, errors.New("infeasible under the caps")
+		}
+	}
+	return a.OptimizerAllocator.Allocate(ctx, p)
+}
+
+// A bounded plan that fails leaves the unbounded one in force, and the
+// cycle's result says so (a bound that never applies is not silent).
+func TestBalanceSkippedIsReported(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BalanceFactor = 1.0
+	var capped int
+	// One region of an H100 and a slower A100: the latency-minimizing plan
+	// loads them unequally, so β = 1 caps the H100.
+	y := testFleetYAML([4]string{"127.0.0.1:19001", "127.0.0.1:19002", "127.0.0.1:19003", "127.0.0.1:19004"})
+	y = strings.Replace(y, "profiles:\n", "profiles:\n  - {gpu: A100, model: m, prefill_tokens_per_s: 9000, overhead_ms: 14, decode_step_ms: 11, decode_step_per_seq_ms: 0.1, kv_capacity_tokens: 150000}\n", 1)
+	y = strings.Replace(y, "region: east, gpu: H100, model: m}\n  - {id: e-east-2, address: \"127.0.0.1:19002\", region: east, gpu: H100", "region: east, gpu: H100, model: m}\n  - {id: e-east-2, address: \"127.0.0.1:19002\", region: east, gpu: A100", 1)
+	spec, err := fleet.Parse([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(y, "gpu: A100, model: m}") {
+		t.Fatal("the test fleet has no A100 engine")
+	}
+	c, err := NewController(spec, cfg, capRefusing{capped: &capped})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if capped == 0 {
+		t.Fatal("β = 1 proposed no cap on the test fleet: the test checks nothing")
+	}
+	if !strings.Contains(r.BalanceSkipped, "bounded plan failed: infeasible under the caps") {
+		t.Errorf("balance_skipped %q, want the bounded plan's error", r.BalanceSkipped)
+	}
+	if r.Fallback != "" || len(r.Publish) != 2 {
+		t.Errorf("the unbounded plan should stand: fallback %q, %d nodes published", r.Fallback, len(r.Publish))
 	}
 }

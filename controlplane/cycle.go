@@ -328,11 +328,15 @@ type NodeDecision struct {
 
 // Result is one cycle's outcome.
 type Result struct {
-	At        time.Time    `json:"at"`
-	Allocator string       `json:"allocator"`
-	Fallback  string       `json:"fallback_reason,omitempty"`
-	Objective float64      `json:"objective"`
-	Engines   []EngineView `json:"engines"`
+	At        time.Time `json:"at"`
+	Allocator string    `json:"allocator"`
+	Fallback  string    `json:"fallback_reason,omitempty"`
+	// BalanceSkipped says why the balance bound (Config.BalanceFactor) was
+	// not applied this cycle: its plan failed, or shed where the unbounded
+	// one did not. Empty when the bound is off or applied.
+	BalanceSkipped string       `json:"balance_skipped,omitempty"`
+	Objective      float64      `json:"objective"`
+	Engines        []EngineView `json:"engines"`
 	// Headroom is the utilization cap the allocation was planned with
 	// (OverloadHeadroom when demand did not fit under Headroom).
 	Headroom float64 `json:"headroom"`

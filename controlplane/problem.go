@@ -91,7 +91,7 @@ func (c *Controller) allocate(ctx context.Context, p *optimizer.Problem, res *Re
 	}
 	c.capped = map[string]bool{}
 	if err == nil && c.cfg.BalanceFactor > 0 {
-		sol = c.balance(ctx, p, res.Headroom, sol)
+		sol, res.BalanceSkipped = c.balance(ctx, p, res.Headroom, sol)
 	}
 	if err != nil {
 		res.Fallback = err.Error()

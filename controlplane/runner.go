@@ -416,6 +416,9 @@ func (r *Runner) cycle(ctx context.Context) {
 		r.m.cycles.WithLabelValues("fallback").Inc()
 		r.log.Warn("optimizer failed; capacity-proportional fallback used", "err", res.Fallback)
 	}
+	if res.BalanceSkipped != "" {
+		r.log.Info("balance bound not applied this cycle; the unbounded plan stands", "reason", res.BalanceSkipped)
+	}
 	r.mu.Lock()
 	r.last, r.ready = res, true
 	r.cycles++
