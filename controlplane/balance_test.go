@@ -35,12 +35,12 @@ func TestBalancePools(t *testing.T) {
 		}
 		got := balancePools(tc.regions, cls)
 		// Compare as partitions: same pool iff same pool in want.
+	pairs:
 		for i := range got {
 			for j := range got {
 				if (got[i] == got[j]) != (tc.want[i] == tc.want[j]) {
 					t.Errorf("%s: pools %v, want the partition %v", tc.name, got, tc.want)
-					i = len(got)
-					break
+					break pairs
 				}
 			}
 		}
