@@ -111,7 +111,13 @@ type Config struct {
 	// BalanceFactor β, when > 0, bounds balance: no engine is planned
 	// above β × the mean planned utilization of its pool, the engines of
 	// its region eligible for the same classes (balance.go). 0: off, the
-	// optimizer's latency-minimizing plan as it is.
+	// optimizer's latency-minimizing plan as it is. The default, 1.02, is
+	// the loosest bound that keeps the busiest engine within 1.3× the
+	// fleet's mean utilization in the simulator's multi-region chat
+	// scenarios (the bound is per region, regions differ in load per
+	// engine, and a class only the H100s serve lifts their caps); the
+	// price is latency on mixed GPUs, where the plan moves load from fast
+	// to slow engines (docs/sim.md).
 	BalanceFactor float64
 }
 
@@ -163,6 +169,7 @@ func DefaultConfig() Config {
 		ShapeSmoothing:  20 * time.Second,
 		MaxCachedShare:  0.9,
 		MarginalStretch: 12,
+		BalanceFactor:   1.02,
 	}
 }
 

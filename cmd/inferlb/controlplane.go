@@ -186,7 +186,7 @@ func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *control
 	f.Float64Var(&c.Headroom, "headroom", c.Headroom, "planned utilization cap of available capacity, in (0, 1)")
 	f.Float64Var(&c.OverloadHeadroom, "overload-headroom", c.OverloadHeadroom, "utilization cap when demand does not fit under --headroom (the rest is shed), in [headroom, 1)")
 	f.Float64Var(&c.MarginalStretch, "marginal-stretch", c.MarginalStretch, "an engine is full where one more request would cost this many times its zero-load latency (its own and the congestion it adds), if before --headroom; 0 = the headroom alone")
-	f.Float64Var(&c.BalanceFactor, "balance-factor", c.BalanceFactor, "plan no engine above this many times the mean planned utilization of the engines of its region that serve the same classes (≥ 1; 0 = off: the latency-minimizing plan as it is)")
+	f.Float64Var(&c.BalanceFactor, "balance-factor", c.BalanceFactor, "plan no engine above this many times the mean planned utilization of the engines of its region that serve the same classes (≥ 1; 0 = off: the latency-minimizing plan as it is, faster on mixed GPUs but unbalanced)")
 	f.DurationVar(&c.ShapeSmoothing, "shape-smoothing", c.ShapeSmoothing, "time constant with which each class's tokens per request and cached prompt share follow what is observed")
 	f.Float64Var(&c.MaxCachedShare, "max-cached-share", c.MaxCachedShare, "largest share of prompt tokens counted as prefix-cache hits (no prefill work), in [0, 1)")
 	f.Float64Var(&c.StabilityMs, "stability-ms", c.StabilityMs, "optimizer cost per moved request (cold KV cache), ms")
