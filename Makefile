@@ -22,10 +22,14 @@ build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/inferlb
 
 # The tests also need a headless Chromium (the dashboard test); the demo does not.
+# The simulator's bar test (TestAffinityBar) skips itself under the race
+# detector, where its 24 full-length simulations take minutes; the second
+# run has it without (about a minute).
 test:
 	@scripts/setup.sh --browser
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
+	$(GO) test -run 'TestAffinityBar' ./internal/fleetsim
 
 test-short: setup
 	$(GO) test -short -race ./...
