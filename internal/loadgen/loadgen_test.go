@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/lni/goutils/leaktest"
 
+	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
 )
@@ -166,9 +168,15 @@ func TestOpenLoopBounds(t *testing.T) {
 		rep, _ := Run(ctx, Config{Client: testClient(t, hang.srv.URL), Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Closed, Concurrency: 3}, MaxRequests: 100})
 		done <- rep
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(hang.requests()) < 3 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	if err := envoyrun.Poll(context.Background(), 5*time.Second, 5*time.Millisecond, func() error {
+		if n := len(hang.requests()); n < 3 {
+			return fmt.Errorf("%d of 3 requests reached the hanging engine", n)
+		}
+		return nil
+	}); err != nil {
+		cancel()
+		<-done
+		t.Fatal(err)
 	}
 	cancel()
 	rep = <-done

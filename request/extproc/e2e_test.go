@@ -126,9 +126,15 @@ func TestHashBalanceFactorSpillsHotKey(t *testing.T) {
 					results[i] = r.post(chat("sys", "hot"), map[string]string{"x-session-id": "hot-key"})
 				}()
 				// One at a time, so each pick sees the previous ones in flight.
-				deadline := time.Now().Add(10 * time.Second)
-				for arrived() < int64(i+1) && time.Now().Before(deadline) {
-					time.Sleep(2 * time.Millisecond) // polling interval
+				if err := envoytest.Poll(context.Background(), 10*time.Second, 2*time.Millisecond, func() error {
+					if got := arrived(); got < int64(i+1) {
+						return fmt.Errorf("%d of %d requests reached an engine", got, i+1)
+					}
+					return nil
+				}); err != nil {
+					close(hold)
+					wg.Wait()
+					t.Fatal(err)
 				}
 			}
 			per := map[string]int64{}
