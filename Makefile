@@ -24,7 +24,7 @@ build:
 # The tests also need a headless Chromium (the dashboard test); the demo does not.
 # The simulator's bar test (TestAffinityBar) skips itself under the race
 # detector, where its 24 full-length simulations take minutes; the second
-# run has it without (about a minute).
+# run has it without (about 40 s).
 test:
 	@scripts/setup.sh --browser
 	$(GO) vet ./...

@@ -114,7 +114,7 @@ type Config struct {
 	// optimizer's latency-minimizing plan as it is. The default, 1.02, is
 	// the loosest bound that keeps the busiest engine within 1.3× the
 	// fleet's mean utilization in the simulator's multi-region chat
-	// scenarios (the bound is per region, regions differ in load per
+	// scenarios, medians of 3 seeds (the bound is per region, regions differ in load per
 	// engine, and a class only the H100s serve lifts their caps); the
 	// price is latency on mixed GPUs, where the plan moves load from fast
 	// to slow engines (docs/sim.md).

@@ -2,6 +2,6 @@
 
 package fleetsim
 
-// raceEnabled: the race detector slows the simulator several-fold, so the
-// long simulation tests run without it (make test runs them again).
+// raceEnabled: the race detector slows the simulator several-fold, so
+// TestAffinityBar skips itself under it (make test runs it again without).
 const raceEnabled = true
