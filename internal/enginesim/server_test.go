@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -488,14 +490,33 @@ func TestFaults(t *testing.T) {
 	})
 
 	t.Run("slowdown", func(t *testing.T) {
-		body := func(i int) []byte { return chatBody("m", "s", text("s"+string(rune('a'+i)), 300), 2, true) }
+		// Distinct prompts: nothing is cached, so every request prefills alike.
+		body := func(i int) []byte { return chatBody("m", "s"+strconv.Itoa(i), text("s"+strconv.Itoa(i), 300), 2, true) }
+		// ttftSum is the engine's own TTFT histogram sum: model time, so it
+		// does not move with the machine's load the way wall time does.
+		ttftSum := func() float64 {
+			return scrape(t, s)["vllm:time_to_first_token_seconds"].Metric[0].Histogram.GetSampleSum()
+		}
+		sum0 := ttftSum()
 		base := min(streamChat(t, s, body(0), nil).firstTok, streamChat(t, s, body(1), nil).firstTok)
+		sum1 := ttftSum()
 		admin(`{"slowdown":4}`)
 		slow := min(streamChat(t, s, body(2), nil).firstTok, streamChat(t, s, body(3), nil).firstTok)
+		sum2 := ttftSum()
 		admin(`{}`)
-		// Steps take 4×: TTFT = overhead + 4·step, about 3.3× here.
-		if slow < 2*base {
-			t.Errorf("TTFT with slowdown 4: %v, without: %v", slow, base)
+		// Every step takes 4× and nothing queues; the per-request overhead
+		// (the API server's, before the scheduler) is not slowed.
+		ov := 2 * s.real(time.Duration(testProfile.OverheadMs*float64(time.Millisecond))).Seconds()
+		if r := (sum2 - sum1 - ov) / (sum1 - sum0 - ov); math.Abs(r-4) > 0.01 {
+			t.Errorf("engine TTFT with slowdown 4: %.4fs, without: %.4fs, overhead %.4fs: steps %.3f× slower, want 4×",
+				sum2-sum1, sum1-sum0, ov, r)
+		}
+		// The client sees it too: its first token cannot come before the
+		// engine's (slowed) model time, however loaded the machine is; wall
+		// time only adds. The two slow requests' model TTFTs are equal to
+		// within a token or two of prompt.
+		if want := time.Duration(0.95 * (sum2 - sum1) / 2 * float64(time.Second)); slow < want {
+			t.Errorf("client TTFT with slowdown 4: %v, before the engine's own %v (without: %v)", slow, want, base)
 		}
 	})
 
