@@ -280,6 +280,10 @@ type EngineView struct {
 	// ObservedUtilization is work per second over replica capacity.
 	ObservedUtilization float64 `json:"observed_utilization"`
 	PlannedUtilization  float64 `json:"planned_utilization"`
+	// OwnUtilization is our traffic's part of ObservedUtilization as
+	// background load is measured against it: the plan's, or more where
+	// ext_proc saw the engine get more of our requests (ownLoad).
+	OwnUtilization float64 `json:"own_utilization"`
 	// SolvedUtilization is what this cycle's allocation plans for the
 	// engine, UtilizationLimit the cap it was planned under (the headroom,
 	// or lower where MaxStretch puts the engine's hockey stick).
@@ -380,7 +384,10 @@ type Controller struct {
 	lastStep  time.Time
 	published map[string]*NodeDecision
 	planned   map[string]float64 // engine → planned load (ref req/s)
-	version   int64
+	// plannedReq is planned in requests/s (each class's at its count, not
+	// its work): what ext_proc's response counts compare with (ownLoad).
+	plannedReq map[string]float64
+	version    int64
 	// tables holds each class's published split-table rules.
 	tables map[string][]translate.PrefixRule
 	// smoothed is the demand the optimizer planned with, at smoothedAt
@@ -598,7 +605,7 @@ func (c *Controller) observeDemand(in Inputs, res *Result) map[scrape.DemandKey]
 	c.traffic = c.classTraffic(in.Demand)
 	c.shapeView = c.updateShapes(in.Now, in.Demand, in.Engines, c.traffic)
 	res.Shapes = c.shapeView
-	c.planned = c.plannedFromPublished(in.Demand)
+	c.planned, c.plannedReq = c.plannedFromPublished(in.Demand)
 	return c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
 }
 
@@ -635,7 +642,7 @@ func (c *Controller) commit(res *Result, dem map[scrape.DemandKey]scrape.DemandR
 		c.version = nextVersion
 	}
 	c.published = res.Nodes
-	c.planned = c.plannedFromPublished(dem)
+	c.planned, c.plannedReq = c.plannedFromPublished(dem)
 	for cl, av := range res.Affinity {
 		c.tables[cl] = av.rules
 	}
@@ -713,18 +720,19 @@ func (c *Controller) CapacityRPS() float64 {
 // plannedFromPublished is the load (reference req/s per engine) the
 // published weights send at the given demand, counting only what ext_proc
 // admits (shed requests never reach an engine), each class's requests at
-// its learned work (shapeOf).
-func (c *Controller) plannedFromPublished(dem map[scrape.DemandKey]scrape.DemandRate) map[string]float64 {
-	planned := map[string]float64{}
+// its learned work (shapeOf); req is the same in requests/s.
+func (c *Controller) plannedFromPublished(dem map[scrape.DemandKey]scrape.DemandRate) (ref, req map[string]float64) {
+	ref, req = map[string]float64{}, map[string]float64{}
 	traffic := c.classTraffic(dem)
 	for _, cl := range c.problem.classes {
 		sh := c.shapeOf(cl)
 		for id, rate := range traffic[cl.Name] {
 			p := c.profiles[id]
-			planned[id] += rate * p.Ratio(sh)
+			ref[id] += rate * p.Ratio(sh)
+			req[id] += rate
 		}
 	}
-	return planned
+	return ref, req
 }
 
 // minPenalty: smaller penalties are dropped to 0. Every penalty costs

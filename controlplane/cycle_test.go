@@ -448,3 +448,71 @@ engines:
 		t.Errorf("eb's profile %+v: want model b's shape 8000/100, capacity 2 and the measured TTFT curve", p)
 	}
 }
+
+// Under overload, Envoy's uneven spread of our own requests (more to one
+// engine than its weight, less to another) is our traffic, not someone
+// else's: read as background, it cut the favoured engine's capacity and the
+// plan shed more of what the fleet could serve. ext_proc's response counts
+// show the spread. While nothing sheds, the plan alone stands (the spread
+// read as background only moves weight, which shortens the tail).
+func TestCycleOwnSpreadUnderOverloadIsNotBackground(t *testing.T) {
+	ctx := context.Background()
+	addr := map[string]string{"e-east-1": "127.0.0.1:19001", "e-east-2": "127.0.0.1:19002",
+		"e-west-1": "127.0.0.1:19003", "e-west-2": "127.0.0.1:19004"}
+	dem := func(perFrontend float64) map[scrape.DemandKey]scrape.DemandRate {
+		m := map[scrape.DemandKey]scrape.DemandRate{}
+		for _, n := range []string{"fe-east", "fe-west"} {
+			for _, p := range []string{"high", "low"} {
+				m[scrape.DemandKey{Node: n, Class: "chat", Priority: p}] = scrape.DemandRate{RequestsPerS: perFrontend / 2, PromptTokens: 200, OutputTokens: 200}
+			}
+		}
+		return m
+	}
+	// second runs a first cycle at the demand (load × the fleet's capacity),
+	// then one where Envoy sent e-east-1 25% more than planned and
+	// e-east-2 25% less, with or without ext_proc's evidence of it.
+	second := func(t *testing.T, load float64, withEvidence bool) (EngineView, bool) {
+		c, err := NewController(testFleet(t), DefaultConfig(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Unix(1_800_000_000, 0)
+		d := dem(load * c.CapacityRPS() / 2)
+		if _, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: d}); err != nil {
+			t.Fatal(err)
+		}
+		skew := map[string]float64{"e-east-1": 1.25, "e-east-2": 0.75, "e-west-1": 1, "e-west-2": 1}
+		busy, ev := map[string]fake{}, map[string]scrape.Evidence{}
+		for id, load := range c.planned {
+			prof := c.profiles[id]
+			got := load * skew[id]
+			busy[id] = fake{reqPerS: got, genTokS: got / prof.CapacityRPS / prof.OutputTokenSec}
+			if withEvidence {
+				ev[addr[id]] = scrape.Evidence{Responses: 4 * c.plannedReq[id] * skew[id]}
+			}
+		}
+		now = now.Add(5 * time.Second)
+		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, busy), Demand: d, Evidence: ev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return view(r, "e-east-1"), c.publishedSheds()
+	}
+	v, sheds := second(t, 1.3, true)
+	if !sheds {
+		t.Fatal("1.3× the fleet's capacity: the plan sheds nothing")
+	}
+	if v.BackgroundLoad != 0 || math.Abs(v.OwnUtilization-v.ObservedUtilization) > 0.01 {
+		t.Errorf("overload, spread shown by ext_proc: observed %.3f, planned %.3f, own %.3f, background %.3f; want own = observed, no background",
+			v.ObservedUtilization, v.PlannedUtilization, v.OwnUtilization, v.BackgroundLoad)
+	}
+	if v, _ := second(t, 1.3, false); v.BackgroundLoad < 0.05 {
+		t.Errorf("overload, no evidence: background %.3f (observed %.3f, planned %.3f); the plan alone reads the excess as background",
+			v.BackgroundLoad, v.ObservedUtilization, v.PlannedUtilization)
+	}
+	v, sheds = second(t, 0.7, true)
+	if sheds || v.OwnUtilization != v.PlannedUtilization || v.BackgroundLoad < 0.02 {
+		t.Errorf("0.7× capacity (sheds %v): observed %.3f, planned %.3f, own %.3f, background %.3f; want the plan alone",
+			sheds, v.ObservedUtilization, v.PlannedUtilization, v.OwnUtilization, v.BackgroundLoad)
+	}
+}
