@@ -107,7 +107,10 @@ func TestOutcomesAreCountedApart(t *testing.T) {
 		return modes[len(tokens.Append(nil, b.Messages[0].Content))%len(modes)]
 	}})
 	c := testClient(t, eng.srv.URL)
-	c.Timeout = 200 * time.Millisecond
+	// The timeout applies to every request (the client has no per-request
+	// one), so it is long enough that a stalled OK or 429 on a loaded
+	// machine is not counted as a timeout; only "hang" reaches it.
+	c.Timeout = 2 * time.Second
 	// Prompt sizes 1..16 words: each mode twice.
 	src := &sized{}
 	rep, err := Run(context.Background(), Config{Client: c, Source: src, Arrival: Arrival{Kind: Closed, Concurrency: 8}, MaxRequests: 16})
