@@ -27,7 +27,9 @@ func TestScrapeEngineSimModes(t *testing.T) {
 		loading        time.Duration
 	}{
 		{"vllm", "/health", 0},
-		{"sglang", "/health_generate", 300 * time.Millisecond},
+		// Loading until FinishLoading: a real-time loading period would end
+		// before the first scrape if the machine stalls.
+		{"sglang", "/health_generate", 10 * time.Minute},
 	} {
 		t.Run(c.server, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -49,6 +51,9 @@ func TestScrapeEngineSimModes(t *testing.T) {
 			fresh := c.server == "sglang"
 			if got := math.IsNaN(s.Metrics.Running); got != fresh {
 				t.Fatalf("before any request: running %v (absent %v, want %v)", s.Metrics.Running, got, fresh)
+			}
+			if c.loading > 0 {
+				e.FinishLoading()
 			}
 			// Ready (after loading): healthy, and a request is served.
 			err = envoytest.Poll(ctx, 20*time.Second, 20*time.Millisecond, func() error {
