@@ -310,8 +310,10 @@ func TestTTFTFollowsProfile(t *testing.T) {
 	if got < loadLo-under || got > loadHi+slack+starved {
 		t.Errorf("TTFT under load %v, want in [%v, %v] (+%v, +%v starved)", got, loadLo, loadHi, slack, starved)
 	}
-	if got <= idle {
-		t.Errorf("TTFT under load %v not above idle %v", got, idle)
+	// Against the model's idle TTFT, not the idle probe: two wall-clock
+	// probes compare by the machine's noise, not the model.
+	if got <= idleWant {
+		t.Errorf("TTFT under load %v not above the model's idle %v (probe %v)", got, idleWant, idle)
 	}
 	cancel()
 	wg.Wait()
