@@ -85,7 +85,7 @@ type Config struct {
 	IdleDemandPerS float64
 	// UnknownHealth scales the capacity of a stale engine (0..1).
 	UnknownHealth float64
-	// BackgroundFloor is the part of observed minus planned utilization
+	// BackgroundFloor is the part of observed minus our own (OwnUtilization)
 	// taken for measurement noise rather than background load.
 	BackgroundFloor float64
 	Penalty         PenaltyOptions
@@ -384,6 +384,9 @@ type Controller struct {
 	lastStep  time.Time
 	published map[string]*NodeDecision
 	planned   map[string]float64 // engine → planned load (ref req/s)
+	// weightsMovedAt is when a commit last changed the published weights
+	// (ownLoad waits a Reports window after it).
+	weightsMovedAt time.Time
 	// plannedReq is planned in requests/s (each class's at its count, not
 	// its work): what ext_proc's response counts compare with (ownLoad).
 	plannedReq map[string]float64
@@ -641,11 +644,35 @@ func (c *Controller) commit(res *Result, dem map[scrape.DemandKey]scrape.DemandR
 	if len(res.Publish) > 0 {
 		c.version = nextVersion
 	}
+	if weightsMoved(c.published, res.Nodes) {
+		c.weightsMovedAt = res.At
+	}
 	c.published = res.Nodes
 	c.planned, c.plannedReq = c.plannedFromPublished(dem)
 	for cl, av := range res.Affinity {
 		c.tables[cl] = av.rules
 	}
+}
+
+// weightsMoved reports whether any frontend's class weights differ between
+// two publications.
+func weightsMoved(old, cur map[string]*NodeDecision) bool {
+	if len(old) != len(cur) {
+		return true
+	}
+	for n, nd := range cur {
+		o := old[n]
+		if o == nil || len(o.Classes) != len(nd.Classes) {
+			return true
+		}
+		for cl, cd := range nd.Classes {
+			oc := o.Classes[cl]
+			if oc == nil || !maps.Equal(oc.Weights, cd.Weights) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // InflightLimit is a class's local in-flight limit at one ext_proc instance

@@ -454,7 +454,8 @@ engines:
 // else's: read as background, it cut the favoured engine's capacity and the
 // plan shed more of what the fleet could serve. ext_proc's response counts
 // show the spread. While nothing sheds, the plan alone stands (the spread
-// read as background only moves weight, which shortens the tail).
+// read as background only moves weight, which shortens the tail), and so
+// it does for a Reports window after the weights moved.
 func TestCycleOwnSpreadUnderOverloadIsNotBackground(t *testing.T) {
 	ctx := context.Background()
 	addr := map[string]string{"e-east-1": "127.0.0.1:19001", "e-east-2": "127.0.0.1:19002",
@@ -469,50 +470,64 @@ func TestCycleOwnSpreadUnderOverloadIsNotBackground(t *testing.T) {
 		return m
 	}
 	// second runs a first cycle at the demand (load × the fleet's capacity),
-	// then one where Envoy sent e-east-1 25% more than planned and
-	// e-east-2 25% less, with or without ext_proc's evidence of it.
-	second := func(t *testing.T, load float64, withEvidence bool) (EngineView, bool) {
+	// then, 5 s later, one where Envoy sent e-east-1 25% more than planned
+	// and e-east-2 25% less, with or without ext_proc's evidence of it (and
+	// errors on top, which are no work), over a Reports window of window.
+	// It returns the two engines' views and whether the first plan shed.
+	second := func(t *testing.T, load float64, withEvidence bool, window time.Duration) (hot, cold EngineView, sheds bool) {
 		c, err := NewController(testFleet(t), DefaultConfig(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		now := time.Unix(1_800_000_000, 0)
 		d := dem(load * c.CapacityRPS() / 2)
-		if _, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: d}); err != nil {
+		if _, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: d, DemandWindow: window}); err != nil {
 			t.Fatal(err)
 		}
+		sheds = c.publishedSheds()
 		skew := map[string]float64{"e-east-1": 1.25, "e-east-2": 0.75, "e-west-1": 1, "e-west-2": 1}
 		busy, ev := map[string]fake{}, map[string]scrape.Evidence{}
-		for id, load := range c.planned {
+		for id, planned := range c.planned {
 			prof := c.profiles[id]
-			got := load * skew[id]
+			got := planned * skew[id]
 			busy[id] = fake{reqPerS: got, genTokS: got / prof.CapacityRPS / prof.OutputTokenSec}
 			if withEvidence {
-				ev[addr[id]] = scrape.Evidence{Responses: 4 * c.plannedReq[id] * skew[id]}
+				answered := 4 * c.plannedReq[id] * skew[id]
+				ev[addr[id]] = scrape.Evidence{Responses: answered + 30, Errors: 30}
 			}
 		}
 		now = now.Add(5 * time.Second)
-		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, busy), Demand: d, Evidence: ev})
+		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, busy), Demand: d, Evidence: ev, DemandWindow: window})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return view(r, "e-east-1"), c.publishedSheds()
+		return view(r, "e-east-1"), view(r, "e-east-2"), sheds
 	}
-	v, sheds := second(t, 1.3, true)
+	hot, cold, sheds := second(t, 1.3, true, 4*time.Second)
 	if !sheds {
 		t.Fatal("1.3× the fleet's capacity: the plan sheds nothing")
 	}
-	if v.BackgroundLoad != 0 || math.Abs(v.OwnUtilization-v.ObservedUtilization) > 0.01 {
+	if hot.BackgroundLoad != 0 || math.Abs(hot.OwnUtilization-hot.ObservedUtilization) > 0.01 {
 		t.Errorf("overload, spread shown by ext_proc: observed %.3f, planned %.3f, own %.3f, background %.3f; want own = observed, no background",
-			v.ObservedUtilization, v.PlannedUtilization, v.OwnUtilization, v.BackgroundLoad)
+			hot.ObservedUtilization, hot.PlannedUtilization, hot.OwnUtilization, hot.BackgroundLoad)
 	}
-	if v, _ := second(t, 1.3, false); v.BackgroundLoad < 0.05 {
+	if cold.OwnUtilization != cold.PlannedUtilization {
+		t.Errorf("overload, the engine Envoy underfed: own %.3f, planned %.3f; the estimate only rises above the plan",
+			cold.OwnUtilization, cold.PlannedUtilization)
+	}
+	if hot, _, _ := second(t, 1.3, false, 4*time.Second); hot.BackgroundLoad < 0.05 {
 		t.Errorf("overload, no evidence: background %.3f (observed %.3f, planned %.3f); the plan alone reads the excess as background",
-			v.BackgroundLoad, v.ObservedUtilization, v.PlannedUtilization)
+			hot.BackgroundLoad, hot.ObservedUtilization, hot.PlannedUtilization)
 	}
-	v, sheds = second(t, 0.7, true)
-	if sheds || v.OwnUtilization != v.PlannedUtilization || v.BackgroundLoad < 0.02 {
+	// A 10-s Reports window: the weights moved 5 s ago, the counts are
+	// still partly the old weights'.
+	if hot, _, _ := second(t, 1.3, true, 10*time.Second); hot.OwnUtilization != hot.PlannedUtilization || hot.BackgroundLoad < 0.05 {
+		t.Errorf("overload, weights moved within the window: own %.3f, planned %.3f, background %.3f; want the plan alone",
+			hot.OwnUtilization, hot.PlannedUtilization, hot.BackgroundLoad)
+	}
+	hot, _, sheds = second(t, 0.7, true, 4*time.Second)
+	if sheds || hot.OwnUtilization != hot.PlannedUtilization || hot.BackgroundLoad < 0.02 {
 		t.Errorf("0.7× capacity (sheds %v): observed %.3f, planned %.3f, own %.3f, background %.3f; want the plan alone",
-			sheds, v.ObservedUtilization, v.PlannedUtilization, v.OwnUtilization, v.BackgroundLoad)
+			sheds, hot.ObservedUtilization, hot.PlannedUtilization, hot.OwnUtilization, hot.BackgroundLoad)
 	}
 }

@@ -196,7 +196,7 @@ func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *control
 	f.Float64Var(&c.ShedDeadband, "shed-deadband", c.ShedDeadband, "smallest change of a shed fraction worth publishing")
 	f.Float64Var(&c.IdleDemandPerS, "idle-demand-per-s", c.IdleDemandPerS, "demand (requests/s) assumed for a frontend's class with none reported, so that it has weights for its first requests")
 	f.Float64Var(&c.UnknownHealth, "unknown-health", c.UnknownHealth, "share of its capacity a stale engine (unknown health) is planned with, in [0, 1]")
-	f.Float64Var(&c.BackgroundFloor, "background-floor", c.BackgroundFloor, "part of an engine's observed minus planned utilization taken for noise, not background load, in [0, 1)")
+	f.Float64Var(&c.BackgroundFloor, "background-floor", c.BackgroundFloor, "part of an engine's observed utilization minus our own traffic's taken for noise, not background load, in [0, 1)")
 	f.Float64Var(&c.RetryBudget, "retry-budget", c.RetryBudget, "retries per request a class may spend at low utilization, published unscaled (ext_proc lowers it from 70% utilization to 0 at 95%, and stops it while shedding), in [0, 1]")
 	f.Uint32Var(&c.MaxRetries, "max-retries", c.MaxRetries, "most retries one request is allowed while the budget lasts (at most 10)")
 	f.DurationVar(&p.HalfLife, "penalty-half-life", p.HalfLife, "decay half-life of an outlier penalty while the engine's traffic looks normal again")

@@ -262,7 +262,8 @@
         el("td", { class: "n", text: num(e.tbot_ms, 1) }),
         el("td", { class: "n", text: up ? num(e.requests_per_s, 2) : "–" }),
         el("td", { class: "n", text: up ? pct(e.prefix_cache_hit_rate) : "–" }),
-        el("td", { class: "n", text: v.id ? `${pct(v.observed_utilization)} / ${pct(v.planned_utilization)}` : "–" }),
+        el("td", { class: "n", text: v.id ? `${pct(v.observed_utilization)} / ${pct(v.planned_utilization)}` : "–",
+          title: v.id ? `our traffic ${pct(v.own_utilization)} (the plan, or more where ext_proc saw Envoy send more while shedding); background load ${pct(v.background_load)} = observed − ours − 10% noise floor` : "" }),
         el("td", { class: "n" + (v.penalty > 0 ? " penalized" : ""), text: v.id ? pct(v.penalty) : "–", title: v.penalty_why || "" })));
     }
     tbody.replaceChildren(...rows);
