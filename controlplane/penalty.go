@@ -79,8 +79,9 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []scrape.Sta
 			v.ObservedUtilization = work / reps
 			// Background: load beyond what our traffic explains (the
 			// weights in force times the demand admitted now, or what
-			// ext_proc saw it put there: ownLoad), from the token rates. A queue (a KV-bound batch never reaches the work
-			// model's rate) means no spare capacity: when our traffic alone
+			// ext_proc saw it put there: ownLoad), from the token rates.
+			// A queue (a KV-bound batch never reaches the work model's
+			// rate) means no spare capacity: when our traffic alone
 			// would leave the engine well below capacity, the queue is
 			// someone else's and the engine counts as full. When our own
 			// traffic is near capacity, its queue is ours: counting it as
