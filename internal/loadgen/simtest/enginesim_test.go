@@ -299,7 +299,9 @@ func TestMultiTurnSessionsGrowAgainstTheEngine(t *testing.T) {
 // the tolerance.
 //
 // The tolerance is 10 ms plus the simulator's own measured lateness in
-// writing first tokens (which its simulated-time histogram cannot show). It
+// writing first tokens (which its simulated-time histogram cannot show), and
+// for the per-bucket check the longest stall a 1 ms ticker in this process
+// saw meanwhile (a single client-side stall delays one request). It
 // covers loopback HTTP and JSON both ways, the lateness of the simulator's
 // network-delay timer, and the generator's floor (see BenchmarkFloor). On a
 // machine starved by other processes every goroutine wake-up is late by
@@ -392,9 +394,15 @@ func ttftAgreement(t *testing.T, spec *fleet.Spec, attempt int) (problems []stri
 		lag.RecordDuration(l)
 	}
 	meanTol := tolerance + time.Duration(lag.Mean())
-	tol := tolerance + time.Duration(lag.Max())
-	t.Logf("attempt %d: generator TTFT mean %.2f ms − network delay %v = %.2f ms; engine histogram mean %.2f ms; difference %.2f ms; simulator's first-token write lag mean %.2f ms, p50 %.2f ms, max %.2f ms; 1 ms ticker late p99 %.2f ms",
-		attempt, rep.TTFT.Mean, delay, float64(genMean)/1e6, float64(engMean)/1e6, float64(genMean-engMean)/1e6, lag.Mean()/1e6, lag.Quantile(0.5)/1e6, float64(lag.Max())/1e6, jitter.Quantile(0.99)/1e6)
+	// Each request's overhead may also hold the longest stall this process
+	// saw (the probe's max lateness): one 20–30 ms client-side stall delays
+	// one generator TTFT by that much, which a p99 does not show and the
+	// simulator's write lag does not see. The means (above) are not widened:
+	// a stall moves them by its length / n.
+	stall := time.Duration(jitter.Max())
+	tol := tolerance + time.Duration(lag.Max()) + stall
+	t.Logf("attempt %d: generator TTFT mean %.2f ms − network delay %v = %.2f ms; engine histogram mean %.2f ms; difference %.2f ms; simulator's first-token write lag mean %.2f ms, p50 %.2f ms, max %.2f ms; 1 ms ticker late p99 %.2f ms, max %.2f ms",
+		attempt, rep.TTFT.Mean, delay, float64(genMean)/1e6, float64(engMean)/1e6, float64(genMean-engMean)/1e6, lag.Mean()/1e6, lag.Quantile(0.5)/1e6, float64(lag.Max())/1e6, jitter.Quantile(0.99)/1e6, float64(stall)/1e6)
 	if d := genMean - engMean; d < 0 || d > meanTol {
 		problems = append(problems, fmt.Sprintf("means differ by %v, want within [0, %v]", d, meanTol))
 	}
