@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -426,6 +427,28 @@ func TestDirectPathReusesAndRecoversConnections(t *testing.T) {
 	}
 	if n := conns.Load(); n != 4 {
 		t.Fatalf("%d connections after three Connection: close answers, want 4", n)
+	}
+}
+
+// Both paths report an answered request to an httptrace.ClientTrace, once
+// (the drills tell streams the server answered from those still waiting).
+func TestBothPathsReportTheFirstResponseByte(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	eng := newFakeEngine(t, &fakeEngine{})
+	req := workload.Request{Messages: []tokens.Message{{Role: "user", Content: "hello"}}, PromptTokens: 2, MaxTokens: 3}
+	for _, netHTTP := range []bool{false, true} {
+		c := testClient(t, eng.srv.URL)
+		c.NetHTTP = netHTTP
+		for i := 0; i < 3; i++ {
+			var got atomic.Int64
+			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotFirstResponseByte: func() { got.Add(1) }})
+			if res := c.Do(ctx, &req, false); res.Outcome != OK {
+				t.Fatalf("NetHTTP %v, request %d: %v", netHTTP, i, res.Err)
+			}
+			if n := got.Load(); n != 1 {
+				t.Errorf("NetHTTP %v, request %d: GotFirstResponseByte called %d times, want 1", netHTTP, i, n)
+			}
+		}
 	}
 }
 

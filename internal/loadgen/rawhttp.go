@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"sync"
 	"time"
@@ -121,7 +122,11 @@ func (b *rawBody) Close() error {
 }
 
 // do sends a POST of body to req's URL and returns the response, whose body
-// must be closed. The request's context bounds the whole exchange.
+// must be closed. The request's context bounds the whole exchange. Of an
+// httptrace.ClientTrace in the context it calls GotFirstResponseByte, once
+// the response head is read (as net/http's path does, a little earlier), so
+// a caller can tell a request the server has answered from one still
+// waiting.
 func (p *rawPool) do(req *http.Request, body []byte) (*http.Response, error) {
 	ctx := req.Context()
 	addr := req.URL.Host
@@ -162,6 +167,9 @@ func (p *rawPool) do(req *http.Request, body []byte) (*http.Response, error) {
 			return nil, err
 		}
 		resp.Body = &rawBody{Reader: resp.Body, pool: p, addr: addr, c: c, keep: !resp.Close, stop: stop}
+		if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.GotFirstResponseByte != nil {
+			tr.GotFirstResponseByte()
+		}
 		return resp, nil
 	}
 }
