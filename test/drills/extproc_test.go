@@ -23,12 +23,15 @@ func TestDrillExtProcDeath(t *testing.T) {
 			// several are mid-stream when ext_proc dies, at 60% of the
 			// fleet's capacity (no shedding).
 			tr := s.startTraffic(trafficOptions{rate: 2.5, maxTokens: 120})
-			// Requests started 300 ms or more before the kill have their
-			// routing decision (a decision takes milliseconds); kill when
+			// Requests whose response head arrived before the kill have
+			// their routing decision (Envoy sent them upstream after it).
+			// Not an age: on a starved machine a request may wait longer
+			// than any threshold for ext_proc, and fail-closed then
+			// answers 503 to a stream that had no decision yet. Kill when
 			// at least 6 of them are in flight.
 			var inflight map[int]bool
 			if err := envoytest.Poll(context.Background(), 30*time.Second, 20*time.Millisecond, func() error {
-				if inflight = tr.inFlight(300 * time.Millisecond); len(inflight) < 6 {
+				if inflight = tr.answeredInFlight(); len(inflight) < 6 {
 					return fmt.Errorf("%d decided requests in flight", len(inflight))
 				}
 				return nil

@@ -129,7 +129,7 @@ func TestDrillEngineRestart(t *testing.T) {
 	}
 
 	// The crash (the slowdown goes with it); back after 3 s.
-	inflight := tr.inFlight(0)
+	inflight := tr.inFlight()
 	st := e2.Stats()
 	// Pending too: requests e2 accepted that are still paying their
 	// overhead (its HTTP path) are cut by the crash like the others.

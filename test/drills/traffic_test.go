@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http/httptrace"
 	"sort"
 	"strings"
 	"sync"
@@ -107,6 +108,8 @@ type traffic struct {
 	results []result
 	sent    int
 	live    map[int]time.Time // started, not finished: start time
+	// answered holds the requests in live whose response head arrived.
+	answered map[int]bool
 }
 
 func (s *stack) startTraffic(o trafficOptions) *traffic {
@@ -119,7 +122,7 @@ func (s *stack) startTraffic(o trafficOptions) *traffic {
 	if o.words == 0 {
 		o.words = 30
 	}
-	tr := &traffic{o: o, c: newClient(s.url), stopCh: make(chan struct{}), live: map[int]time.Time{}}
+	tr := &traffic{o: o, c: newClient(s.url), stopCh: make(chan struct{}), live: map[int]time.Time{}, answered: map[int]bool{}}
 	tr.wg.Add(1)
 	go tr.arrivals()
 	s.t.Cleanup(func() { tr.stop() })
@@ -162,11 +165,17 @@ func (tr *traffic) arrivals() {
 		tr.wg.Add(1)
 		go func() {
 			defer tr.wg.Done()
-			res := tr.c.do(context.Background(), r)
+			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotFirstResponseByte: func() {
+				tr.mu.Lock()
+				tr.answered[i] = true
+				tr.mu.Unlock()
+			}})
+			res := tr.c.do(ctx, r)
 			res.id = i
 			tr.mu.Lock()
 			tr.results = append(tr.results, res)
 			delete(tr.live, i)
+			delete(tr.answered, i)
 			tr.mu.Unlock()
 		}()
 	}
@@ -214,16 +223,26 @@ func (tr *traffic) tally(from, to time.Time) tally {
 	return t
 }
 
-// inFlight returns the requests in flight now (started, not finished) that
-// started at least minAge ago.
-func (tr *traffic) inFlight(minAge time.Duration) map[int]bool {
+// inFlight returns the requests in flight now (started, not finished).
+func (tr *traffic) inFlight() map[int]bool {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	out := make(map[int]bool, len(tr.live))
-	for id, start := range tr.live {
-		if time.Since(start) >= minAge {
-			out[id] = true
-		}
+	for id := range tr.live {
+		out[id] = true
+	}
+	return out
+}
+
+// answeredInFlight returns the requests in flight now whose response head
+// has arrived: the stack has routed them (the ext_proc decision came
+// before the upstream request), however late each step ran.
+func (tr *traffic) answeredInFlight() map[int]bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	out := make(map[int]bool, len(tr.answered))
+	for id := range tr.answered {
+		out[id] = true
 	}
 	return out
 }
