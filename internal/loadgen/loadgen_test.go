@@ -212,10 +212,12 @@ func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
 	span := rows[len(rows)-1].Time.Sub(rows[0].Time)
 	speedup := span.Seconds() / 0.5            // replay in half a second
 	sentAt := make([]time.Duration, len(rows)) // each index written once
+	probe := StartJitterProbe()
 	rep, err := Run(context.Background(), Config{Client: c, Source: src, Arrival: Arrival{Kind: Trace, Speedup: speedup},
 		OnResult: func(req *workload.Request, res *Result) {
 			sentAt[req.Index] = time.Duration(res.Sent.UnixNano())
 		}})
+	stall := time.Duration(probe().Max()) // the longest the scheduler ran late
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,17 +241,23 @@ func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
 		bySize[k]--
 	}
 	// Each request is sent at its offset ÷ speedup, never before; how late
-	// depends on the machine (the median is bounded loosely, for a loaded
-	// race-instrumented run).
+	// depends on the machine: the median is bounded loosely, for a loaded
+	// race-instrumented run, plus the longest stall the probe measured (one
+	// dispatcher sends every request, so a stall of the process delays all
+	// those due during it, by at most its length: the dispatcher catches
+	// up at once after it; the probe waits through the same stall). Its
+	// longest stall, not its summed lateness: that adds up timer slack
+	// (~0.1 s over this run under -race) and would hide a dispatcher slow
+	// by tens of ms a request.
 	for i, r := range rows {
 		due := rep.Start.Add(time.Duration(float64(r.Time.Sub(rows[0].Time)) / speedup))
 		if sent := time.Unix(0, int64(sentAt[i])); sent.Before(due) {
 			t.Fatalf("row %d sent %v before its time", i, due.Sub(sent))
 		}
 	}
-	t.Logf("send lag p50 %.3f ms p99 %.3f ms", rep.SendLag.P50, rep.SendLag.P99)
-	if rep.SendLag.P50 > 250 {
-		t.Errorf("median send lag %.1f ms", rep.SendLag.P50)
+	t.Logf("send lag p50 %.3f ms p99 %.3f ms (longest stall %v)", rep.SendLag.P50, rep.SendLag.P99, stall)
+	if limit := 250 + float64(stall)/1e6; rep.SendLag.P50 > limit {
+		t.Errorf("median send lag %.1f ms, want ≤ 250 + %.1f ms longest stall", rep.SendLag.P50, float64(stall)/1e6)
 	}
 }
 
