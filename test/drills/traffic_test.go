@@ -3,6 +3,7 @@ package drills
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http/httptrace"
 	"sort"
@@ -107,7 +108,7 @@ type traffic struct {
 	mu      sync.Mutex
 	results []result
 	sent    int
-	live    map[int]time.Time // started, not finished: start time
+	live    map[int]bool // started, not finished
 	// answered holds the requests in live whose response head arrived.
 	answered map[int]bool
 }
@@ -122,7 +123,7 @@ func (s *stack) startTraffic(o trafficOptions) *traffic {
 	if o.words == 0 {
 		o.words = 30
 	}
-	tr := &traffic{o: o, c: newClient(s.url), stopCh: make(chan struct{}), live: map[int]time.Time{}, answered: map[int]bool{}}
+	tr := &traffic{o: o, c: newClient(s.url), stopCh: make(chan struct{}), live: map[int]bool{}, answered: map[int]bool{}}
 	tr.wg.Add(1)
 	go tr.arrivals()
 	s.t.Cleanup(func() { tr.stop() })
@@ -160,7 +161,7 @@ func (tr *traffic) arrivals() {
 		r := request{prompt: fmt.Sprintf("conversation %d: %s", i, strings.Join(words, " ")), maxTokens: tr.o.maxTokens, priority: prio}
 		tr.mu.Lock()
 		tr.sent++
-		tr.live[i] = time.Now()
+		tr.live[i] = true
 		tr.mu.Unlock()
 		tr.wg.Add(1)
 		go func() {
@@ -224,27 +225,18 @@ func (tr *traffic) tally(from, to time.Time) tally {
 }
 
 // inFlight returns the requests in flight now (started, not finished).
-func (tr *traffic) inFlight() map[int]bool {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	out := make(map[int]bool, len(tr.live))
-	for id := range tr.live {
-		out[id] = true
-	}
-	return out
-}
+func (tr *traffic) inFlight() map[int]bool { return tr.snapshot(tr.live) }
 
 // answeredInFlight returns the requests in flight now whose response head
 // has arrived: the stack has routed them (the ext_proc decision came
 // before the upstream request), however late each step ran.
-func (tr *traffic) answeredInFlight() map[int]bool {
+func (tr *traffic) answeredInFlight() map[int]bool { return tr.snapshot(tr.answered) }
+
+// snapshot copies one of tr's request sets under tr.mu.
+func (tr *traffic) snapshot(set map[int]bool) map[int]bool {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	out := make(map[int]bool, len(tr.answered))
-	for id := range tr.answered {
-		out[id] = true
-	}
-	return out
+	return maps.Clone(set)
 }
 
 // tallyOf counts how the given requests ended (those finished so far).
