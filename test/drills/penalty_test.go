@@ -127,6 +127,8 @@ func TestDrillEngineRestart(t *testing.T) {
 	if views["e2"].Penalty == 0 {
 		t.Fatalf("the 5× slower e2 is not penalized: %+v", views["e2"])
 	}
+	slowResidual := max(views["e2"].TTFTResidual, views["e2"].TBOTResidual)
+	resetsBefore, _ := s.latencyResets(t, "e2")
 
 	// The crash (the slowdown goes with it); back after 3 s.
 	inflight := tr.inFlight()
@@ -175,10 +177,20 @@ func TestDrillEngineRestart(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("restarted e2 still penalized: %v", err)
 	}
-	t.Logf("restarted e2's penalty cleared %.1f s after the crash; worst residuals seen after the restart: TTFT %.2f TBOT %.2f",
-		time.Since(crashed).Seconds(), worst.TTFTResidual, worst.TBOTResidual)
-	if r := max(worst.TTFTResidual, worst.TBOTResidual); r > 1.5 {
-		t.Errorf("after its restart e2 was judged %.2f× its profile: latency from before the restart survived", r)
+	t.Logf("restarted e2's penalty cleared %.1f s after the crash; worst residuals seen after the restart: TTFT %.2f TBOT %.2f (slow: %.2f)",
+		time.Since(crashed).Seconds(), worst.TTFTResidual, worst.TBOTResidual, slowResidual)
+	// The memory is cleared at the restart: the tracker says so, and no
+	// view after it carries the slow engine's residual. Fresh evidence on
+	// a loaded machine can read well above 1 (wall-clock overhead, a cold
+	// prefix cache), so the bound is against the slow residual, which a
+	// surviving smoothed TTFT/TBOT would still show at the first view.
+	if n, why := s.latencyResets(t, "e2"); n <= resetsBefore {
+		t.Errorf("e2's latency memory was not cleared at its restart: %d resets before the crash, %d after (last: %q)", resetsBefore, n, why)
+	} else {
+		t.Logf("e2's latency memory cleared: %q", why)
+	}
+	if r := max(worst.TTFTResidual, worst.TBOTResidual); r > max(1.5, slowResidual/2) {
+		t.Errorf("after its restart e2 was judged %.2f× its profile (%.2f× while slow): latency from before the restart survived", r, slowResidual)
 	}
 	s.waitShare(t, "e2", func(x float64) bool { return x >= before/2 }, 40*time.Second, "half its share back after the restart")
 	tally := tr.stop()

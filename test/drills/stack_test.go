@@ -307,6 +307,29 @@ func (s *stack) cycleView(k int) (map[string]engineView, error) {
 	return out, nil
 }
 
+// latencyResets returns how many times replica 0's tracker cleared the
+// engine's latency memory, and why it did the last time.
+func (s *stack) latencyResets(t *testing.T, id string) (int, string) {
+	t.Helper()
+	var sig struct {
+		Engines []struct {
+			ID        string `json:"id"`
+			Resets    int    `json:"latency_resets"`
+			LastReset string `json:"last_reset"`
+		} `json:"engines"`
+	}
+	if err := getJSON(s.cpAdmin[0]+"/signals", &sig); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range sig.Engines {
+		if e.ID == id {
+			return e.Resets, e.LastReset
+		}
+	}
+	t.Fatalf("engine %s is not in the tracker's signals", id)
+	return 0, ""
+}
+
 // weights returns replica k's published shares for the drill's class.
 func (s *stack) weights(k int) (map[string]float64, error) {
 	var w struct {
