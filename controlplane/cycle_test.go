@@ -52,6 +52,10 @@ type fake struct {
 	genTokS    float64
 	ttftMs     float64
 	tbotMs     float64
+	// waiting is the queue gauge at the scrapes; queueMs the mean wait of
+	// the requests the engine's queue-time histogram timed (0: none).
+	waiting float64
+	queueMs float64
 }
 
 // engines runs a tracker over two synthetic scrapes one second apart.
@@ -74,6 +78,11 @@ func engines(now time.Time, f map[string]fake) []scrape.Engine {
 		m1.TTFTSum += x.reqPerS * x.ttftMs / 1000
 		m1.ITLCount += x.genTokS
 		m1.ITLSum += x.genTokS * x.tbotMs / 1000
+		m0.Waiting, m1.Waiting = x.waiting, x.waiting
+		if x.queueMs > 0 {
+			m1.QueueCount = m0.QueueCount + x.reqPerS
+			m1.QueueSum = m0.QueueSum + x.reqPerS*x.queueMs/1000
+		}
 		tr.Observe(scrape.Sample{ID: id, At: now, Healthy: !x.down, Metrics: m1})
 	}
 	return tr.Engines(now)
@@ -192,6 +201,46 @@ func TestCyclePenaltyFromOwnProfileDecays(t *testing.T) {
 		Evidence: map[string]scrape.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 50}}})
 	if v := view(r3, "e-east-2"); v.Penalty < 0.8 || v.ErrorRate != 0.5 {
 		t.Errorf("50%% errors: %+v", v)
+	}
+}
+
+// An engine whose queue burst between scrapes (the gauge read 0.2 waiting
+// at both) while its requests waited 260 ms on average, as its queue-time
+// histogram says, is slow by queueing, not faulty: no latency penalty. The
+// same TTFT without that queue time, measured or by the gauge, is a fault.
+func TestCycleMeasuredQueueingIsNotAFault(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		queueMs  float64
+		penalize bool
+	}{
+		{"measured queue explains the TTFT", 260, false},
+		{"measured queue is short", 5, true},
+		{"no queue histogram: the gauge's Little's law", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := NewController(testFleet(t), DefaultConfig(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Unix(1_800_000_000, 0)
+			f := map[string]fake{}
+			for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
+				f[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: 30, tbotMs: 8}
+			}
+			x := f["e-east-1"]
+			x.ttftMs, x.waiting, x.queueMs = 300, 0.2, tc.queueMs
+			f["e-east-1"] = x
+			r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, f), Demand: demand(40, 20)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := view(r, "e-east-1")
+			t.Logf("TTFT residual %.2f (predicted %.0f ms), penalty %.2f %s", v.TTFTResidual, v.TTFTPredMs, v.Penalty, v.PenaltyWhy)
+			if got := v.Penalty > 0; got != tc.penalize {
+				t.Errorf("penalized %v, want %v: residual %.2f, predicted %.0f ms", got, tc.penalize, v.TTFTResidual, v.TTFTPredMs)
+			}
+		})
 	}
 }
 

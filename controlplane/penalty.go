@@ -220,6 +220,23 @@ const ownQueue = 0.8
 // queueSlack widens the Little's-law queue wait in the TTFT prediction.
 const queueSlack = 2
 
+// queueWaitMs is the mean time a request of the window waited to be
+// scheduled: measured, from the engine's queue-time histogram, when it
+// timed at least minSamples requests; else by Little's law from the
+// waiting gauge, widened by queueSlack. The gauge is sampled at scrapes,
+// and under overload a small engine's queue swings between empty and
+// twice its slots between them: one engine's bursts read as up to twice
+// the latency its gauge explained, and the overloaded engine was
+// penalized for queueing (TestDrillOverload, 2 runs in 7). The
+// histogram times every request, so a TTFT residual then measures what
+// queueing does not explain.
+func queueWaitMs(w scrape.Window, minSamples float64) float64 {
+	if w.QueueCount > 0 && w.QueueCount >= minSamples {
+		return w.QueueMeanMs
+	}
+	return queueSlack * 1000 * w.Waiting / w.CompletionsPerS
+}
+
 // assessment is one engine's evidence in one cycle: targets from its own
 // metrics (scrape), from ext_proc's timing (e2e) and from errors.
 type assessment struct {
@@ -247,12 +264,9 @@ func (c *Controller) judge(e fleet.Engine, s scrape.Engine, ev scrape.Evidence, 
 		if w.ITLCount >= po.MinSamples && w.TBOTMeanMs > 0 {
 			v.TBOTResidual = w.TBOTMeanMs / tbot
 		}
-		// Queue wait and prompt per request need requests finishing. The
-		// queue is a time-averaged gauge against the queue each request
-		// met (bursts, a queue that grew or drained in the window): its
-		// estimate is allowed queueSlack times its value.
+		// Queue wait and prompt per request need requests finishing.
 		if w.CompletionsPerS > 0 {
-			queue := queueSlack * 1000 * w.Waiting / w.CompletionsPerS
+			queue := queueWaitMs(w, po.MinSamples)
 			prompt := w.UncachedPromptPerS / w.CompletionsPerS
 			v.TTFTPredMs = fp.OverheadMs + 1000*prompt/fp.PrefillTokensPerS + 1.5*tbot + queue
 			if w.TTFTCount >= po.MinSamples && w.TTFTMeanMs > 0 {

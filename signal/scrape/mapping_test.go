@@ -157,9 +157,11 @@ func TestRestartDetected(t *testing.T) {
 }
 
 // TestTTFTExcludingQueue: an engine whose TTFT leaves out queueing (its
-// mean queue time exceeds its mean TTFT) has TTFT evidence of TTFT plus
-// queue time, so a queue behind it is not invisible; one whose TTFT counts
-// queueing keeps its TTFT.
+// queue time summed since its start exceeds its TTFT so summed) has TTFT
+// evidence of TTFT plus queue time, so a queue behind it is not
+// invisible; one whose TTFT counts queueing keeps its TTFT, also in an
+// interval where a draining queue's finishing requests waited longer than
+// the first tokens of the interval took.
 func TestTTFTExcludingQueue(t *testing.T) {
 	page := func(n, ttftSum, queueSum float64) Metrics {
 		return Metrics{Running: 1, Waiting: 5, KVUsage: 0.5, Success: n, PromptTokens: 100 * n, GenTokens: 10 * n,
@@ -168,16 +170,24 @@ func TestTTFTExcludingQueue(t *testing.T) {
 	}
 	t0 := time.Unix(1000, 0)
 	for _, c := range []struct {
-		name              string
-		ttft, queue, want float64 // per-request seconds; want ms
+		name string
+		// before: the first 10 requests, per request.
+		before            [2]float64
+		ttft, queue, want float64 // the next 10, per request seconds; want ms
 		excludes          bool
 	}{
-		{"TTFT counts the queue", 0.5, 0.4, 500, false},
-		{"TTFT leaves the queue out", 0.1, 0.4, 500, true},
+		{"TTFT counts the queue", [2]float64{0.5, 0.4}, 0.5, 0.4, 500, false},
+		{"TTFT leaves the queue out", [2]float64{0.1, 0.4}, 0.1, 0.4, 500, true},
+		// Ten requests whose first tokens took 2 s (they queued 1.5 s)
+		// finish in the interval; the ten first tokens in it, after the
+		// queue drained, took 0.2 s. The interval's means (1.5 s queue,
+		// 0.2 s TTFT) would call it a server whose TTFT leaves the
+		// queue out.
+		{"TTFT counts the queue, the queue draining", [2]float64{2, 0.1}, 0.2, 1.5, 200, false},
 	} {
 		tr := NewTracker(TrackerOptions{}, []string{"e"})
-		tr.Observe(Sample{ID: "e", At: t0, Healthy: true, Metrics: page(10, 10*c.ttft, 10*c.queue)})
-		tr.Observe(Sample{ID: "e", At: t0.Add(time.Second), Healthy: true, Metrics: page(20, 20*c.ttft, 20*c.queue)})
+		tr.Observe(Sample{ID: "e", At: t0, Healthy: true, Metrics: page(10, 10*c.before[0], 10*c.before[1])})
+		tr.Observe(Sample{ID: "e", At: t0.Add(time.Second), Healthy: true, Metrics: page(20, 10*c.before[0]+10*c.ttft, 10*c.before[1]+10*c.queue)})
 		e := tr.Engines(t0.Add(time.Second))[0]
 		if math.Abs(e.TTFTMs-c.want) > 1e-6 || e.TTFTExcludesQueue != c.excludes || math.Abs(e.QueueMs-1000*c.queue) > 1e-6 || e.E2EMs != 2000 {
 			t.Errorf("%s: ttft %v (want %v) excludes %v queue %v e2e %v", c.name, e.TTFTMs, c.want, e.TTFTExcludesQueue, e.QueueMs, e.E2EMs)

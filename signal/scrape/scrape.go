@@ -291,14 +291,25 @@ func foldExtra(e *Engine, m, p Metrics, a float64) {
 }
 
 // ttftEvidence is the interval's mean TTFT as latency evidence (the caller
-// checked that first tokens were seen). An engine whose mean queue time
-// exceeds its mean TTFT in some interval reports TTFT without queueing (a
-// TTFT that counts queueing is never shorter than it); from then on its
-// evidence is TTFT plus that interval's queue time.
+// checked that first tokens were seen). An engine whose queue time summed
+// since its start exceeds its TTFT summed since its start reports TTFT
+// without queueing; from then on its evidence is TTFT plus that
+// interval's queue time.
+//
+// The totals, not an interval's means: a server times a request's queue
+// wait when it finishes and its TTFT at its first token, and each request
+// that counts queueing in its TTFT adds at least as much to the TTFT sum
+// as it later adds to the queue sum, so for such a server the queue total
+// never passes the TTFT total. An interval's means compare different
+// requests: while a long queue drains, the requests finishing waited
+// longer than the ones getting their first token took, and an engine of
+// the drills whose TTFT counted its queue was taken for one that did
+// not, its evidence then counting the queue twice (1264 ms against a
+// 604 ms queue and a 648 ms prediction: a penalty for overload).
 func ttftEvidence(e *Engine, m, p Metrics) float64 {
 	ttft, _ := intervalMeanMs(m.TTFTSum, m.TTFTCount, p.TTFTSum, p.TTFTCount)
 	q, okQ := intervalMeanMs(m.QueueSum, m.QueueCount, p.QueueSum, p.QueueCount)
-	if okQ && q > ttft {
+	if okQ && m.QueueSum > m.TTFTSum {
 		e.TTFTExcludesQueue = true
 	}
 	if e.TTFTExcludesQueue && okQ {

@@ -85,9 +85,9 @@ type Engine struct {
 	LastReset string `json:"last_reset,omitempty"`
 	// QueueMs and E2EMs are the mean time requests waited to be scheduled
 	// and their mean end-to-end latency over recent intervals (NaN until
-	// seen). TTFTExcludesQueue is set once the engine's mean queue time
-	// exceeded its mean TTFT, which a TTFT that counts queueing never
-	// does; from then on TTFTMs is the reported TTFT plus the queue time,
+	// seen). TTFTExcludesQueue is set once the engine's queue time summed
+	// since its start exceeded its TTFT summed since its start, which a
+	// TTFT that counts queueing never does; from then on TTFTMs is the reported TTFT plus the queue time,
 	// so queueing is never invisible in the latency evidence.
 	QueueMs           float64 `json:"queue_ms"`
 	E2EMs             float64 `json:"e2e_ms"`
@@ -112,6 +112,11 @@ type Window struct {
 	TTFTMeanMs float64 `json:"ttft_mean_ms"`
 	ITLCount   float64 `json:"itl_count"`
 	TBOTMeanMs float64 `json:"tbot_mean_ms"`
+	// Requests scheduled (their queue wait ended) and their mean wait in
+	// the waiting queue (ms; 0 without samples), from the engine's queue
+	// time histogram (vllm:request_queue_time_seconds) where it has one.
+	QueueCount  float64 `json:"queue_count"`
+	QueueMeanMs float64 `json:"queue_mean_ms"`
 	// Mean running and waiting requests over the scrapes.
 	Running float64 `json:"running"`
 	Waiting float64 `json:"waiting"`
@@ -356,6 +361,9 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 	}
 	if w.ITLCount > 0 {
 		w.TBOTMeanMs = 1000 * itl / w.ITLCount
+	}
+	if qCount > 0 {
+		w.QueueCount, w.QueueMeanMs = qCount, 1000*qSum/qCount
 	}
 	w.Running, w.Waiting = run/float64(n), wait/float64(n)
 	w.CompletionsPerS, w.UncachedPromptPerS, w.GenerationPerS = succ/w.Seconds, unc/w.Seconds, gen/w.Seconds

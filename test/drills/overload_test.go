@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,19 +62,54 @@ func TestDrillOverload(t *testing.T) {
 	var maxPenalty float64
 	var penalized string
 	minShare, maxShare := 1.0, 0.0
+	var lowShed []float64
+	var running, waiting float64
+	engineSamples, backgroundSamples := 0, 0
+	var background float64
+	freeWithQueue, freeNoQueue := 0, 0
 	var mu sync.Mutex
 	measureFrom := settle
 	measureTo := settle.Add(15 * time.Second)
 	if err := envoytestPollUntil(measureTo, func() {
 		v, err := s.cycleView(0)
 		if err == nil {
+			if time.Now().After(settle) {
+				mu.Lock()
+				for _, x := range v {
+					background += x.Background
+				}
+				backgroundSamples++
+				mu.Unlock()
+			}
 			for id, x := range v {
 				if x.Penalty > maxPenalty {
-					maxPenalty, penalized = x.Penalty, id+": "+x.PenaltyWhy
+					w := x.Window
+					maxPenalty, penalized = x.Penalty, fmt.Sprintf("%s: %s; evidence: %.0f first tokens, mean TTFT %.0f ms against %.0f predicted; %.0f queue waits, mean %.0f ms; %.1f running, %.1f waiting, %.1f done/s",
+						id, x.PenaltyWhy, w.TTFTCount, w.TTFTMeanMs, x.TTFTPredMs, w.QueueCount, w.QueueMeanMs, w.Running, w.Waiting, w.Completions)
 				}
 			}
 		}
 		if time.Now().After(settle) {
+			if f, err := s.shed(0); err == nil {
+				mu.Lock()
+				lowShed = append(lowShed, f["low"])
+				mu.Unlock()
+			}
+			for _, e := range s.engines {
+				st := e.Stats()
+				mu.Lock()
+				running += float64(st.Running)
+				waiting += float64(st.Waiting)
+				if st.Running < 4 {
+					if st.Waiting > 0 {
+						freeWithQueue++
+					} else {
+						freeNoQueue++
+					}
+				}
+				mu.Unlock()
+			}
+			engineSamples++
 			if sh, err := s.envoyShares(); err == nil {
 				mu.Lock()
 				for _, x := range sh {
@@ -92,6 +128,17 @@ func TestDrillOverload(t *testing.T) {
 	t.Logf("admitted %.1f/s = %.0f%% of the measured capacity; engine shares %.3f–%.3f; largest penalty %.2f %s",
 		admitted, 100*admitted/capacity, minShare, maxShare, maxPenalty, penalized)
 	t.Logf("whole run: %s", tally)
+	slices.Sort(lowShed)
+	if n := len(lowShed); n > 0 {
+		t.Logf("planned low-priority shed in the window: min %.3f, median %.3f, max %.3f (%d samples)", lowShed[0], lowShed[n/2], lowShed[n-1], n)
+	}
+	if backgroundSamples > 0 {
+		t.Logf("mean background load the control plane read per engine: %.3f", background/float64(backgroundSamples*len(s.engines)))
+	}
+	if engineSamples > 0 {
+		k := float64(engineSamples * len(s.engines))
+		t.Logf("engines in the window: mean running %.2f of 4, mean waiting %.2f; free slot with queue %d, without %d of %.0f", running/k, waiting/k, freeWithQueue, freeNoQueue, k)
+	}
 	if b, err := get("http://" + s.extHTTP + "/metrics"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if strings.HasPrefix(l, "inferlb_extproc_decisions_total") {

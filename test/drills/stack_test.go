@@ -290,6 +290,17 @@ type engineView struct {
 	TBOTResidual float64 `json:"tbot_residual"`
 	ErrorRate    float64 `json:"error_rate"`
 	Utilization  float64 `json:"observed_utilization"`
+	Background   float64 `json:"background_load"`
+	TTFTPredMs   float64 `json:"ttft_predicted_ms"`
+	Window       struct {
+		TTFTCount   float64 `json:"ttft_count"`
+		TTFTMeanMs  float64 `json:"ttft_mean_ms"`
+		QueueCount  float64 `json:"queue_count"`
+		QueueMeanMs float64 `json:"queue_mean_ms"`
+		Running     float64 `json:"running"`
+		Waiting     float64 `json:"waiting"`
+		Completions float64 `json:"completions_per_s"`
+	} `json:"evidence_window"`
 }
 
 // cycleView returns replica k's engine views by id.
@@ -344,6 +355,22 @@ func (s *stack) weights(k int) (map[string]float64, error) {
 		return nil, err
 	}
 	return w.Nodes[nodeID].Classes["chat"].Weights, nil
+}
+
+// shed returns replica k's published shed fractions by priority for the
+// drill's class.
+func (s *stack) shed(k int) (map[string]float64, error) {
+	var w struct {
+		Nodes map[string]struct {
+			Classes map[string]struct {
+				Shed map[string]float64 `json:"shed_by_priority"`
+			} `json:"classes"`
+		} `json:"nodes"`
+	}
+	if err := getJSON(s.cpAdmin[k]+"/weights", &w); err != nil {
+		return nil, err
+	}
+	return w.Nodes[nodeID].Classes["chat"].Shed, nil
 }
 
 // envoyShares returns each engine's share of the class's priority-0 weight
