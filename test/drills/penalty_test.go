@@ -170,14 +170,18 @@ func TestDrillEngineRestart(t *testing.T) {
 			worst = x
 		}
 		mu.Unlock()
-		if x.Penalty > 0 {
+		// Below 0.1, not 0: fresh evidence on a loaded machine can read
+		// 1.6× the profile (a 0.07 target that holds while it lasts); the
+		// slow engine's penalty was 0.9, and a memory that survived the
+		// restart keeps it there.
+		if x.Penalty >= 0.1 {
 			return fmt.Errorf("e2 penalty %.2f (%s)", x.Penalty, x.PenaltyWhy)
 		}
 		return nil
 	}); err != nil {
 		t.Fatalf("restarted e2 still penalized: %v", err)
 	}
-	t.Logf("restarted e2's penalty cleared %.1f s after the crash; worst residuals seen after the restart: TTFT %.2f TBOT %.2f (slow: %.2f)",
+	t.Logf("restarted e2's penalty below 0.1 %.1f s after the crash; worst residuals seen after the restart: TTFT %.2f TBOT %.2f (slow: %.2f)",
 		time.Since(crashed).Seconds(), worst.TTFTResidual, worst.TBOTResidual, slowResidual)
 	// The memory is cleared at the restart: the tracker says so, and no
 	// view after it carries the slow engine's residual. Fresh evidence on
