@@ -293,6 +293,7 @@ type engineView struct {
 	PenaltyWhy   string  `json:"penalty_why"`
 	TTFTResidual float64 `json:"ttft_residual"`
 	TBOTResidual float64 `json:"tbot_residual"`
+	E2EResidual  float64 `json:"e2e_residual"`
 	ErrorRate    float64 `json:"error_rate"`
 	Utilization  float64 `json:"observed_utilization"`
 	Background   float64 `json:"background_load"`
