@@ -97,9 +97,9 @@ func TestDrillOverload(t *testing.T) {
 			}
 		}
 		if time.Now().After(settle) {
-			if f, err := s.shed(0); err == nil {
+			if p, err := s.published(0); err == nil {
 				mu.Lock()
-				lowShed = append(lowShed, f["low"])
+				lowShed = append(lowShed, p.Shed["low"])
 				mu.Unlock()
 			}
 			for _, e := range s.engines {

@@ -347,36 +347,29 @@ func (s *stack) latencyResets(t *testing.T, id string) (int, string) {
 	return 0, ""
 }
 
-// weights returns replica k's published shares for the drill's class.
-func (s *stack) weights(k int) (map[string]float64, error) {
-	var w struct {
-		Nodes map[string]struct {
-			Classes map[string]struct {
-				Weights map[string]float64 `json:"weights"`
-				Shed    map[string]float64 `json:"shed_by_priority"`
-			} `json:"classes"`
-		} `json:"nodes"`
-	}
-	if err := getJSON(s.cpAdmin[k]+"/weights", &w); err != nil {
-		return nil, err
-	}
-	return w.Nodes[nodeID].Classes["chat"].Weights, nil
+// published is replica k's published decision for the drill's class: its
+// shares and its shed fractions by priority.
+type published struct {
+	Weights map[string]float64 `json:"weights"`
+	Shed    map[string]float64 `json:"shed_by_priority"`
 }
 
-// shed returns replica k's published shed fractions by priority for the
-// drill's class.
-func (s *stack) shed(k int) (map[string]float64, error) {
+func (s *stack) published(k int) (published, error) {
 	var w struct {
 		Nodes map[string]struct {
-			Classes map[string]struct {
-				Shed map[string]float64 `json:"shed_by_priority"`
-			} `json:"classes"`
+			Classes map[string]published `json:"classes"`
 		} `json:"nodes"`
 	}
 	if err := getJSON(s.cpAdmin[k]+"/weights", &w); err != nil {
-		return nil, err
+		return published{}, err
 	}
-	return w.Nodes[nodeID].Classes["chat"].Shed, nil
+	return w.Nodes[nodeID].Classes["chat"], nil
+}
+
+// weights returns replica k's published shares for the drill's class.
+func (s *stack) weights(k int) (map[string]float64, error) {
+	p, err := s.published(k)
+	return p.Weights, err
 }
 
 // envoyShares returns each engine's share of the class's priority-0 weight
