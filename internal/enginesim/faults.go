@@ -99,6 +99,7 @@ func (s *Server) crash(restartAfterS float64) {
 		return
 	}
 	s.crashed = true
+	s.cutAtCrash = s.completing
 	srv, ch := s.httpSrv, s.crashCh
 	if restartAfterS > 0 {
 		s.wg.Add(1)

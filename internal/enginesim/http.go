@@ -28,24 +28,38 @@ func (s *Server) routes() http.Handler {
 		writeError(w, &apiError{status: 404, typ: "NotFoundError", message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.enter() {
+		completion := r.Method == http.MethodPost && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
+		if !s.enter(completion) {
 			panic(http.ErrAbortHandler) // crashed: drop the connection
 		}
-		defer s.active.Done()
+		defer s.leave(completion)
 		mux.ServeHTTP(w, r)
 	})
 }
 
 // enter registers a handler with the current incarnation; false if the
-// engine is down.
-func (s *Server) enter() bool {
+// engine is down. completion says whether it serves a completion request.
+func (s *Server) enter(completion bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.crashed {
 		return false
 	}
 	s.active.Add(1)
+	if completion {
+		s.completing++
+	}
 	return true
+}
+
+// leave ends a handler enter registered.
+func (s *Server) leave(completion bool) {
+	if completion {
+		s.mu.Lock()
+		s.completing--
+		s.mu.Unlock()
+	}
+	s.active.Done()
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {

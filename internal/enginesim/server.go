@@ -104,18 +104,22 @@ type Server struct {
 	poke   chan struct{}
 	done   chan struct{} // closed when shutdown has finished
 
-	mu        sync.Mutex // guards the fields below and the engine
-	eng       *model.Replicas
-	faults    Faults
-	rng       *rand.Rand
-	nextID    uint64
-	crashed   bool
-	crashCh   chan struct{} // closed when the current incarnation crashes
-	httpSrv   *http.Server
-	ln        net.Listener
-	active    sync.WaitGroup // handlers of the current incarnation
-	closed    bool
-	restartMu sync.Mutex
+	mu      sync.Mutex // guards the fields below and the engine
+	eng     *model.Replicas
+	faults  Faults
+	rng     *rand.Rand
+	nextID  uint64
+	crashed bool
+	crashCh chan struct{} // closed when the current incarnation crashes
+	httpSrv *http.Server
+	ln      net.Listener
+	active  sync.WaitGroup // handlers of the current incarnation
+	// completing counts the completion handlers in flight (entered, not
+	// left); cutAtCrash is its value when the last crash came, taken with
+	// crashed set, so no handler enters or leaves in between.
+	completing, cutAtCrash int
+	closed                 bool
+	restartMu              sync.Mutex
 
 	addr    string
 	reg     *prometheus.Registry
@@ -251,6 +255,16 @@ func (s *Server) Model() string { return s.opts.Model }
 
 // Registry is the engine's own Prometheus registry (what /metrics serves).
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// CutAtCrash returns how many completion requests were in flight (their
+// handlers entered, not left) when the engine last crashed: those a crash
+// can cut, counted in the same critical section that marked the engine
+// down. 0 if it never crashed.
+func (s *Server) CutAtCrash() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cutAtCrash
+}
 
 // Stats returns the scheduler's current state and counters (summed over
 // replicas).

@@ -580,6 +580,11 @@ func TestFaults(t *testing.T) {
 		if err := <-errc; err == nil {
 			t.Error("stream ended cleanly across a crash")
 		}
+		// The one stream was in flight at the crash (health checks and
+		// scrapes are not completions).
+		if n := s.CutAtCrash(); n != 1 {
+			t.Errorf("CutAtCrash %d after crashing with one stream in flight, want 1", n)
+		}
 		if _, err := http.Get(s.URL() + "/health"); !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Errorf("health after crash: %v, want connection refused", err)
 		}
