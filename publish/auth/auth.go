@@ -15,7 +15,7 @@
 // calls use the new material, established connections and streams go on.
 // A changed file that is bad (unparsable, half-written, a key that does not
 // match its certificate) keeps the last good material and is reported
-// (Reloaded, ReloadMetrics); it is taken once it is good.
+// (Reloads); it is taken once it is good.
 //
 // Turning both off takes an explicit Insecure, for local demos.
 package auth
@@ -58,11 +58,9 @@ type Server struct {
 	// Reject, if set, is called for every refused call or TLS handshake
 	// (metrics, logs); peer is the client's address.
 	Reject func(peer, method, reason string)
-	// Reloaded, if set, is called when changed credential files were
-	// re-read: err is nil when their new content was taken, else why the
-	// last good content stays (naming the file). files are their flags,
-	// e.g. "--tls-cert/--tls-key". ReloadMetrics makes one.
-	Reloaded func(files string, err error)
+	// Reloads, if set, logs and counts the reloads of the credential files
+	// (and looks at them when scraped).
+	Reloads *Reloads
 }
 
 // Validate checks that the configuration says something coherent. The
@@ -96,13 +94,13 @@ func (c Server) Options() ([]grpc.ServerOption, error) {
 	}
 	var opts []grpc.ServerOption
 	if c.CertFile != "" {
-		pair, err := keyPair(file{"--tls-cert", c.CertFile}, file{"--tls-key", c.KeyFile}, c.Reloaded)
+		pair, err := keyPair(file{"--tls-cert", c.CertFile}, file{"--tls-key", c.KeyFile}, c.Reloads)
 		if err != nil {
 			return nil, err
 		}
 		var cas *watched[*x509.CertPool]
 		if c.ClientCAFile != "" {
-			if cas, err = certPool(file{"--tls-client-ca", c.ClientCAFile}, c.Reloaded); err != nil {
+			if cas, err = certPool(file{"--tls-client-ca", c.ClientCAFile}, c.Reloads); err != nil {
 				return nil, err
 			}
 		}
@@ -119,7 +117,7 @@ func (c Server) Options() ([]grpc.ServerOption, error) {
 		opts = append(opts, grpc.Creds(rejectingCreds{TransportCredentials: credentials.NewTLS(cfg), reject: c.Reject}))
 	}
 	if c.TokenFile != "" {
-		tf, err := newTokenFile(c.TokenFile, "--token-file", c.Reloaded)
+		tf, err := newTokenFile(c.TokenFile, "--token-file", c.Reloads)
 		if err != nil {
 			return nil, err
 		}
@@ -186,9 +184,8 @@ type Client struct {
 	TokenFile string
 	// Insecure dials without TLS and without a token.
 	Insecure bool
-	// Reloaded is Server.Reloaded for the client's files (flags
-	// "--control-plane-cert/--control-plane-key", ...).
-	Reloaded func(files string, err error)
+	// Reloads is Server.Reloads for the client's files.
+	Reloads *Reloads
 }
 
 // Validate checks the configuration; the names are ext_proc's flags.
@@ -220,13 +217,13 @@ func (c Client) DialOptions() ([]grpc.DialOption, error) {
 	}
 	var opts []grpc.DialOption
 	if c.CAFile != "" {
-		cas, err := certPool(file{"--control-plane-ca", c.CAFile}, c.Reloaded)
+		cas, err := certPool(file{"--control-plane-ca", c.CAFile}, c.Reloads)
 		if err != nil {
 			return nil, err
 		}
 		var pair *watched[tls.Certificate]
 		if c.CertFile != "" {
-			if pair, err = keyPair(file{"--control-plane-cert", c.CertFile}, file{"--control-plane-key", c.KeyFile}, c.Reloaded); err != nil {
+			if pair, err = keyPair(file{"--control-plane-cert", c.CertFile}, file{"--control-plane-key", c.KeyFile}, c.Reloads); err != nil {
 				return nil, err
 			}
 		}
@@ -242,7 +239,7 @@ func (c Client) DialOptions() ([]grpc.DialOption, error) {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	if c.TokenFile != "" {
-		tf, err := newTokenFile(c.TokenFile, "--control-plane-token-file", c.Reloaded)
+		tf, err := newTokenFile(c.TokenFile, "--control-plane-token-file", c.Reloads)
 		if err != nil {
 			return nil, err
 		}
@@ -271,11 +268,12 @@ type tokenFile struct {
 	w          *watched[[][]byte]
 }
 
-func newTokenFile(path, flag string, report func(string, error)) (*tokenFile, error) {
-	w, err := newWatched([]file{{flag, path}}, func(b [][]byte) ([][]byte, error) { return parseTokens(flag, path, b[0]) }, report)
+func newTokenFile(path, flag string, r *Reloads) (*tokenFile, error) {
+	w, err := newWatched([]file{{flag, path}}, func(b [][]byte) ([][]byte, error) { return parseTokens(flag, path, b[0]) }, r)
 	if err != nil {
 		return nil, err
 	}
+	watch(r, w, nil)
 	return &tokenFile{path: path, flag: flag, w: w}, nil
 }
 

@@ -69,12 +69,17 @@ func TestValidate(t *testing.T) {
 // with the server options, and returns its address.
 func serve(t *testing.T, s auth.Server) string {
 	t.Helper()
+	return serveWith(t, s, health.NewServer())
+}
+
+func serveWith(t *testing.T, s auth.Server, hs *health.Server) string {
+	t.Helper()
 	opts, err := s.Options()
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(opts...)
-	healthpb.RegisterHealthServer(g, health.NewServer())
+	healthpb.RegisterHealthServer(g, hs)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,7 +14,8 @@ import (
 
 // checkEvery is how often, at most, the credential files are looked at
 // again (a stat each; a read when one changed or the last read failed).
-const checkEvery = time.Second
+// A watcher copies it when it is made (tests shorten it).
+var checkEvery = time.Second
 
 // file is one credential file and the flag that names it.
 type file struct{ flag, path string }
@@ -32,7 +34,8 @@ type watched[T any] struct {
 	files  []file
 	what   string // the files' flags, for reports: "--tls-cert/--tls-key"
 	parse  func(contents [][]byte) (T, error)
-	report func(what string, err error) // nil: not reported
+	report *Reloads      // nil: not reported
+	every  time.Duration // checkEvery
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -44,12 +47,12 @@ type watched[T any] struct {
 
 // newWatched reads the files; an error here (at start) is returned, not
 // reported: there is no last good value to keep.
-func newWatched[T any](files []file, parse func([][]byte) (T, error), report func(string, error)) (*watched[T], error) {
+func newWatched[T any](files []file, parse func([][]byte) (T, error), report *Reloads) (*watched[T], error) {
 	flags := make([]string, len(files))
 	for i, f := range files {
 		flags[i] = f.flag
 	}
-	w := &watched[T]{files: files, what: strings.Join(flags, "/"), parse: parse, report: report}
+	w := &watched[T]{files: files, what: strings.Join(flags, "/"), parse: parse, report: report, every: checkEvery}
 	if err := w.read(w.stat()); err != nil {
 		return nil, err
 	}
@@ -57,12 +60,12 @@ func newWatched[T any](files []file, parse func([][]byte) (T, error), report fun
 	return w, nil
 }
 
-// current returns the value, after looking at the files if checkEvery
+// current returns the value, after looking at the files if w.every
 // passed since the last look.
 func (w *watched[T]) current() T {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if now := time.Now(); now.Sub(w.checked) >= checkEvery {
+	if now := time.Now(); now.Sub(w.checked) >= w.every {
 		w.checked = now
 		w.check()
 	}
@@ -81,8 +84,8 @@ func (w *watched[T]) check() {
 	}
 	err := w.read(st)
 	w.failing = err != nil
-	if w.report != nil && (changed || err == nil) {
-		w.report(w.what, err)
+	if changed || err == nil {
+		w.report.report(w.what, err)
 	}
 }
 
@@ -127,30 +130,101 @@ func same(a, b os.FileInfo) bool {
 	return os.SameFile(a, b) && a.ModTime().Equal(b.ModTime()) && a.Size() == b.Size()
 }
 
-// ReloadMetrics returns a Server's or Client's Reloaded hook that logs
-// every reload of changed credential files (Info when the new content is
-// taken, Error naming the file when it is refused and the last good
-// content stays) and counts the refusals in reg:
-// inferlb_auth_reload_errors_total{files} and, 1 while the files' latest
-// content is refused, inferlb_auth_reload_failing{files}.
-func ReloadMetrics(reg prometheus.Registerer, log *slog.Logger) (func(files string, err error), error) {
-	errs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_auth_reload_errors_total",
-		Help: "Changed credential files (TLS certificate and key, CA, token file) refused: the last good content stays. By the files' flags."}, []string{"files"})
-	failing := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_auth_reload_failing",
-		Help: "1 while the latest content of credential files is refused (the last good content is in use), by the files' flags."}, []string{"files"})
-	for _, c := range []prometheus.Collector{errs, failing} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("auth reload metrics: %w", err)
+// Reloads reports the reloads of credential files: it logs every one
+// (Info when the new content is taken, Error naming the file when it is
+// refused and the last good content stays) and counts the refusals. As a
+// Prometheus collector it also looks at every watched file when scraped,
+// so that a refused rotation shows (and is logged) without waiting for the
+// next handshake, and it exports each certificate's expiry:
+//
+//	inferlb_auth_reload_errors_total{files}   changed files refused
+//	inferlb_auth_reload_failing{files}        1 while their latest content is refused
+//	inferlb_auth_certificate_expiry_timestamp_seconds{files}  NotAfter of the certificate in use
+//
+// files are the flags, e.g. "--tls-cert/--tls-key". A nil *Reloads
+// reports nothing.
+type Reloads struct {
+	log     *slog.Logger
+	errs    *prometheus.CounterVec
+	failing *prometheus.GaugeVec
+	expiry  *prometheus.Desc
+
+	// mu guards watchers.
+	mu       sync.Mutex
+	watchers []func() (files string, leaf *x509.Certificate)
+}
+
+// NewReloads registers a Reloads in reg.
+func NewReloads(reg prometheus.Registerer, log *slog.Logger) (*Reloads, error) {
+	r := &Reloads{log: log,
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_auth_reload_errors_total",
+			Help: "Changed credential files (TLS certificate and key, CA, token file) refused: the last good content stays. By the files' flags."}, []string{"files"}),
+		failing: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_auth_reload_failing",
+			Help: "1 while the latest content of credential files is refused (the last good content is in use), by the files' flags."}, []string{"files"}),
+		expiry: prometheus.NewDesc("inferlb_auth_certificate_expiry_timestamp_seconds",
+			"When the TLS certificate in use expires (NotAfter, Unix seconds), by its files' flags.", []string{"files"}, nil),
+	}
+	if err := reg.Register(r); err != nil {
+		return nil, fmt.Errorf("auth reload metrics: %w", err)
+	}
+	return r, nil
+}
+
+// Describe implements prometheus.Collector.
+func (r *Reloads) Describe(ch chan<- *prometheus.Desc) {
+	r.errs.Describe(ch)
+	r.failing.Describe(ch)
+	ch <- r.expiry
+}
+
+// Collect looks at the watched files, then exports the metrics.
+func (r *Reloads) Collect(ch chan<- prometheus.Metric) {
+	r.mu.Lock()
+	ws := r.watchers
+	r.mu.Unlock()
+	// One series per files label: a second Options or DialOptions on the
+	// same Reloads watches the same files again.
+	expiry := map[string]time.Time{}
+	for _, w := range ws {
+		if files, leaf := w(); leaf != nil {
+			expiry[files] = leaf.NotAfter
 		}
 	}
-	return func(files string, err error) {
-		if err != nil {
-			errs.WithLabelValues(files).Inc()
-			failing.WithLabelValues(files).Set(1)
-			log.Error("auth: changed credential files refused; the last good ones stay in use", "files", files, "err", err)
-			return
+	for files, t := range expiry {
+		ch <- prometheus.MustNewConstMetric(r.expiry, prometheus.GaugeValue, float64(t.Unix()), files)
+	}
+	r.errs.Collect(ch)
+	r.failing.Collect(ch)
+}
+
+// report logs and counts one reload.
+func (r *Reloads) report(files string, err error) {
+	if r == nil {
+		return
+	}
+	if err != nil {
+		r.errs.WithLabelValues(files).Inc()
+		r.failing.WithLabelValues(files).Set(1)
+		r.log.Error("auth: changed credential files refused; the last good ones stay in use", "files", files, "err", err)
+		return
+	}
+	r.failing.WithLabelValues(files).Set(0)
+	r.log.Info("auth: credential files reloaded", "files", files)
+}
+
+// watch makes a scrape look at w's files; leaf gives the certificate of
+// its value, if it has one.
+func watch[T any](r *Reloads, w *watched[T], leaf func(T) *x509.Certificate) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.watchers = append(r.watchers, func() (string, *x509.Certificate) {
+		v := w.current()
+		if leaf == nil {
+			return w.what, nil
 		}
-		failing.WithLabelValues(files).Set(0)
-		log.Info("auth: credential files reloaded", "files", files)
-	}, nil
+		return w.what, leaf(v)
+	})
 }

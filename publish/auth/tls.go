@@ -16,10 +16,15 @@ import (
 
 // keyPair watches a certificate and its key: the pair is re-read when
 // either file changes, and taken only when both parse and match.
-func keyPair(cert, key file, report func(string, error)) (*watched[tls.Certificate], error) {
-	return newWatched([]file{cert, key}, func(b [][]byte) (tls.Certificate, error) {
+func keyPair(cert, key file, r *Reloads) (*watched[tls.Certificate], error) {
+	w, err := newWatched([]file{cert, key}, func(b [][]byte) (tls.Certificate, error) {
 		return parseKeyPair(cert, key, b[0], b[1])
-	}, report)
+	}, r)
+	if err != nil {
+		return nil, err
+	}
+	watch(r, w, func(c tls.Certificate) *x509.Certificate { return c.Leaf })
+	return w, nil
 }
 
 // parseKeyPair is tls.X509KeyPair with errors that say which file is bad:
@@ -80,14 +85,19 @@ func checkKey(keyPEM []byte) error {
 }
 
 // certPool watches a CA file.
-func certPool(ca file, report func(string, error)) (*watched[*x509.CertPool], error) {
-	return newWatched([]file{ca}, func(b [][]byte) (*x509.CertPool, error) {
+func certPool(ca file, r *Reloads) (*watched[*x509.CertPool], error) {
+	w, err := newWatched([]file{ca}, func(b [][]byte) (*x509.CertPool, error) {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(b[0]) {
 			return nil, fmt.Errorf("%s %s: no PEM certificate in the file", ca.flag, ca.path)
 		}
 		return pool, nil
-	}, report)
+	}, r)
+	if err != nil {
+		return nil, err
+	}
+	watch(r, w, nil)
+	return w, nil
 }
 
 // reloadingTLS is a client's TLS transport credentials whose configuration
