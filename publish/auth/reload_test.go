@@ -132,7 +132,7 @@ func TestServerTLSRotation(t *testing.T) {
 	if leaf, err := serverLeaf(dial(t, addr, opts)); err != nil || !bytes.Equal(leaf, certDER(t, next.ServerCert)) {
 		t.Errorf("new connection after a garbage certificate: leaf %x, %v; want the last good one", leaf, err)
 	}
-	if !logs.contains("--tls-cert "+cert+": no PEM certificate") {
+	if !logs.contains("--tls-cert " + cert + ": no PEM certificate") {
 		t.Errorf("garbage log: %s", logs)
 	}
 	copyFile(t, next.ServerCert, cert)
@@ -244,7 +244,7 @@ func TestClientTLSRotation(t *testing.T) {
 	if err := check(dial(t, newAddr, opts)); err != nil {
 		t.Errorf("new connection after a garbage CA file: %v", err)
 	}
-	if !logs.contains("--control-plane-ca "+ca+": no PEM certificate") {
+	if !logs.contains("--control-plane-ca " + ca + ": no PEM certificate") {
 		t.Errorf("garbage log: %s", logs)
 	}
 	cancel()
