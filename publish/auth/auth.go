@@ -8,7 +8,14 @@
 //   - a shared bearer token: clients send "authorization: Bearer <token>"
 //     as gRPC metadata (per-RPC credentials; Envoy sets it as the ADS
 //     stream's initial metadata). The token file may hold several tokens,
-//     one per line, for rotation; it is re-read when it changes.
+//     one per line, for rotation.
+//
+// Every credential file (token, certificate, key, CA) is re-read when it
+// changes, so credentials rotate without a restart: new handshakes and
+// calls use the new material, established connections and streams go on.
+// A changed file that is bad (unparsable, half-written, a key that does not
+// match its certificate) keeps the last good material and is reported
+// (Reloads); it is taken once it is good.
 //
 // Turning both off takes an explicit Insecure, for local demos.
 package auth
@@ -23,10 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
-	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -54,6 +58,9 @@ type Server struct {
 	// Reject, if set, is called for every refused call or TLS handshake
 	// (metrics, logs); peer is the client's address.
 	Reject func(peer, method, reason string)
+	// Reloads, if set, logs and counts the reloads of the credential files
+	// (and looks at them when scraped).
+	Reloads *Reloads
 }
 
 // Validate checks that the configuration says something coherent. The
@@ -87,22 +94,30 @@ func (c Server) Options() ([]grpc.ServerOption, error) {
 	}
 	var opts []grpc.ServerOption
 	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		pair, err := keyPair(file{"--tls-cert", c.CertFile}, file{"--tls-key", c.KeyFile}, c.Reloads)
 		if err != nil {
-			return nil, fmt.Errorf("--tls-cert %s / --tls-key %s: %w", c.CertFile, c.KeyFile, err)
+			return nil, err
 		}
-		cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		var cas *watched[*x509.CertPool]
 		if c.ClientCAFile != "" {
-			pool, err := loadPool(c.ClientCAFile, "--tls-client-ca")
-			if err != nil {
+			if cas, err = certPool(file{"--tls-client-ca", c.ClientCAFile}, c.Reloads); err != nil {
 				return nil, err
 			}
-			cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 		}
+		// Each handshake takes the material current then: a rotated
+		// certificate or CA serves the next connection, and established
+		// ones (ADS and Reports streams) are not cut.
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			out := &tls.Config{Certificates: []tls.Certificate{pair.current()}, MinVersion: tls.VersionTLS12}
+			if cas != nil {
+				out.ClientCAs, out.ClientAuth = cas.current(), tls.RequireAndVerifyClientCert
+			}
+			return out, nil
+		}}
 		opts = append(opts, grpc.Creds(rejectingCreds{TransportCredentials: credentials.NewTLS(cfg), reject: c.Reject}))
 	}
 	if c.TokenFile != "" {
-		tf, err := newTokenFile(c.TokenFile, "--token-file")
+		tf, err := newTokenFile(c.TokenFile, "--token-file", c.Reloads)
 		if err != nil {
 			return nil, err
 		}
@@ -169,6 +184,8 @@ type Client struct {
 	TokenFile string
 	// Insecure dials without TLS and without a token.
 	Insecure bool
+	// Reloads is Server.Reloads for the client's files.
+	Reloads *Reloads
 }
 
 // Validate checks the configuration; the names are ext_proc's flags.
@@ -200,24 +217,29 @@ func (c Client) DialOptions() ([]grpc.DialOption, error) {
 	}
 	var opts []grpc.DialOption
 	if c.CAFile != "" {
-		pool, err := loadPool(c.CAFile, "--control-plane-ca")
+		cas, err := certPool(file{"--control-plane-ca", c.CAFile}, c.Reloads)
 		if err != nil {
 			return nil, err
 		}
-		cfg := &tls.Config{RootCAs: pool, ServerName: c.ServerName, MinVersion: tls.VersionTLS12}
+		var pair *watched[tls.Certificate]
 		if c.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("--control-plane-cert %s / --control-plane-key %s: %w", c.CertFile, c.KeyFile, err)
+			if pair, err = keyPair(file{"--control-plane-cert", c.CertFile}, file{"--control-plane-key", c.KeyFile}, c.Reloads); err != nil {
+				return nil, err
 			}
-			cfg.Certificates = []tls.Certificate{cert}
 		}
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		config := func() *tls.Config {
+			cfg := &tls.Config{RootCAs: cas.current(), ServerName: c.ServerName, MinVersion: tls.VersionTLS12}
+			if pair != nil {
+				cfg.Certificates = []tls.Certificate{pair.current()}
+			}
+			return cfg
+		}
+		opts = append(opts, grpc.WithTransportCredentials(&reloadingTLS{TransportCredentials: credentials.NewTLS(config()), config: config}))
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	if c.TokenFile != "" {
-		tf, err := newTokenFile(c.TokenFile, "--control-plane-token-file")
+		tf, err := newTokenFile(c.TokenFile, "--control-plane-token-file", c.Reloads)
 		if err != nil {
 			return nil, err
 		}
@@ -232,60 +254,32 @@ func (c Client) Token() (string, error) {
 	if c.TokenFile == "" {
 		return "", nil
 	}
-	tf, err := newTokenFile(c.TokenFile, "--control-plane-token-file")
+	tf, err := newTokenFile(c.TokenFile, "--control-plane-token-file", nil)
 	if err != nil {
 		return "", err
 	}
 	return tf.first()
 }
 
-func loadPool(path, flag string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", flag, err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s %s: no PEM certificate in the file", flag, path)
-	}
-	return pool, nil
-}
-
-// tokenFile is a file of tokens, re-read (at most once a second) when its
-// modification time or size changes, so tokens rotate without a restart.
+// tokenFile is a file of tokens, watched so that tokens rotate without a
+// restart.
 type tokenFile struct {
 	path, flag string
-
-	// mu guards the fields below.
-	mu      sync.Mutex
-	tokens  [][]byte
-	mod     time.Time
-	size    int64
-	checked time.Time
+	w          *watched[[][]byte]
 }
 
-func newTokenFile(path, flag string) (*tokenFile, error) {
-	tf := &tokenFile{path: path, flag: flag}
-	if err := tf.reload(time.Now()); err != nil {
+func newTokenFile(path, flag string, r *Reloads) (*tokenFile, error) {
+	w, err := newWatched([]file{{flag, path}}, func(b [][]byte) ([][]byte, error) { return parseTokens(flag, path, b[0]) }, r)
+	if err != nil {
 		return nil, err
 	}
-	return tf, nil
+	watch(r, w, nil)
+	return &tokenFile{path: path, flag: flag, w: w}, nil
 }
 
-// reload reads the file if it changed; tf.mu must be held (or tf unshared).
-func (tf *tokenFile) reload(now time.Time) error {
-	tf.checked = now
-	fi, err := os.Stat(tf.path)
-	if err != nil {
-		return fmt.Errorf("%s: %w", tf.flag, err)
-	}
-	if fi.ModTime().Equal(tf.mod) && fi.Size() == tf.size && tf.tokens != nil {
-		return nil
-	}
-	b, err := os.ReadFile(tf.path)
-	if err != nil {
-		return fmt.Errorf("%s: %w", tf.flag, err)
-	}
+// parseTokens reads a token file: one token per line, '#' comments and
+// blank lines ignored.
+func parseTokens(flag, path string, b []byte) ([][]byte, error) {
 	var toks [][]byte
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for n := 1; sc.Scan(); n++ {
@@ -294,30 +288,20 @@ func (tf *tokenFile) reload(now time.Time) error {
 			continue
 		}
 		if strings.ContainsAny(line, " \t") {
-			return fmt.Errorf("%s %s:%d: a token is one word without spaces", tf.flag, tf.path, n)
+			return nil, fmt.Errorf("%s %s:%d: a token is one word without spaces", flag, path, n)
 		}
 		if len(line) < 16 {
-			return fmt.Errorf("%s %s:%d: token of %d characters; use at least 16 (e.g. openssl rand -hex 24)", tf.flag, tf.path, n, len(line))
+			return nil, fmt.Errorf("%s %s:%d: token of %d characters; use at least 16 (e.g. openssl rand -hex 24)", flag, path, n, len(line))
 		}
 		toks = append(toks, []byte(line))
 	}
 	if len(toks) == 0 {
-		return fmt.Errorf("%s %s: no token in the file", tf.flag, tf.path)
+		return nil, fmt.Errorf("%s %s: no token in the file", flag, path)
 	}
-	tf.tokens, tf.mod, tf.size = toks, fi.ModTime(), fi.Size()
-	return nil
+	return toks, nil
 }
 
-func (tf *tokenFile) current() [][]byte {
-	tf.mu.Lock()
-	defer tf.mu.Unlock()
-	if now := time.Now(); now.Sub(tf.checked) >= time.Second {
-		// A file that became unreadable keeps the tokens last read: the
-		// port must not open (nor lock everyone out) on a failed rotation.
-		_ = tf.reload(now)
-	}
-	return tf.tokens
-}
+func (tf *tokenFile) current() [][]byte { return tf.w.current() }
 
 func (tf *tokenFile) first() (string, error) {
 	toks := tf.current()

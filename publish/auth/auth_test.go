@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -69,12 +70,17 @@ func TestValidate(t *testing.T) {
 // with the server options, and returns its address.
 func serve(t *testing.T, s auth.Server) string {
 	t.Helper()
+	return serveWith(t, s, health.NewServer())
+}
+
+func serveWith(t *testing.T, s auth.Server, hs *health.Server) string {
+	t.Helper()
 	opts, err := s.Options()
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(opts...)
-	healthpb.RegisterHealthServer(g, health.NewServer())
+	healthpb.RegisterHealthServer(g, hs)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -208,12 +214,17 @@ func TestToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := envoytest.Poll(context.Background(), 5*time.Second, 50*time.Millisecond, func() error {
-		if err := call(t, addr, auth.Client{TokenFile: writeToken(t, tok)}); status.Code(err) != codes.Unauthenticated {
-			return err
+		err := call(t, addr, auth.Client{TokenFile: writeToken(t, tok)})
+		if status.Code(err) != codes.Unauthenticated {
+			return fmt.Errorf("old token: %v, want Unauthenticated", err)
 		}
 		return nil
 	}); err != nil {
-		t.Fatalf("old token after rotation still accepted: %v", err)
+		t.Fatalf("after dropping the old token from the file: %v", err)
+	}
+	// The new token still passes once the old one is gone.
+	if err := call(t, addr, auth.Client{TokenFile: writeToken(t, next)}); err != nil {
+		t.Fatalf("new token after dropping the old: %v", err)
 	}
 	// Bad token files are refused with the path and line.
 	for content, want := range map[string]string{"": "no token", "short\n": ":1: token of 5 characters", "a b c d e f g h i j\n": "one word"} {

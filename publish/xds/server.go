@@ -66,7 +66,10 @@ type Config struct {
 	VersionPrefix string
 	// Auth secures the port (mutual TLS and/or a bearer token); it must be
 	// set, or say Insecure explicitly. Refused calls and handshakes are
-	// logged and counted in inferlb_xds_auth_failures_total{method}.
+	// logged and counted in inferlb_xds_auth_failures_total{method}; its
+	// credential files are re-read when they change, refused new content
+	// logged and counted in inferlb_auth_reload_errors_total{files} (by
+	// Auth.Reloads if set, else by one made in Registry).
 	Auth auth.Server
 }
 
@@ -209,6 +212,12 @@ func New(cfg Config) (*Server, error) {
 		lg.Warn("xds: unauthenticated call refused", "peer", peer, "method", method, "reason", reason)
 		if cfg.Auth.Reject != nil {
 			cfg.Auth.Reject(peer, method, reason)
+		}
+	}
+	if a.Reloads == nil {
+		var err error
+		if a.Reloads, err = auth.NewReloads(cfg.Registry, lg); err != nil {
+			return nil, fmt.Errorf("xds server: %w", err)
 		}
 	}
 	authOpts, err := a.Options()

@@ -1,9 +1,14 @@
 package drills
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +21,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/publish/auth"
+	"github.com/inferlb/inferlb/publish/auth/authtest"
 )
 
 // forgery is one forged report and what the control plane must answer.
@@ -167,6 +174,68 @@ func TestDrillMutualTLS(t *testing.T) {
 	if n, err := metric(s.cpAdmin[0]+"/metrics", "inferlb_xds_auth_failures_total", `method="tls-handshake"`); err != nil || n < 2 {
 		t.Errorf("refused handshakes counted: %v (%v), want ≥ 2", n, err)
 	}
+
+	// The control plane's certificate rotates under the running stack: new
+	// handshakes get the new one, Envoy's ADS connection is not cut.
+	adsConns := func() string {
+		b, err := s.envoy.Admin("/stats?filter=^cluster.inferlb_xds.upstream_cx_total$")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	before := adsConns()
+	if !strings.HasPrefix(before, "cluster.inferlb_xds.upstream_cx_total: ") {
+		t.Fatalf("Envoy's stat of its control-plane connections: %q", before)
+	}
+	renewed := s.auth.pki.RenewServer(t)
+	if err := envoytest.Poll(context.Background(), 20*time.Second, 50*time.Millisecond, func() error {
+		leaf, err := s.cpLeaf()
+		if err == nil && !bytes.Equal(leaf, renewed) {
+			err = errors.New("still the old certificate")
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("new handshake after the rotation: %v", err)
+	}
+	tr = s.startTraffic(trafficOptions{rate: 4, maxTokens: 8})
+	tr.waitSent(t, 8, 20*time.Second)
+	if tally := tr.stop(); tally.all.ok != tally.sent {
+		t.Errorf("requests failed after the rotation: %s", tally)
+	}
+	if after := adsConns(); after != before {
+		t.Errorf("Envoy reconnected to the control plane across the rotation: %q, then %q", before, after)
+	} else {
+		t.Logf("across the rotation: %s", after)
+	}
+	if n, err := metric(s.cpAdmin[0]+"/metrics", "inferlb_auth_reload_failing", `files="--tls-cert/--tls-key"`); err != nil || n != 0 {
+		t.Errorf("inferlb_auth_reload_failing after the rotation: %v (%v), want 0", n, err)
+	}
+}
+
+// cpLeaf makes a TLS handshake with the first control-plane replica, as a
+// client of the stack's CA, and returns the certificate it presents.
+func (s *stack) cpLeaf() ([]byte, error) {
+	pki := s.auth.pki
+	cert, err := tls.LoadX509KeyPair(pki.ClientCert, pki.ClientKey)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := os.ReadFile(pki.CA)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	d := &tls.Dialer{Config: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, ServerName: authtest.ServerName, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := d.DialContext(ctx, "tcp", s.cpXDS[0])
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.(*tls.Conn).ConnectionState().PeerCertificates[0].Raw, nil
 }
 
 // dialCP connects to the first control-plane replica with the client's

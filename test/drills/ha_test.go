@@ -61,7 +61,12 @@ func TestDrillHighAvailability(t *testing.T) {
 	tr := s.startTraffic(trafficOptions{rate: 5, maxTokens: 60})
 	tr.waitSent(t, 15, 20*time.Second)
 
-	// Same signals, same weights (within the deadband).
+	// Same signals, same weights, up to the deadband: each replica holds
+	// its published weights while its proposal stays within --deadband
+	// (0.03 total variation) of them, so two replicas proposing the same
+	// can each hold a different earlier value, at most 2× the deadband
+	// apart (triangle inequality). Replicas planning from different
+	// signals differ by more: one engine seen down moves a third of it.
 	var w0, w1 map[string]float64
 	if err := envoytest.Poll(context.Background(), 30*time.Second, 200*time.Millisecond, func() error {
 		var err error
@@ -74,7 +79,7 @@ func TestDrillHighAvailability(t *testing.T) {
 		if len(w0) != 3 || len(w1) != 3 {
 			return fmt.Errorf("weights %v and %v", w0, w1)
 		}
-		if d := tvShares(w0, w1); d > 0.03 {
+		if d := tvShares(w0, w1); d > 2*0.03 {
 			return fmt.Errorf("replicas disagree: %v vs %v (TV %.3f)", w0, w1, d)
 		}
 		return nil

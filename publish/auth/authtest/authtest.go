@@ -29,13 +29,16 @@ type PKI struct {
 	ServerCert, ServerKey string
 	ClientCert, ClientKey string // signed by CA
 	OtherCert, OtherKey   string // signed by another CA
+
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
 }
 
 // NewPKI writes a fresh PKI into dir.
 func NewPKI(t testing.TB, dir string) *PKI {
 	t.Helper()
 	caCert, caKey := newCA(t, "inferlb test CA")
-	p := &PKI{CA: writePEM(t, dir, "ca.crt", "CERTIFICATE", caCert.Raw)}
+	p := &PKI{CA: writePEM(t, dir, "ca.crt", "CERTIFICATE", caCert.Raw), caCert: caCert, caKey: caKey}
 	sc, sk := newLeaf(t, caCert, caKey, "control plane", []string{ServerName}, []net.IP{net.IPv4(127, 0, 0, 1)}, x509.ExtKeyUsageServerAuth)
 	p.ServerCert, p.ServerKey = writePEM(t, dir, "server.crt", "CERTIFICATE", sc), writeKey(t, dir, "server.key", sk)
 	cc, ck := newLeaf(t, caCert, caKey, "frontend", nil, nil, x509.ExtKeyUsageClientAuth)
@@ -44,6 +47,25 @@ func NewPKI(t testing.TB, dir string) *PKI {
 	oc, ok := newLeaf(t, oca, ocaKey, "intruder", nil, nil, x509.ExtKeyUsageClientAuth)
 	p.OtherCert, p.OtherKey = writePEM(t, dir, "other.crt", "CERTIFICATE", oc), writeKey(t, dir, "other.key", ok)
 	return p
+}
+
+// RenewServer issues a new server certificate and key from the same CA
+// and puts them in place of ServerCert and ServerKey, each written aside
+// and renamed over the old one (as a rotation tool does). It returns the
+// new certificate (DER).
+func (p *PKI) RenewServer(t testing.TB) []byte {
+	t.Helper()
+	sc, sk := newLeaf(t, p.caCert, p.caKey, "control plane", []string{ServerName}, []net.IP{net.IPv4(127, 0, 0, 1)}, x509.ExtKeyUsageServerAuth)
+	dir := filepath.Dir(p.ServerCert)
+	for _, f := range []struct{ tmp, to string }{
+		{writePEM(t, dir, "server.crt.new", "CERTIFICATE", sc), p.ServerCert},
+		{writeKey(t, dir, "server.key.new", sk), p.ServerKey},
+	} {
+		if err := os.Rename(f.tmp, f.to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sc
 }
 
 // TokenFile writes a fresh random token to dir/name and returns the path

@@ -160,7 +160,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cp, err := cfg.dialControlPlane(log)
+	cp, err := cfg.dialControlPlane(reg, log)
 	if err != nil {
 		return err
 	}
@@ -317,7 +317,9 @@ func (c *cpConns) close() {
 // one connection to every replica (pick-first: when the replica in use goes
 // away, the resubscription goes to the next), reports over one connection
 // per replica. gRPC connects lazily: nothing here waits for a replica.
-func (cfg *Config) dialControlPlane(log *slog.Logger) (*cpConns, error) {
+// Each new connection takes the credential files as they are then (they
+// rotate without a restart); refused new content is counted in reg.
+func (cfg *Config) dialControlPlane(reg *prometheus.Registry, log *slog.Logger) (*cpConns, error) {
 	c := &cpConns{}
 	if cfg.ControlPlane == "" {
 		return c, nil
@@ -326,7 +328,11 @@ func (cfg *Config) dialControlPlane(log *slog.Logger) (*cpConns, error) {
 	if err != nil {
 		return nil, err
 	}
-	dial, err := cfg.Auth.DialOptions()
+	creds := cfg.Auth
+	if creds.Reloads, err = auth.NewReloads(reg, log); err != nil {
+		return nil, err
+	}
+	dial, err := creds.DialOptions()
 	if err != nil {
 		return nil, err
 	}
