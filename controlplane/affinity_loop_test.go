@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/body"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/signal/scrape"
 )
 

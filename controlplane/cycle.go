@@ -92,7 +92,7 @@ type Config struct {
 	// RetryBudget is the retry share at low utilization, published as the
 	// policy's retry_budget_fraction. ext_proc alone scales it down with
 	// utilization and stops it while the class sheds (retryScale in
-	// request/extproc/admission.go: it sees the moment as well as the plan).
+	// extproc/admission.go: it sees the moment as well as the plan).
 	// MaxRetries per request while the budget is positive.
 	RetryBudget float64
 	MaxRetries  uint32

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/publish/translate"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/body"
 	"github.com/inferlb/inferlb/signal/scrape"
 )
 

@@ -26,8 +26,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/internal/envoyrun"
-	"github.com/inferlb/inferlb/request/extproc"
 )
 
 // benchCmd groups the project's measurement commands; other components may

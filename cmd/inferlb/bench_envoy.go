@@ -25,11 +25,11 @@ import (
 
 	"github.com/inferlb/inferlb/api/headers"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/publish/auth"
 	"github.com/inferlb/inferlb/publish/translate"
 	"github.com/inferlb/inferlb/publish/xds"
-	"github.com/inferlb/inferlb/request/extproc/service"
 )
 
 // nullProcessor is the cheapest ext_proc service Envoy can have under the

@@ -16,10 +16,10 @@ import (
 	"google.golang.org/grpc"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
-	"github.com/inferlb/inferlb/request/extproc/service"
 )
 
 func init() { rootCmd.AddCommand(newExplainKeyCmd()) }

@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/cliconfig"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/service"
 )
 
 // extprocOptions are ext_proc's settings: the service's config and the

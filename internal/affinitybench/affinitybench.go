@@ -45,14 +45,14 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	"github.com/inferlb/inferlb/controlplane"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
-	"github.com/inferlb/inferlb/request/extproc/service"
 )
 
 // Modes.

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/body"
 )
 
 // steadyChat is a short fault-free multi-turn scenario on the reference

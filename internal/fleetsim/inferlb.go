@@ -16,12 +16,12 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/publish/translate"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/body"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
 	"github.com/inferlb/inferlb/signal/scrape"
 )
 
@@ -252,7 +252,7 @@ func (x *inferlb) Event(ev event) {
 		}
 		s.q.push(event{t: s.now + s.sc.Control.ScrapeInterval, kind: evScrape})
 	case evReport:
-		// As request/extproc/cpclient's Reporter does: a report the intake refuses
+		// As extproc/cpclient's Reporter does: a report the intake refuses
 		// is merged into the next one, for at most its backlog (30 s).
 		for i, d := range x.dec {
 			now := s.wall()

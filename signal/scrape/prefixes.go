@@ -80,7 +80,7 @@ type PrefixPoint struct {
 	Continuations float64
 }
 
-// Point flags (request/extproc/body).
+// Point flags (extproc/body).
 const (
 	PointMessageEnd  = 1
 	PointAnchor      = 2

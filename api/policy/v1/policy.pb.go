@@ -625,7 +625,7 @@ func (x *Affinity) GetTable() *PrefixTable {
 }
 
 // PrefixTable holds rules for points of the prompts' prefix chains
-// (request/extproc/body/chain.go), learned by the control plane from ext_proc's
+// (extproc/body/chain.go), learned by the control plane from ext_proc's
 // heavy-hitter reports. A point without a rule is cold.
 type PrefixTable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -919,7 +919,7 @@ type PrefixCount struct {
 	Parent      uint64 `protobuf:"fixed64,2,opt,name=parent,proto3" json:"parent,omitempty"`
 	DepthBytes  uint32 `protobuf:"varint,3,opt,name=depth_bytes,json=depthBytes,proto3" json:"depth_bytes,omitempty"`
 	DepthTokens uint32 `protobuf:"varint,4,opt,name=depth_tokens,json=depthTokens,proto3" json:"depth_tokens,omitempty"`
-	// The point's flags (request/extproc/body): 1 message end, 2 anchor, 4 past the
+	// The point's flags (extproc/body): 1 message end, 2 anchor, 4 past the
 	// anchor.
 	Flags uint32 `protobuf:"varint,5,opt,name=flags,proto3" json:"flags,omitempty"`
 	// Requests through the point: an overestimate by at most requests_error

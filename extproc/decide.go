@@ -10,8 +10,8 @@ import (
 
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/request/extproc/body"
 )
 
 // Decider is ext_proc's per-request decision logic without the gRPC

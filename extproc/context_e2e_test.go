@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/request/extproc/body"
 )
 
 // TestContextLimitByRealTokens, through a real Envoy: two classes of one
@@ -20,7 +20,7 @@ import (
 // limit but whose tokens do not goes to the small class when ext_proc has
 // the tokenizer (exact count), and to the large one on the bytes bound.
 func TestContextLimitByRealTokens(t *testing.T) {
-	tok, err := hf.Load("../../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
+	tok, err := hf.Load("../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
 	if err != nil {
 		t.Fatal(err)
 	}

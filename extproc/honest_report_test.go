@@ -21,8 +21,8 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/controlplane"
-	"github.com/inferlb/inferlb/request/extproc/body"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/body"
+	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/signal/scrape"
 )
 

@@ -4,7 +4,7 @@ import (
 	"slices"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/request/extproc/body"
+	"github.com/inferlb/inferlb/extproc/body"
 )
 
 // DefaultPrefixSketchSize is the number of chain points a class's sketch

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/signal/scrape"
 )
 

@@ -31,7 +31,7 @@ func TestRetryScaleCurve(t *testing.T) {
 // times the control plane's own curve as well (at u = 0.8 that was
 // 0.2 × 0.4 × 0.6 of the requests).
 func TestRetryBudgetIsScaledOnce(t *testing.T) {
-	spec, err := fleet.Load("../../examples/fleet-minimal.yaml")
+	spec, err := fleet.Load("../examples/fleet-minimal.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

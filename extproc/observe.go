@@ -8,7 +8,7 @@ import (
 	"time"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/request/extproc/body"
+	"github.com/inferlb/inferlb/extproc/body"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 

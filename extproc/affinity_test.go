@@ -12,7 +12,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/request/extproc/body"
+	"github.com/inferlb/inferlb/extproc/body"
 )
 
 // conversation builds the chat bodies of a conversation's turns: the first

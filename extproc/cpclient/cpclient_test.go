@@ -16,9 +16,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/publish/xdstest"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -27,10 +27,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
 )
 
 // streamWorkers is the size of the gRPC server's stream worker pool: above

@@ -8,7 +8,7 @@
 // it saw to the control plane. See docs/extproc.md.
 //
 // The hot path reads an immutable Policy through an atomic pointer; a new
-// RoutingPolicy from the control plane (package request/extproc/cpclient)
+// RoutingPolicy from the control plane (package extproc/cpclient)
 // replaces it whole.
 package extproc
 
@@ -32,8 +32,8 @@ import (
 
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/request/extproc/body"
 )
 
 // DefaultBodyLimit is the largest request body accepted (and the value the

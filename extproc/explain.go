@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/request/extproc/body"
+	"github.com/inferlb/inferlb/extproc/body"
 )
 
 // KeyExplanation says which affinity key a request body gets under a

@@ -5,8 +5,8 @@ import (
 	"hash/fnv"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/hashmix"
-	"github.com/inferlb/inferlb/request/extproc/body"
 )
 
 // Cache affinity: the key the route hashes (docs/extproc.md).

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/request/extproc/body"
+	"github.com/inferlb/inferlb/extproc/body"
 )
 
 // Per-client priorities: a client may ask for what it is allowed, is

@@ -22,13 +22,13 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/publish/translate"
 	"github.com/inferlb/inferlb/publish/xdstest"
-	"github.com/inferlb/inferlb/request/extproc"
-	"github.com/inferlb/inferlb/request/extproc/cpclient"
-	"github.com/inferlb/inferlb/request/extproc/service"
 )
 
 // engine is a stand-in upstream: it answers with its id and the internal

@@ -45,7 +45,7 @@ func benchServerWith(b *testing.B, toks map[string]*hf.Tokenizer, classes []*pol
 // tokenizer (the context bound's costly path: 8 KB bodies are near the
 // small class's limit and get counted; 220 KB ones are counted up to it).
 func twoClassServer(b *testing.B) *Server {
-	tok, err := hf.Load("../../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
+	tok, err := hf.Load("../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -115,7 +115,7 @@ func TestDemandOutputTokens(t *testing.T) {
 // class, the tokenizer only near a limit, and counting stops past the
 // smaller class's limit (a long prompt is not tokenized whole).
 func TestContextBoundMethods(t *testing.T) {
-	tok, err := hf.Load("../../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
+	tok, err := hf.Load("../internal/tokens/hf/testdata/gpt2.tokenizer.json.gz")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,9 @@
 package extproc
 
 import (
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/request/extproc/body"
 )
 
 // How a request's context need was bounded (the method label of
