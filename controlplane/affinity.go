@@ -7,8 +7,8 @@ import (
 	"slices"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/publish/translate"
 	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // The split table: each cycle, per class, the prefix view (the decayed

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/publish/translate"
 	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // pt is a view point: prefix, parent, depth in tokens, flags, requests

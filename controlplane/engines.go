@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/publish/translate"
 	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // engineStep is what the cycle concluded about the engines (steps 1–2):

@@ -14,7 +14,7 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/xdstest"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // TestLoadingEngineGetsNoTraffic, with the real control plane and a real

@@ -4,7 +4,7 @@ import (
 	"math"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/publish/translate"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // hold is step 4 for one (frontend, class): against the published

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/publish/translate"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // classPolicy is one class's translation input at a node: the decided

@@ -19,9 +19,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/publish/xds"
 	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/server"
 )
 
 // RunConfig configures a Runner.
@@ -81,7 +81,7 @@ type Runner struct {
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	ctrl    *Controller
-	srv     *xds.Server
+	srv     *server.Server
 	intake  *scrape.Intake
 	scraper *scrape.Scraper
 	targets []scrape.Target
@@ -175,7 +175,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		EvidenceWindow: cfg.EvidenceWindow, IdleReset: cfg.IdleReset}, ids)
 	r.scraper = &scrape.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
-	r.srv, err = xds.New(xds.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
+	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
 		VersionPrefix: fmt.Sprintf("p%d-", cfg.Now().UnixMilli())})
 	if err != nil {
 		return nil, err
@@ -209,7 +209,7 @@ func (r *Runner) intakeOptions() scrape.IntakeOptions {
 func (r *Runner) Registry() *prometheus.Registry { return r.reg }
 
 // Server is the xDS server.
-func (r *Runner) Server() *xds.Server { return r.srv }
+func (r *Runner) Server() *server.Server { return r.srv }
 
 // Addrs returns the bound xDS and admin addresses once Run has bound them.
 func (r *Runner) Addrs(ctx context.Context) (xds, admin string, err error) {

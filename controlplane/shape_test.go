@@ -10,8 +10,8 @@ import (
 
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/body"
-	"github.com/inferlb/inferlb/publish/translate"
 	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // shapedDemand is demand of one shape at both frontends, split over the

@@ -2,7 +2,7 @@ package controlplane
 
 import (
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/publish/translate"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // solvedView adds the solution's utilization and limit to each engine's

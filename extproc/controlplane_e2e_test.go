@@ -27,7 +27,7 @@ import (
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/xdstest"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // The whole loop with the real control plane: simulated engines, `inferlb

@@ -27,9 +27,9 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoyrun"
-	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/publish/translate"
-	"github.com/inferlb/inferlb/publish/xds"
+	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/server"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // nullProcessor is the cheapest ext_proc service Envoy can have under the
@@ -236,12 +236,12 @@ const (
 )
 
 // benchControlPlane is inferlb's xDS server with the bench frontend's
-// resources: CDS/EDS from publish/translate (production's builder and
+// resources: CDS/EDS from xds/translate (production's builder and
 // defaults: Maglev, hash_balance_factor 150, health checks, outlier
 // detection) for one class whose one engine is the upstream, and the bench
 // policy.
 func benchControlPlane(ctx context.Context, upstream string) (addr string, stop func(), err error) {
-	srv, err := xds.New(xds.Config{Registry: prometheus.NewRegistry(), Auth: auth.Server{Insecure: true},
+	srv, err := server.New(server.Config{Registry: prometheus.NewRegistry(), Auth: auth.Server{Insecure: true},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return "", nil, err

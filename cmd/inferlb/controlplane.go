@@ -11,7 +11,7 @@ import (
 	"github.com/inferlb/inferlb/controlplane"
 	"github.com/inferlb/inferlb/internal/cliconfig"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/publish/translate"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // controlPlaneLong is control-plane --help's text.

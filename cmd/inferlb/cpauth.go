@@ -4,7 +4,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/inferlb/inferlb/publish/auth"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 // controlPlaneAuthFlags adds the flags of a control-plane client's

@@ -19,7 +19,7 @@ var testingImporters = []string{
 
 // The production binary carries no test scaffolding: none of the project's
 // packages it links imports testing (test helpers live in test-only
-// packages: internal/envoytest, publish/xdstest), and no other package does
+// packages: internal/envoytest, xds/xdstest), and no other package does
 // but the known third-party ones.
 func TestBinaryLinksNoTestScaffolding(t *testing.T) {
 	if testing.Short() {

@@ -19,7 +19,7 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
-	"github.com/inferlb/inferlb/publish/auth"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 func init() { rootCmd.AddCommand(newExplainKeyCmd()) }

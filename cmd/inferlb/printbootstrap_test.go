@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inferlb/inferlb/extproc/service"
-	"github.com/inferlb/inferlb/publish/auth"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 // --print-bootstrap offers the two frontend variants only: the template's

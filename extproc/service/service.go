@@ -30,7 +30,7 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/publish/auth"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 // streamWorkers is the size of the gRPC server's stream worker pool: above

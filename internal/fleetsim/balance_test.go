@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/inferlb/inferlb/internal/envoylb"
-	"github.com/inferlb/inferlb/publish/translate"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 type fifoLoad struct {

@@ -21,8 +21,8 @@ import (
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/publish/translate"
 	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // plane is the simulated control plane's signal side: the scrape loop into
@@ -558,7 +558,7 @@ func (o *oldController) control() {
 	o.publish()
 }
 
-// publish turns the shares into every frontend's EDS by publish/translate's
+// publish turns the shares into every frontend's EDS by xds/translate's
 // rule (translate.EndpointWeights, integers of 1000).
 func (o *oldController) publish() {
 	s := o.s

@@ -17,8 +17,8 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/translate"
-	"github.com/inferlb/inferlb/publish/xdstest"
+	"github.com/inferlb/inferlb/xds/translate"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // A real Envoy with a static weighted cluster over two simulated engines:

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
-	"github.com/inferlb/inferlb/publish/auth/authtest"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 )
 
 // authFiles are the credentials of one drill stack: a shared token, or a

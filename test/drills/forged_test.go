@@ -22,8 +22,8 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/publish/auth/authtest"
+	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 )
 
 // forgery is one forged report and what the control plane must answer.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/xdstest"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // adsReplica returns the control-plane replica Envoy's ADS stream is on

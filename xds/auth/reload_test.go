@@ -26,8 +26,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/publish/auth/authtest"
+	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 )
 
 // The control plane's certificate rotates to one of a new CA (which the

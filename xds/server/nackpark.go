@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"

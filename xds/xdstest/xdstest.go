@@ -21,8 +21,8 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/translate"
-	"github.com/inferlb/inferlb/publish/xds"
+	"github.com/inferlb/inferlb/xds/server"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // BootstrapOptions describe a test frontend node.
@@ -72,14 +72,14 @@ func Bootstrap(t testing.TB, o BootstrapOptions) string {
 // StartServer runs an xDS server on a free loopback port until the test
 // ends (without authentication unless cfg.Auth names credentials). It
 // returns the server and its address.
-func StartServer(t testing.TB, cfg xds.Config) (*xds.Server, string) {
+func StartServer(t testing.TB, cfg server.Config) (*server.Server, string) {
 	t.Helper()
 	return startServer(t, cfg, "127.0.0.1:0")
 }
 
 // startServer serves on addr; a port a stopped server held a moment ago may
 // still be in use, so binding is retried for a few seconds.
-func startServer(t testing.TB, cfg xds.Config, addr string) (*xds.Server, string) {
+func startServer(t testing.TB, cfg server.Config, addr string) (*server.Server, string) {
 	t.Helper()
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -93,7 +93,7 @@ func startServer(t testing.TB, cfg xds.Config, addr string) (*xds.Server, string
 		// (package auth and the drills test authentication).
 		cfg.Auth.Insecure = true
 	}
-	s, err := xds.New(cfg)
+	s, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,14 +119,14 @@ func startServer(t testing.TB, cfg xds.Config, addr string) (*xds.Server, string
 // is cluster "class-llama".
 const ClusterPrefix = "class-"
 
-// ControlPlane is inferlb's xDS server (package publish/xds) on a loopback port,
+// ControlPlane is inferlb's xDS server (package xds/server) on a loopback port,
 // publishing class clusters with fixed engine weights built by
-// publish/translate (the production builder) and RoutingPolicies the test
+// xds/translate (the production builder) and RoutingPolicies the test
 // writes: the control plane of tests that run no control cycle (ext_proc,
 // the bootstrap, the policy subscriber). It records the reports it gets.
 type ControlPlane struct {
 	Addr   string
-	Server *xds.Server
+	Server *server.Server
 
 	// mu guards last and reports.
 	mu      sync.Mutex
@@ -142,7 +142,7 @@ func StartControlPlane(t testing.TB, addr string) *ControlPlane {
 		addr = "127.0.0.1:0"
 	}
 	cp := &ControlPlane{last: map[string]*translate.Resources{}}
-	cp.Server, cp.Addr = startServer(t, xds.Config{Reports: reportLog{cp}}, addr)
+	cp.Server, cp.Addr = startServer(t, server.Config{Reports: reportLog{cp}}, addr)
 	return cp
 }
 

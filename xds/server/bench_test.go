@@ -1,4 +1,4 @@
-package xds_test
+package server_test
 
 import (
 	"bufio"
@@ -21,9 +21,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/inferlb/inferlb/publish/translate"
-	"github.com/inferlb/inferlb/publish/xds"
-	"github.com/inferlb/inferlb/publish/xdstest"
+	"github.com/inferlb/inferlb/xds/server"
+	"github.com/inferlb/inferlb/xds/translate"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // adsClient plays one Envoy: an ADS stream subscribing to CDS then EDS,
@@ -92,7 +92,7 @@ func cpuTime() time.Duration {
 // change, heap-MB what 1,000 open streams cost it.
 func BenchmarkFanout1000(b *testing.B) {
 	const clients = 1000
-	srv, addr := xdstest.StartServer(b, xds.Config{})
+	srv, addr := xdstest.StartServer(b, server.Config{})
 	eng := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000", "10.0.0.5:8000", "10.0.0.6:8000",
 		"10.0.0.7:8000", "10.0.0.8:8000", "10.0.0.9:8000", "10.0.0.10:8000", "10.0.0.11:8000", "10.0.0.12:8000"}
 	publish := func(k int) []string {

@@ -21,8 +21,8 @@ import (
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/publish/auth/authtest"
+	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 )
 
 // Every flag combination gets a verdict naming the flags: nothing is the

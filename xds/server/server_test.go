@@ -1,4 +1,4 @@
-package xds_test
+package server_test
 
 import (
 	"context"
@@ -21,9 +21,9 @@ import (
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/publish/translate"
-	"github.com/inferlb/inferlb/publish/xds"
-	"github.com/inferlb/inferlb/publish/xdstest"
+	"github.com/inferlb/inferlb/xds/server"
+	"github.com/inferlb/inferlb/xds/translate"
+	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
 // engines starts n loopback HTTP servers answering /health with 200.
@@ -81,7 +81,7 @@ func wantWeights(e *envoytest.Envoy, cluster string, want map[string]uint32) err
 // their own weights.
 func TestTwoNodesGetTheirOwnWeights(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // registered first, so it runs after the other cleanups
-	srv, addr := xdstest.StartServer(t, xds.Config{})
+	srv, addr := xdstest.StartServer(t, server.Config{})
 	eng := engines(t, 3)
 	ctx := context.Background()
 	o := testOptions()
@@ -143,7 +143,7 @@ func TestTwoNodesGetTheirOwnWeights(t *testing.T) {
 func TestNACKKeepsLastGoodConfig(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // registered first, so it runs after the other cleanups
 	reg := prometheus.NewRegistry()
-	srv, addr := xdstest.StartServer(t, xds.Config{Registry: reg})
+	srv, addr := xdstest.StartServer(t, server.Config{Registry: reg})
 	eng := engines(t, 2)
 	ctx := context.Background()
 	good, _ := translate.Translate(node("fe", "r1", eng, []float64{0.7, 0.3}), testOptions())
@@ -245,7 +245,7 @@ func (s *sink) Report(_ context.Context, r *policyv1.ReportRequest) error {
 func TestPolicyAndReports(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // registered first, so it runs after the other cleanups
 	sk := &sink{}
-	srv, addr := xdstest.StartServer(t, xds.Config{Reports: sk})
+	srv, addr := xdstest.StartServer(t, server.Config{Reports: sk})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	r, _ := translate.Translate(node("fe", "r1", []string{"127.0.0.1:1"}, []float64{1}), testOptions())
@@ -336,7 +336,7 @@ func TestPolicyAndReports(t *testing.T) {
 // cycle (and so retry one whose publication failed).
 func TestRepublishingTheSameResourcesIsANoOp(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	srv, _ := xdstest.StartServer(t, xds.Config{Registry: reg})
+	srv, _ := xdstest.StartServer(t, server.Config{Registry: reg})
 	ctx := context.Background()
 	r, err := translate.Translate(node("fe", "r1", []string{"127.0.0.1:1", "127.0.0.1:2"}, []float64{0.6, 0.4}), testOptions())
 	if err != nil {

@@ -6,7 +6,7 @@
 //
 // Translation is pure: no clock, no I/O, deterministic output for equal input
 // (golden-tested in translate_test.go; regenerate with
-// `go test ./publish/translate -update`). Versions are content hashes, so a
+// `go test ./xds/translate -update`). Versions are content hashes, so a
 // restarted control plane that computes the same weights produces the same
 // versions and Envoy, which reconnects with its last version, is sent
 // nothing new.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inferlb/inferlb/publish/auth/authtest"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 )
 
 // parseKeyPair takes operator files that may be anything mid-rotation: it

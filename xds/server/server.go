@@ -1,4 +1,4 @@
-// Package xds is inferlb's xDS server: one gRPC listener serving
+// Package server is inferlb's xDS server: one gRPC listener serving
 //
 //   - ADS (state of the world and delta) with CDS and EDS per frontend node
 //     from go-control-plane's SnapshotCache (ADS mode, node id = hash);
@@ -15,7 +15,7 @@
 // rejected update is not sent again (go-control-plane's snapshot cache
 // would, in a loop, on every state-of-the-world NACK: parkNACKed decorates
 // it); the next Publish replaces it.
-package xds
+package server
 
 import (
 	"context"
@@ -45,8 +45,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/publish/auth"
-	"github.com/inferlb/inferlb/publish/translate"
+	"github.com/inferlb/inferlb/xds/auth"
+	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // ReportSink receives the ext_proc reports.

@@ -18,7 +18,7 @@ import (
 	"github.com/inferlb/inferlb/internal/golden"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files in publish/translate/testdata")
+var update = flag.Bool("update", false, "rewrite the golden files in xds/translate/testdata")
 
 func sampleNode() Node {
 	return Node{
@@ -89,7 +89,7 @@ func render(t *testing.T, r *Resources) []byte {
 
 func checkGolden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	golden.Check(t, filepath.Join("testdata", name), got, *update, "`go test ./publish/translate -update`")
+	golden.Check(t, filepath.Join("testdata", name), got, *update, "`go test ./xds/translate -update`")
 }
 
 func TestGoldenMaglev(t *testing.T) {
