@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/inferlb/inferlb/controlplane/dashboard"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // adminIndex is the admin port's root page.
@@ -129,7 +129,7 @@ func (r *Runner) serveSignals(w http.ResponseWriter, _ *http.Request) {
 	eng := r.tracker.Engines(now)
 	r.mu.Unlock()
 	dem, ev := r.intake.Snapshot(now)
-	demand := map[string]scrape.DemandRate{}
+	demand := map[string]signals.DemandRate{}
 	for k, v := range dem {
 		demand[k.Node+"/"+k.Class+"/"+k.Priority] = v
 	}

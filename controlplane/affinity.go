@@ -7,7 +7,7 @@ import (
 	"slices"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
@@ -94,7 +94,7 @@ type AffinityView struct {
 
 // splitTable computes a class's rules from its prefix view, with n engines
 // in the class and the previous rules (for hysteresis).
-func splitTable(cl fleet.Class, view scrape.ClassPrefixes, n int, prev []translate.PrefixRule) *AffinityView {
+func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []translate.PrefixRule) *AffinityView {
 	a := cl.Affinity
 	out := &AffinityView{Class: cl.Name, Mode: a.Mode, Engines: n, Requests: view.Requests, Points: len(view.Points)}
 	if n < 1 || a.Mode == fleet.AffinityOff {
@@ -108,7 +108,7 @@ func splitTable(cl fleet.Class, view scrape.ClassPrefixes, n int, prev []transla
 		return out
 	}
 	t := &tableBuild{a: a, view: view, n: n, thr: thr, before: map[uint64]translate.PrefixRule{},
-		byHash: make(map[uint64]*scrape.PrefixPoint, len(view.Points))}
+		byHash: make(map[uint64]*signals.PrefixPoint, len(view.Points))}
 	for _, r := range prev {
 		t.before[r.Prefix] = r
 	}
@@ -124,7 +124,7 @@ func splitTable(cl fleet.Class, view scrape.ClassPrefixes, n int, prev []transla
 
 // splitTables is step 5: each class's split table, the same for every
 // node, over the class's engines that are not down.
-func (c *Controller) splitTables(prefixes map[string]scrape.ClassPrefixes, eng engineStep) map[string]*AffinityView {
+func (c *Controller) splitTables(prefixes map[string]signals.ClassPrefixes, eng engineStep) map[string]*AffinityView {
 	f := &c.problem
 	out := map[string]*AffinityView{}
 	for _, cl := range f.classes {
@@ -142,11 +142,11 @@ func (c *Controller) splitTables(prefixes map[string]scrape.ClassPrefixes, eng e
 // tableBuild is one split-table computation (splitTable's steps).
 type tableBuild struct {
 	a      fleet.Affinity
-	view   scrape.ClassPrefixes
+	view   signals.ClassPrefixes
 	n      int
 	thr    float64                         // hot threshold: hot_share / n
 	before map[uint64]translate.PrefixRule // the previous table by prefix
-	byHash map[uint64]*scrape.PrefixPoint  // the view's points by prefix
+	byHash map[uint64]*signals.PrefixPoint // the view's points by prefix
 	hot    map[uint64]bool                 // markHot's verdicts
 	cands  []ruleCand                      // candidate rules, with why
 }
@@ -158,7 +158,7 @@ type ruleCand struct {
 
 // share is a point's share of the class: the larger of its requests' and
 // its tokens'.
-func (t *tableBuild) share(p *scrape.PrefixPoint) float64 {
+func (t *tableBuild) share(p *signals.PrefixPoint) float64 {
 	s := p.Requests / t.view.Requests
 	if t.view.Tokens > 0 {
 		s = math.Max(s, p.Tokens/t.view.Tokens)
@@ -166,8 +166,8 @@ func (t *tableBuild) share(p *scrape.PrefixPoint) float64 {
 	return s
 }
 
-func preAnchor(p *scrape.PrefixPoint) bool {
-	return p.Flags&(scrape.PointAnchor|scrape.PointAfterAnchor) == 0
+func preAnchor(p *signals.PrefixPoint) bool {
+	return p.Flags&(signals.PointAnchor|signals.PointAfterAnchor) == 0
 }
 
 // markHot: a point is hot over the threshold (or, if it was hot, over
@@ -195,7 +195,7 @@ func (t *tableBuild) markHot() {
 	}
 }
 
-func (t *tableBuild) add(p *scrape.PrefixPoint, r translate.PrefixRule, why string) {
+func (t *tableBuild) add(p *signals.PrefixPoint, r translate.PrefixRule, why string) {
 	t.cands = append(t.cands, ruleCand{r, PrefixRuleView{Prefix: fmt.Sprintf("%016x", p.Prefix), Action: r.Action.String(), Spread: r.Spread,
 		Share: t.share(p), DepthBytes: p.DepthBytes, DepthTokens: p.DepthTokens, Continuations: p.Continuations, Why: why}})
 }
@@ -292,7 +292,7 @@ func (t *tableBuild) finish(out *AffinityView) {
 
 // parentOf is p's parent in the view, nil if it is not there (or, after a
 // hash collision, not shallower: the walk up always ends).
-func parentOf(byHash map[uint64]*scrape.PrefixPoint, p *scrape.PrefixPoint) *scrape.PrefixPoint {
+func parentOf(byHash map[uint64]*signals.PrefixPoint, p *signals.PrefixPoint) *signals.PrefixPoint {
 	q := byHash[p.Parent]
 	if p.Parent == 0 || q == nil || q.DepthBytes >= p.DepthBytes {
 		return nil

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/body"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // The learning loop in process, with the real parts on both sides:
@@ -28,7 +28,7 @@ import (
 func TestLearnedSplitTableRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1_800_000_000, 0)
-	in, err := scrape.NewIntake(scrape.IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe-east", "fe-west"},
+	in, err := signals.NewIntake(signals.IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe-east", "fe-west"},
 		Classes: []string{"chat"}, Priorities: []string{"high", "low"}, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)

@@ -8,29 +8,29 @@ import (
 	"time"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // pt is a view point: prefix, parent, depth in tokens, flags, requests
 // (of 1000), continuations.
-func pt(prefix, parent uint64, tokens uint32, flags uint32, req, cont float64) scrape.PrefixPoint {
-	return scrape.PrefixPoint{Prefix: prefix, Parent: parent, DepthBytes: tokens * 5, DepthTokens: tokens, Flags: flags,
+func pt(prefix, parent uint64, tokens uint32, flags uint32, req, cont float64) signals.PrefixPoint {
+	return signals.PrefixPoint{Prefix: prefix, Parent: parent, DepthBytes: tokens * 5, DepthTokens: tokens, Flags: flags,
 		Requests: req, Upper: req, Tokens: req * 100, Continuations: cont}
 }
 
-func prefixView(points ...scrape.PrefixPoint) scrape.ClassPrefixes {
-	return scrape.ClassPrefixes{Requests: 1000, Tokens: 100000, Points: points}
+func prefixView(points ...signals.PrefixPoint) signals.ClassPrefixes {
+	return signals.ClassPrefixes{Requests: 1000, Tokens: 100000, Points: points}
 }
 
 // preambleView: every request shares points 1→2→3 (a 4k-token preamble
 // inside the first user message; each continues to the next, the last to
 // 100 conversations' anchors), then the anchors (each one conversation:
 // its first turn ends there, its later turns continue alike).
-func preambleView(depth uint32) scrape.ClassPrefixes {
-	pts := []scrape.PrefixPoint{pt(1, 0, 100, 0, 1000, 1), pt(2, 1, depth/2, 0, 1000, 1), pt(3, 2, depth, 0, 1000, 150)}
+func preambleView(depth uint32) signals.ClassPrefixes {
+	pts := []signals.PrefixPoint{pt(1, 0, 100, 0, 1000, 1), pt(2, 1, depth/2, 0, 1000, 1), pt(3, 2, depth, 0, 1000, 150)}
 	for i := uint64(0); i < 100; i++ {
-		pts = append(pts, pt(100+i, 3, depth+50, scrape.PointMessageEnd|scrape.PointAnchor, 10, 2))
+		pts = append(pts, pt(100+i, 3, depth+50, signals.PointMessageEnd|signals.PointAnchor, 10, 2))
 	}
 	return prefixView(pts...)
 }
@@ -70,13 +70,13 @@ func TestSplitTableSharedPreamble(t *testing.T) {
 // anchor needs no rule.
 func TestSplitTableHotAnchor(t *testing.T) {
 	cl := testFleet(t).Classes[0]
-	pts := []scrape.PrefixPoint{
-		pt(1, 0, 50, scrape.PointMessageEnd, 1000, 1),
-		pt(2, 1, 80, scrape.PointMessageEnd|scrape.PointAnchor, 1000, 1),
-		pt(3, 2, 110, scrape.PointMessageEnd|scrape.PointAfterAnchor, 1000, 50),
+	pts := []signals.PrefixPoint{
+		pt(1, 0, 50, signals.PointMessageEnd, 1000, 1),
+		pt(2, 1, 80, signals.PointMessageEnd|signals.PointAnchor, 1000, 1),
+		pt(3, 2, 110, signals.PointMessageEnd|signals.PointAfterAnchor, 1000, 50),
 	}
 	for i := uint64(0); i < 50; i++ {
-		pts = append(pts, pt(10+i, 3, 150, scrape.PointMessageEnd|scrape.PointAfterAnchor, 20, 2))
+		pts = append(pts, pt(10+i, 3, 150, signals.PointMessageEnd|signals.PointAfterAnchor, 20, 2))
 	}
 	rs := rulesOf(splitTable(cl, prefixView(pts...), 4, nil))
 	if len(rs) != 2 || rs[2].Action != translate.Deeper || rs[3].Action != translate.Deeper {
@@ -84,12 +84,12 @@ func TestSplitTableHotAnchor(t *testing.T) {
 	}
 	// One busy conversation (a fifth of the class) never makes its own
 	// points hot: all its turns continue alike.
-	busy := prefixView(pt(1, 0, 50, scrape.PointMessageEnd|scrape.PointAnchor, 200, 2), pt(2, 1, 90, scrape.PointMessageEnd|scrape.PointAfterAnchor, 190, 1))
+	busy := prefixView(pt(1, 0, 50, signals.PointMessageEnd|signals.PointAnchor, 200, 2), pt(2, 1, 90, signals.PointMessageEnd|signals.PointAfterAnchor, 190, 1))
 	if av := splitTable(cl, busy, 4, nil); len(av.rules) != 0 {
 		t.Fatalf("one conversation split: %+v", av.Rules)
 	}
 	// Identical prompts: many requests end at the anchor.
-	same := prefixView(pt(1, 0, 50, scrape.PointMessageEnd|scrape.PointAnchor, 600, 40))
+	same := prefixView(pt(1, 0, 50, signals.PointMessageEnd|signals.PointAnchor, 600, 40))
 	if rs := rulesOf(splitTable(cl, same, 4, nil)); len(rs) != 1 || rs[1].Action != translate.Deeper || rs[1].Spread != 10 {
 		t.Fatalf("identical prompts: %+v", rs)
 	}
@@ -100,7 +100,7 @@ func TestSplitTableHotAnchor(t *testing.T) {
 // divergence point; the short one does not (under group_min_prefix_tokens).
 func TestSplitTableGroups(t *testing.T) {
 	cl := testFleet(t).Classes[0]
-	var pts []scrape.PrefixPoint
+	var pts []signals.PrefixPoint
 	for d := uint64(0); d < 5; d++ {
 		base := 1000 * (d + 1)
 		depth := uint32(3000)
@@ -110,7 +110,7 @@ func TestSplitTableGroups(t *testing.T) {
 		// doc d: base → base+1 (the divergence point) → 6 conversations
 		pts = append(pts, pt(base, 0, depth/2, 0, 60, 1), pt(base+1, base, depth, 0, 60, 6))
 		for c := uint64(0); c < 6; c++ {
-			pts = append(pts, pt(base+10+c, base+1, depth+100, scrape.PointMessageEnd|scrape.PointAnchor, 10, 2))
+			pts = append(pts, pt(base+10+c, base+1, depth+100, signals.PointMessageEnd|signals.PointAnchor, 10, 2))
 		}
 	}
 	av := splitTable(cl, prefixView(pts...), 4, nil)
@@ -130,7 +130,7 @@ func TestSplitTableGroups(t *testing.T) {
 		t.Fatalf("thinned group: %+v", rs)
 	}
 	// A single conversation's own prefix (one continuation) is not a group.
-	av = splitTable(cl, prefixView(pt(1, 0, 2000, 0, 60, 1), pt(2, 1, 2100, scrape.PointAnchor, 60, 2)), 4, nil)
+	av = splitTable(cl, prefixView(pt(1, 0, 2000, 0, 60, 1), pt(2, 1, 2100, signals.PointAnchor, 60, 2)), 4, nil)
 	if len(av.rules) != 0 {
 		t.Fatalf("one conversation grouped: %+v", av.Rules)
 	}
@@ -140,8 +140,8 @@ func TestSplitTableGroups(t *testing.T) {
 // the threshold; its R holds within 25%; a group stays where it was.
 func TestSplitTableHysteresis(t *testing.T) {
 	cl := testFleet(t).Classes[0]
-	at := func(share float64) scrape.ClassPrefixes {
-		return prefixView(pt(1, 0, 100, 0, 1000*share, 50), pt(2, 1, 200, scrape.PointAnchor, 5, 2))
+	at := func(share float64) signals.ClassPrefixes {
+		return prefixView(pt(1, 0, 100, 0, 1000*share, 50), pt(2, 1, 200, signals.PointAnchor, 5, 2))
 	}
 	av := splitTable(cl, at(0.2), 4, nil) // 0.2 > 0.125: hot, R = ceil(2·0.2/0.125) = 4
 	if rs := rulesOf(av); rs[1].Action != translate.Deeper || rs[1].Spread != 4 {
@@ -183,7 +183,7 @@ func TestCyclePublishesTheSplitTable(t *testing.T) {
 	}
 	now := time.Unix(1_800_000_000, 0)
 	r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20),
-		Prefixes: map[string]scrape.ClassPrefixes{"chat": preambleView(4000)}})
+		Prefixes: map[string]signals.ClassPrefixes{"chat": preambleView(4000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestCyclePublishesTheSplitTable(t *testing.T) {
 	// The next cycle, the same view: nothing to publish.
 	now = now.Add(5 * time.Second)
 	r, err = c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20),
-		Prefixes: map[string]scrape.ClassPrefixes{"chat": preambleView(4000)}})
+		Prefixes: map[string]signals.ClassPrefixes{"chat": preambleView(4000)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,9 +46,9 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/signal/scrape"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
@@ -258,15 +258,15 @@ func (c Config) Validate() error {
 // Inputs are one cycle's observations.
 type Inputs struct {
 	Now      time.Time
-	Engines  []scrape.Engine
-	Demand   map[scrape.DemandKey]scrape.DemandRate
-	Evidence map[string]scrape.Evidence // by engine address
+	Engines  []signals.Engine
+	Demand   map[signals.DemandKey]signals.DemandRate
+	Evidence map[string]signals.Evidence // by engine address
 	// DemandWindow is the span Demand's rates average over (the intake's
 	// window), for their noise (demand.go); 0 means 10 s.
 	DemandWindow time.Duration
-	// Prefixes is the prefix view by class (scrape.Intake.Prefixes), from
+	// Prefixes is the prefix view by class (signals.Intake.Prefixes), from
 	// which the split tables are learned (affinity.go).
-	Prefixes map[string]scrape.ClassPrefixes
+	Prefixes map[string]signals.ClassPrefixes
 }
 
 // EngineView is what the cycle concluded about an engine (admin view).
@@ -292,15 +292,15 @@ type EngineView struct {
 	// Residuals: observed / predicted at the observed load and queue (0: no
 	// evidence): TTFT and TBOT from the engine's metrics, E2E from
 	// ext_proc's timing of whole requests. The predictions are in ms.
-	TTFTResidual float64       `json:"ttft_residual"`
-	TBOTResidual float64       `json:"tbot_residual"`
-	E2EResidual  float64       `json:"e2e_residual"`
-	TTFTPredMs   float64       `json:"ttft_predicted_ms"`
-	TBOTPredMs   float64       `json:"tbot_predicted_ms"`
-	Window       scrape.Window `json:"evidence_window"`
-	ErrorRate    float64       `json:"error_rate"`
-	Penalty      float64       `json:"penalty"`
-	PenaltyWhy   string        `json:"penalty_why,omitempty"`
+	TTFTResidual float64        `json:"ttft_residual"`
+	TBOTResidual float64        `json:"tbot_residual"`
+	E2EResidual  float64        `json:"e2e_residual"`
+	TTFTPredMs   float64        `json:"ttft_predicted_ms"`
+	TBOTPredMs   float64        `json:"tbot_predicted_ms"`
+	Window       signals.Window `json:"evidence_window"`
+	ErrorRate    float64        `json:"error_rate"`
+	Penalty      float64        `json:"penalty"`
+	PenaltyWhy   string         `json:"penalty_why,omitempty"`
 }
 
 // ClassDecision is one (frontend, class)'s outcome.
@@ -395,7 +395,7 @@ type Controller struct {
 	tables map[string][]translate.PrefixRule
 	// smoothed is the demand the optimizer planned with, at smoothedAt
 	// (demand.go).
-	smoothed   map[scrape.DemandKey]smoothedDemand
+	smoothed   map[signals.DemandKey]smoothedDemand
 	smoothedAt time.Time
 	// shapes holds each class's smoothed work estimate, shapeView its value
 	// this cycle, traffic each class's requests/s per engine under the
@@ -604,7 +604,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 // with the same shapes, learned first (shape.go): planned with the spec's
 // 200/200-token mean against ~1k-token prompts, our own traffic read as
 // background load. It returns the smoothed demand (demand.go).
-func (c *Controller) observeDemand(in Inputs, res *Result) map[scrape.DemandKey]scrape.DemandRate {
+func (c *Controller) observeDemand(in Inputs, res *Result) map[signals.DemandKey]signals.DemandRate {
 	c.traffic = c.classTraffic(in.Demand)
 	c.shapeView = c.updateShapes(in.Now, in.Demand, in.Engines, c.traffic)
 	res.Shapes = c.shapeView
@@ -640,7 +640,7 @@ func (c *Controller) decideNode(fe fleet.Frontend, sol *optimizer.Solution, eng 
 // commit makes the cycle's decisions the published ones: the version (if
 // anything is published), the weights, the load they plan, the split
 // tables.
-func (c *Controller) commit(res *Result, dem map[scrape.DemandKey]scrape.DemandRate, nextVersion int64) {
+func (c *Controller) commit(res *Result, dem map[signals.DemandKey]signals.DemandRate, nextVersion int64) {
 	if len(res.Publish) > 0 {
 		c.version = nextVersion
 	}
@@ -703,9 +703,9 @@ func (c *Controller) InflightLimit(class string) int {
 // largest context of the fleet in prompt and in output tokens (ext_proc
 // caps both at its class's context limit). Window and clock are the
 // caller's.
-func (c *Controller) IntakeOptions() scrape.IntakeOptions {
+func (c *Controller) IntakeOptions() signals.IntakeOptions {
 	spec := c.spec
-	o := scrape.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
+	o := signals.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
 		MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
 	for _, f := range spec.Frontends {
 		o.Nodes = append(o.Nodes, f.NodeID)
@@ -748,7 +748,7 @@ func (c *Controller) CapacityRPS() float64 {
 // published weights send at the given demand, counting only what ext_proc
 // admits (shed requests never reach an engine), each class's requests at
 // its learned work (shapeOf); req is the same in requests/s.
-func (c *Controller) plannedFromPublished(dem map[scrape.DemandKey]scrape.DemandRate) (ref, req map[string]float64) {
+func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.DemandRate) (ref, req map[string]float64) {
 	ref, req = map[string]float64{}, map[string]float64{}
 	traffic := c.classTraffic(dem)
 	for _, cl := range c.problem.classes {

@@ -14,8 +14,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/golden"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 var update = flag.Bool("update", false, "rewrite the cycle goldens in controlplane/testdata")
@@ -27,7 +27,7 @@ type goldenStep struct {
 	east     float64 // demand at fe-east (high priority), requests/s
 	west     float64
 	low      float64 // demand at fe-east, low priority
-	evidence map[string]scrape.Evidence
+	evidence map[string]signals.Evidence
 	prefixes bool // the shared-preamble prefix view for class chat
 }
 
@@ -60,7 +60,7 @@ var goldenScenarios = map[string][]goldenStep{
 		{after: time.Second, engines: fleetAt(10, map[string]fake{"e-east-1": {down: true}}), east: 40, west: 20},
 		{after: 5 * time.Second, engines: fleetAt(10, map[string]fake{"e-west-2": {reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: 400, tbotMs: 8}}), east: 40, west: 20},
 		{after: 5 * time.Second, engines: fleetAt(10, nil), east: 40, west: 20,
-			evidence: map[string]scrape.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 40}}},
+			evidence: map[string]signals.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 40}}},
 	},
 	"overload": {
 		{engines: fleetAt(60, nil), east: 300, west: 200, low: 150},
@@ -85,11 +85,11 @@ func TestStepGolden(t *testing.T) {
 				now = now.Add(s.after)
 				dem := demand(s.east, s.west)
 				if s.low > 0 {
-					dem[scrape.DemandKey{Node: "fe-east", Class: "chat", Priority: "low"}] = scrape.DemandRate{RequestsPerS: s.low, PromptTokens: 200, OutputTokens: 200}
+					dem[signals.DemandKey{Node: "fe-east", Class: "chat", Priority: "low"}] = signals.DemandRate{RequestsPerS: s.low, PromptTokens: 200, OutputTokens: 200}
 				}
 				in := Inputs{Now: now, Engines: engines(now, s.engines), Demand: dem, Evidence: s.evidence}
 				if s.prefixes {
-					in.Prefixes = map[string]scrape.ClassPrefixes{"chat": preambleView(4000)}
+					in.Prefixes = map[string]signals.ClassPrefixes{"chat": preambleView(4000)}
 				}
 				r, err := c.Step(context.Background(), in)
 				if err != nil {

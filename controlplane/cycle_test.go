@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // testFleetYAML is two regions 60 ms apart, a frontend and two H100
@@ -59,15 +59,15 @@ type fake struct {
 }
 
 // engines runs a tracker over two synthetic scrapes one second apart.
-func engines(now time.Time, f map[string]fake) []scrape.Engine {
+func engines(now time.Time, f map[string]fake) []signals.Engine {
 	ids := []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"}
-	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
 	for _, id := range ids {
 		x := f[id]
-		tr.Observe(scrape.Sample{ID: id, At: now.Add(-time.Second), Healthy: true})
-		m0 := scrape.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5,
+		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true})
+		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5,
 			PrefixQueries: 1e5}
-		tr.Observe(scrape.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
+		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
 		m1 := m0
 		m1.Success += x.reqPerS
 		m1.PromptTokens += x.promptTokS
@@ -83,13 +83,13 @@ func engines(now time.Time, f map[string]fake) []scrape.Engine {
 			m1.QueueCount = m0.QueueCount + x.reqPerS
 			m1.QueueSum = m0.QueueSum + x.reqPerS*x.queueMs/1000
 		}
-		tr.Observe(scrape.Sample{ID: id, At: now, Healthy: !x.down, Metrics: m1})
+		tr.Observe(signals.Sample{ID: id, At: now, Healthy: !x.down, Metrics: m1})
 	}
 	return tr.Engines(now)
 }
 
-func demand(east, west float64) map[scrape.DemandKey]scrape.DemandRate {
-	return map[scrape.DemandKey]scrape.DemandRate{
+func demand(east, west float64) map[signals.DemandKey]signals.DemandRate {
+	return map[signals.DemandKey]signals.DemandRate{
 		{Node: "fe-east", Class: "chat", Priority: "high"}: {RequestsPerS: east, PromptTokens: 200, OutputTokens: 200},
 		{Node: "fe-west", Class: "chat", Priority: "high"}: {RequestsPerS: west, PromptTokens: 200, OutputTokens: 200},
 	}
@@ -198,7 +198,7 @@ func TestCyclePenaltyFromOwnProfileDecays(t *testing.T) {
 	// Errors reported by ext_proc count too.
 	now = now.Add(time.Second)
 	r3, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, normal(30)), Demand: demand(40, 20),
-		Evidence: map[string]scrape.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 50}}})
+		Evidence: map[string]signals.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 50}}})
 	if v := view(r3, "e-east-2"); v.Penalty < 0.8 || v.ErrorRate != 0.5 {
 		t.Errorf("50%% errors: %+v", v)
 	}
@@ -433,18 +433,18 @@ func BenchmarkCycle3Region(b *testing.B) {
 		ids = append(ids, e.ID)
 	}
 	now := time.Unix(1_800_000_000, 0)
-	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: time.Hour}, ids)
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: time.Hour}, ids)
 	for _, id := range ids {
-		tr.Observe(scrape.Sample{ID: id, At: now, Healthy: true, Metrics: scrape.Metrics{}})
+		tr.Observe(signals.Sample{ID: id, At: now, Healthy: true, Metrics: signals.Metrics{}})
 	}
 	eng := tr.Engines(now)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		now = now.Add(5 * time.Second)
-		d := map[scrape.DemandKey]scrape.DemandRate{}
+		d := map[signals.DemandKey]signals.DemandRate{}
 		for k, f := range spec.Frontends {
 			for _, cl := range spec.Classes {
-				d[scrape.DemandKey{Node: f.NodeID, Class: cl.Name, Priority: "standard"}] = scrape.DemandRate{
+				d[signals.DemandKey{Node: f.NodeID, Class: cl.Name, Priority: "standard"}] = signals.DemandRate{
 					RequestsPerS: 20 + float64((i+k)%7), PromptTokens: cl.MeanPromptTokens, OutputTokens: cl.MeanOutputTokens}
 			}
 		}
@@ -509,11 +509,11 @@ func TestCycleOwnSpreadUnderOverloadIsNotBackground(t *testing.T) {
 	ctx := context.Background()
 	addr := map[string]string{"e-east-1": "127.0.0.1:19001", "e-east-2": "127.0.0.1:19002",
 		"e-west-1": "127.0.0.1:19003", "e-west-2": "127.0.0.1:19004"}
-	dem := func(perFrontend float64) map[scrape.DemandKey]scrape.DemandRate {
-		m := map[scrape.DemandKey]scrape.DemandRate{}
+	dem := func(perFrontend float64) map[signals.DemandKey]signals.DemandRate {
+		m := map[signals.DemandKey]signals.DemandRate{}
 		for _, n := range []string{"fe-east", "fe-west"} {
 			for _, p := range []string{"high", "low"} {
-				m[scrape.DemandKey{Node: n, Class: "chat", Priority: p}] = scrape.DemandRate{RequestsPerS: perFrontend / 2, PromptTokens: 200, OutputTokens: 200}
+				m[signals.DemandKey{Node: n, Class: "chat", Priority: p}] = signals.DemandRate{RequestsPerS: perFrontend / 2, PromptTokens: 200, OutputTokens: 200}
 			}
 		}
 		return m
@@ -535,14 +535,14 @@ func TestCycleOwnSpreadUnderOverloadIsNotBackground(t *testing.T) {
 		}
 		sheds = c.publishedSheds()
 		skew := map[string]float64{"e-east-1": 1.25, "e-east-2": 0.75, "e-west-1": 1, "e-west-2": 1}
-		busy, ev := map[string]fake{}, map[string]scrape.Evidence{}
+		busy, ev := map[string]fake{}, map[string]signals.Evidence{}
 		for id, planned := range c.planned {
 			prof := c.profiles[id]
 			got := planned * skew[id]
 			busy[id] = fake{reqPerS: got, genTokS: got / prof.CapacityRPS / prof.OutputTokenSec}
 			if withEvidence {
 				answered := 4 * c.plannedReq[id] * skew[id]
-				ev[addr[id]] = scrape.Evidence{Responses: answered + 30, Errors: 30}
+				ev[addr[id]] = signals.Evidence{Responses: answered + 30, Errors: 30}
 			}
 		}
 		now = now.Add(5 * time.Second)

@@ -4,9 +4,9 @@ import (
 	"math"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // The deadband weighs what new weights gain against the cache misses they
@@ -40,16 +40,16 @@ type deadbandCycle struct {
 	c       *Controller
 	p       *optimizer.Problem
 	sol     *optimizer.Solution
-	engines []scrape.Engine
-	demand  map[scrape.DemandKey]scrape.DemandRate // as planned (demand.go)
+	engines []signals.Engine
+	demand  map[signals.DemandKey]signals.DemandRate // as planned (demand.go)
 	prios   []fleet.Priority
 	db      *deadband // nil until priced
 	// done holds the weights of the flows decided before db was priced.
 	done map[[2]string]map[string]float64
 }
 
-func (c *Controller) deadbandCycle(p *optimizer.Problem, sol *optimizer.Solution, engines []scrape.Engine,
-	demand map[scrape.DemandKey]scrape.DemandRate, prios []fleet.Priority) *deadbandCycle {
+func (c *Controller) deadbandCycle(p *optimizer.Problem, sol *optimizer.Solution, engines []signals.Engine,
+	demand map[signals.DemandKey]signals.DemandRate, prios []fleet.Priority) *deadbandCycle {
 	return &deadbandCycle{c: c, p: p, sol: sol, engines: engines, demand: demand, prios: prios}
 }
 
@@ -107,13 +107,13 @@ type deadband struct {
 	prefil map[string]float64 // engine → prefill tokens per second
 }
 
-func (c *Controller) newDeadband(p *optimizer.Problem, sol *optimizer.Solution, engines []scrape.Engine) *deadband {
+func (c *Controller) newDeadband(p *optimizer.Problem, sol *optimizer.Solution, engines []signals.Engine) *deadband {
 	db := &deadband{ev: optimizer.NewEvaluator(p, sol), remap: p.RemapFactor, hit: map[string]float64{}, prefil: map[string]float64{}}
 	if db.remap == 0 {
 		db.remap = optimizer.DefaultRemapFactor
 	}
 	for _, e := range engines {
-		if e.Status() == scrape.Up && e.PrefixCacheHitRate > 0 {
+		if e.Status() == signals.Up && e.PrefixCacheHitRate > 0 {
 			db.hit[e.ID] = math.Min(e.PrefixCacheHitRate, 1)
 		}
 	}
@@ -167,10 +167,10 @@ func (db *deadband) worth(node, class string, held, proposed map[string]float64,
 // meanPrompt is the (frontend, class)'s mean prompt as reported (every
 // token, cached or not: what a moved request loses is its cached share),
 // else the class's.
-func meanPrompt(dem map[scrape.DemandKey]scrape.DemandRate, node string, cl fleet.Class, prios []fleet.Priority) float64 {
+func meanPrompt(dem map[signals.DemandKey]signals.DemandRate, node string, cl fleet.Class, prios []fleet.Priority) float64 {
 	req, pt := 0.0, 0.0
 	for _, pr := range prios {
-		d := dem[scrape.DemandKey{Node: node, Class: cl.Name, Priority: pr.Name}]
+		d := dem[signals.DemandKey{Node: node, Class: cl.Name, Priority: pr.Name}]
 		req += d.RequestsPerS
 		pt += d.PromptTokens * d.RequestsPerS
 	}

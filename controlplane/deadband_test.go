@@ -5,26 +5,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // cachedEngines is an idle fleet with a prefix-cache hit rate: each engine
 // looked up 10,000 prompt tokens in the last second and found hit of them.
-func cachedEngines(now time.Time, hit float64) []scrape.Engine {
+func cachedEngines(now time.Time, hit float64) []signals.Engine {
 	ids := []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"}
-	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
 	for _, id := range ids {
-		m0 := scrape.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, PrefixQueries: 1e5, PrefixHits: 1e5 * hit}
-		tr.Observe(scrape.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
+		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, PrefixQueries: 1e5, PrefixHits: 1e5 * hit}
+		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
 		m1 := m0
 		m1.PrefixQueries += 1e4
 		m1.PrefixHits += 1e4 * hit
-		tr.Observe(scrape.Sample{ID: id, At: now, Healthy: true, Metrics: m1})
+		tr.Observe(signals.Sample{ID: id, At: now, Healthy: true, Metrics: m1})
 	}
 	return tr.Engines(now)
 }
 
-func promptDemand(east, west, prompt float64) map[scrape.DemandKey]scrape.DemandRate {
+func promptDemand(east, west, prompt float64) map[signals.DemandKey]signals.DemandRate {
 	d := demand(east, west)
 	for k, v := range d {
 		v.PromptTokens = prompt

@@ -4,7 +4,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // Demand smoothing. The intake reports demand as rates over a window (10 s
@@ -33,12 +33,12 @@ const defaultDemandWindow = 10 * time.Second
 // prompt and output tokens.
 type smoothedDemand struct{ req, shed, pt, ot float64 }
 
-func smoothedOf(r scrape.DemandRate) smoothedDemand {
+func smoothedOf(r signals.DemandRate) smoothedDemand {
 	return smoothedDemand{req: r.RequestsPerS, shed: r.ShedPerS, pt: r.PromptTokens * r.RequestsPerS, ot: r.OutputTokens * r.RequestsPerS}
 }
 
-func (s smoothedDemand) rate() scrape.DemandRate {
-	r := scrape.DemandRate{RequestsPerS: s.req, ShedPerS: s.shed}
+func (s smoothedDemand) rate() signals.DemandRate {
+	r := signals.DemandRate{RequestsPerS: s.req, ShedPerS: s.shed}
 	if s.req > 0 {
 		r.PromptTokens, r.OutputTokens = s.pt/s.req, s.ot/s.req
 	}
@@ -47,7 +47,7 @@ func (s smoothedDemand) rate() scrape.DemandRate {
 
 // smoothDemand returns the demand the optimizer plans with at now, and
 // keeps the state for the next cycle.
-func (c *Controller) smoothDemand(now time.Time, dem map[scrape.DemandKey]scrape.DemandRate, window time.Duration) map[scrape.DemandKey]scrape.DemandRate {
+func (c *Controller) smoothDemand(now time.Time, dem map[signals.DemandKey]signals.DemandRate, window time.Duration) map[signals.DemandKey]signals.DemandRate {
 	tau := c.cfg.DemandSmoothing
 	if tau <= 0 {
 		return dem
@@ -66,10 +66,10 @@ func (c *Controller) smoothDemand(now time.Time, dem map[scrape.DemandKey]scrape
 	}
 	c.smoothedAt = now
 	if c.smoothed == nil {
-		c.smoothed = map[scrape.DemandKey]smoothedDemand{}
+		c.smoothed = map[signals.DemandKey]smoothedDemand{}
 	}
-	out := make(map[scrape.DemandKey]scrape.DemandRate, len(dem))
-	keys := make(map[scrape.DemandKey]bool, len(dem)+len(c.smoothed))
+	out := make(map[signals.DemandKey]signals.DemandRate, len(dem))
+	keys := make(map[signals.DemandKey]bool, len(dem)+len(c.smoothed))
 	for k := range dem {
 		keys[k] = true
 	}

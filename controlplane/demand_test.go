@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
-var demandKey = scrape.DemandKey{Node: "fe-east", Class: "chat", Priority: "high"}
+var demandKey = signals.DemandKey{Node: "fe-east", Class: "chat", Priority: "high"}
 
 // windowRate is what the intake reports for a Poisson stream of rate r over
 // a window of w: a count over w.
@@ -23,10 +23,10 @@ func windowRate(rng *rand.Rand, r float64, w time.Duration) float64 {
 	return float64(n) / w.Seconds()
 }
 
-func smoothStep(c *Controller, now time.Time, req, prompt float64) scrape.DemandRate {
-	in := map[scrape.DemandKey]scrape.DemandRate{}
+func smoothStep(c *Controller, now time.Time, req, prompt float64) signals.DemandRate {
+	in := map[signals.DemandKey]signals.DemandRate{}
 	if req > 0 {
-		in[demandKey] = scrape.DemandRate{RequestsPerS: req, PromptTokens: prompt, OutputTokens: 100}
+		in[demandKey] = signals.DemandRate{RequestsPerS: req, PromptTokens: prompt, OutputTokens: 100}
 	}
 	return c.smoothDemand(now, in, 10*time.Second)[demandKey]
 }
@@ -81,7 +81,7 @@ func TestDemandSmoothingFollowsChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Unix(1_800_000_000, 0)
-	step := func(req, prompt float64) scrape.DemandRate {
+	step := func(req, prompt float64) signals.DemandRate {
 		now = now.Add(5 * time.Second)
 		return smoothStep(c, now, req, prompt)
 	}

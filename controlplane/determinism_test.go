@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/ordered"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // detFleetYAML is three regions, a frontend and two engines in each, two
@@ -57,10 +57,10 @@ func detInputs(spec *fleet.Spec, now time.Time, i int, reverse bool) Inputs {
 	for _, e := range spec.Engines {
 		ids = append(ids, e.ID)
 	}
-	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
 	for _, k := range order(len(ids)) {
 		x := 1 + float64((k*7+i*3)%11)/13
-		m0 := scrape.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5}
+		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5}
 		m1 := m0
 		m1.Success += 9.1 * x
 		m1.PromptTokens += 9100 * x
@@ -69,25 +69,25 @@ func detInputs(spec *fleet.Spec, now time.Time, i int, reverse bool) Inputs {
 		m1.TTFTSum += 9.1 * x * (0.031 + 0.013*float64(k%3)) * x
 		m1.ITLCount += 1333 * x
 		m1.ITLSum += 1333 * x * 0.0077 * x
-		tr.Observe(scrape.Sample{ID: ids[k], At: now.Add(-time.Second), Healthy: true})
-		tr.Observe(scrape.Sample{ID: ids[k], At: now.Add(-time.Second), Healthy: true, Metrics: m0})
-		tr.Observe(scrape.Sample{ID: ids[k], At: now, Healthy: true, Metrics: m1})
+		tr.Observe(signals.Sample{ID: ids[k], At: now.Add(-time.Second), Healthy: true})
+		tr.Observe(signals.Sample{ID: ids[k], At: now.Add(-time.Second), Healthy: true, Metrics: m0})
+		tr.Observe(signals.Sample{ID: ids[k], At: now, Healthy: true, Metrics: m1})
 	}
-	in := Inputs{Now: now, Engines: tr.Engines(now), Demand: map[scrape.DemandKey]scrape.DemandRate{},
-		Evidence: map[string]scrape.Evidence{}}
+	in := Inputs{Now: now, Engines: tr.Engines(now), Demand: map[signals.DemandKey]signals.DemandRate{},
+		Evidence: map[string]signals.Evidence{}}
 	// Demand that ends up overloaded in the later cycles (shedding).
 	for _, f := range order(len(spec.Frontends)) {
 		for _, c := range order(len(spec.Classes)) {
 			for _, p := range order(len(spec.Priorities)) {
 				r := (11.3 + 3.7*float64(f) + 1.9*float64(c) + 2.3*float64(p)) * (1 + 0.37*float64(i))
-				in.Demand[scrape.DemandKey{Node: spec.Frontends[f].NodeID, Class: spec.Classes[c].Name, Priority: spec.Priorities[p].Name}] = scrape.DemandRate{
+				in.Demand[signals.DemandKey{Node: spec.Frontends[f].NodeID, Class: spec.Classes[c].Name, Priority: spec.Priorities[p].Name}] = signals.DemandRate{
 					RequestsPerS: r, ShedPerS: r * 0.01 * float64(i%3), PromptTokens: 300 + 2700*float64(c) + 0.1*float64(f), OutputTokens: 150 - 60*float64(c)}
 			}
 		}
 	}
 	for _, k := range order(len(spec.Engines)) {
 		e := spec.Engines[k]
-		ev := scrape.Evidence{Responses: 90.7 + float64(k), Errors: 0.3 * float64((k+i)%4), HeaderLatencyCnt: 80, HeaderLatencyMs: 41.3,
+		ev := signals.Evidence{Responses: 90.7 + float64(k), Errors: 0.3 * float64((k+i)%4), HeaderLatencyCnt: 80, HeaderLatencyMs: 41.3,
 			Completed: 88.1, CompletionSeconds: 88.1 * (1.7 + 0.9*float64(k%2)), CompletionPromptTokens: 88.1 * 900, CompletionOutputTokens: 88.1 * 130,
 			CompletedByNode: map[string]float64{}}
 		for _, f := range order(len(spec.Frontends)) {

@@ -4,8 +4,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/signal/scrape"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
@@ -50,7 +50,7 @@ func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engine
 		pen, why := c.nextPenalty(e.ID, c.penalties[e.ID], *as[e.ID], decay)
 		c.penalties[e.ID] = pen
 		v.Penalty, v.PenaltyWhy = pen, why
-		impaired := pen > 0 || (state != scrape.Up && state != scrape.New)
+		impaired := pen > 0 || (state != signals.Up && state != signals.New)
 		if c.impaired[e.ID] && !impaired {
 			st.recovered[e.ID] = true
 			v.PenaltyWhy = "recovered: the stability term is lifted for its classes this cycle"
@@ -64,11 +64,11 @@ func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engine
 	return st
 }
 
-func (c *Controller) healthOf(s scrape.State) (translate.Health, float64) {
+func (c *Controller) healthOf(s signals.State) (translate.Health, float64) {
 	switch s {
-	case scrape.Up:
+	case signals.Up:
 		return translate.Healthy, 1
-	case scrape.Down:
+	case signals.Down:
 		return translate.Unhealthy, 0
 	}
 	return translate.Unknown, c.cfg.UnknownHealth

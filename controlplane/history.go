@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // history keeps a summary of the last cycles, for the dashboard's charts
@@ -52,7 +52,7 @@ func newHistory(spec *fleet.Spec, n int) *history {
 
 // record adds one cycle: the engines' signals and the demand it used, and
 // its outcome (nil if the cycle failed: the signals still count).
-func (h *history) record(at time.Time, engines []scrape.Engine, demand map[scrape.DemandKey]scrape.DemandRate, res *Result) {
+func (h *history) record(at time.Time, engines []signals.Engine, demand map[signals.DemandKey]signals.DemandRate, res *Result) {
 	if h.capacity == 0 {
 		return
 	}
@@ -74,7 +74,7 @@ func (h *history) record(at time.Time, engines []scrape.Engine, demand map[scrap
 		}
 		p.state[j] = e.Status().String()
 		p.ttft[j], p.tbot[j] = e.TTFTMs, e.TBOTMs
-		if e.Status() == scrape.Up {
+		if e.Status() == signals.Up {
 			p.running[j], p.waiting[j], p.kv[j], p.rps[j] = e.Running, e.Waiting, e.KVUsage, e.RequestsPerS
 		}
 	}
@@ -93,7 +93,7 @@ func (h *history) record(at time.Time, engines []scrape.Engine, demand map[scrap
 	for k, name := range h.priorities {
 		pidx[name] = k
 	}
-	for _, key := range scrape.DemandKeys(demand) {
+	for _, key := range signals.DemandKeys(demand) {
 		d := demand[key]
 		if i, ok := fidx[key.Node]; ok {
 			p.demand[i] += d.RequestsPerS

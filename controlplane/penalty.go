@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/ordered"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // Outlier penalties tell faults from overload.
@@ -49,24 +49,24 @@ import (
 // observe builds every engine's view (state, health, utilization,
 // background load) and assessment from the inputs; up marks the engines
 // that are up.
-func (c *Controller) observe(in Inputs) (views []EngineView, states []scrape.State, as map[string]*assessment, up map[string]bool) {
+func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.State, as map[string]*assessment, up map[string]bool) {
 	f := &c.problem
-	sig := map[string]scrape.Engine{}
+	sig := map[string]signals.Engine{}
 	for _, e := range in.Engines {
 		sig[e.ID] = e
 	}
-	evidence := map[string]scrape.Evidence{}
+	evidence := map[string]signals.Evidence{}
 	for addr, ev := range in.Evidence {
 		if id, ok := f.byAddr[addr]; ok {
 			evidence[id] = ev
 		}
 	}
 	own := c.ownLoad(evidence, in.Now, in.DemandWindow)
-	views, states = make([]EngineView, len(f.engines)), make([]scrape.State, len(f.engines))
+	views, states = make([]EngineView, len(f.engines)), make([]signals.State, len(f.engines))
 	as, up = map[string]*assessment{}, map[string]bool{}
 	for j, e := range f.engines {
 		s, ok := sig[e.ID]
-		state := scrape.New
+		state := signals.New
 		if ok {
 			state = s.Status()
 		}
@@ -74,7 +74,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []scrape.Sta
 		prof := c.profiles[e.ID]
 		reps := float64(max(e.Replicas, 1))
 		v := EngineView{ID: e.ID, State: state.String(), Health: h.String(), HealthFactor: hf}
-		if state == scrape.Up {
+		if state == signals.Up {
 			work := math.Max(0, s.PromptTokensPerS-s.CachedTokensPerS)*prof.PromptTokenSec + s.GenerationTokPerS*c.outputTokenSec(e.ID)
 			v.ObservedUtilization = work / reps
 			// Background: load beyond what our traffic explains (the
@@ -112,7 +112,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []scrape.Sta
 			}
 			up[e.ID] = true
 		} else {
-			s = scrape.Engine{} // latency evidence only from an engine that is up
+			s = signals.Engine{} // latency evidence only from an engine that is up
 		}
 		a := c.judge(e, s, evidence[e.ID], &v)
 		as[e.ID] = &a
@@ -150,7 +150,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []scrape.Sta
 // tenant's load would get its old share back as its own. The gate is
 // fleet-wide: one frontend shedding turns the correction on for every
 // engine, as one overloaded region spills into the others.
-func (c *Controller) ownLoad(evidence map[string]scrape.Evidence, now time.Time, window time.Duration) map[string]float64 {
+func (c *Controller) ownLoad(evidence map[string]signals.Evidence, now time.Time, window time.Duration) map[string]float64 {
 	engines := c.problem.engines
 	own := make(map[string]float64, len(engines))
 	answered := func(id string) float64 { return math.Max(0, evidence[id].Responses-evidence[id].Errors) }
@@ -230,7 +230,7 @@ const queueSlack = 2
 // penalized for queueing (TestDrillOverload, 2 runs in 7). The
 // histogram times every request, so a TTFT residual then measures what
 // queueing does not explain.
-func queueWaitMs(w scrape.Window, minSamples float64) float64 {
+func queueWaitMs(w signals.Window, minSamples float64) float64 {
 	if w.QueueCount > 0 && w.QueueCount >= minSamples {
 		return w.QueueMeanMs
 	}
@@ -249,7 +249,7 @@ type assessment struct {
 // judge fills the view's residuals and predictions and returns the
 // engine's assessment. s is its tracker view (state Up), ev its ext_proc
 // evidence (zero if none).
-func (c *Controller) judge(e fleet.Engine, s scrape.Engine, ev scrape.Evidence, v *EngineView) assessment {
+func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence, v *EngineView) assessment {
 	po := c.cfg.Penalty
 	var a assessment
 	w := s.Window // zero unless the engine is up

@@ -4,15 +4,15 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // buildProblem is step 3's input: the fleet (RTTs, eligibility, learned
 // class shapes, priorities), the engines as assessed, the smoothed demand
 // per (frontend, class, priority) and the published weights as Last
 // (except for classes an engine of which recovered).
-func (c *Controller) buildProblem(eng engineStep, demand map[scrape.DemandKey]scrape.DemandRate) *optimizer.Problem {
+func (c *Controller) buildProblem(eng engineStep, demand map[signals.DemandKey]signals.DemandRate) *optimizer.Problem {
 	f := &c.problem
 	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs,
 		MarginalStretch: c.cfg.MarginalStretch, Engines: eng.problem}
@@ -52,12 +52,12 @@ func (c *Controller) buildProblem(eng engineStep, demand map[scrape.DemandKey]sc
 // learned shape (Problem.Classes) serves every frontend: one estimate from
 // all reports is steadier than each frontend's, and frontends alike in
 // round trips still pool.
-func (c *Controller) classDemand(node, class string, demand map[scrape.DemandKey]scrape.DemandRate) optimizer.Demand {
+func (c *Controller) classDemand(node, class string, demand map[signals.DemandKey]signals.DemandRate) optimizer.Demand {
 	f := &c.problem
 	d := optimizer.Demand{RatePerS: make([]float64, len(f.priorities))}
 	var req float64
 	for k, pr := range f.priorities {
-		r := demand[scrape.DemandKey{Node: node, Class: class, Priority: pr.Name}]
+		r := demand[signals.DemandKey{Node: node, Class: class, Priority: pr.Name}]
 		d.RatePerS[k] = r.RequestsPerS
 		req += r.RequestsPerS
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // An engine failing half its requests loses its share at once, down to
@@ -32,7 +32,7 @@ func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 		}
 		return m
 	}
-	step := func(ev map[string]scrape.Evidence) *Result {
+	step := func(ev map[string]signals.Evidence) *Result {
 		t.Helper()
 		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, quiet()), Demand: demand(0.3, 0.3), Evidence: ev})
 		if err != nil {
@@ -47,7 +47,7 @@ func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 	}
 	// 50% errors reported by ext_proc for e-east-1 (127.0.0.1:19001).
 	now = now.Add(time.Second)
-	r = step(map[string]scrape.Evidence{"127.0.0.1:19001": {Responses: 100, Errors: 50}})
+	r = step(map[string]signals.Evidence{"127.0.0.1:19001": {Responses: 100, Errors: 50}})
 	probe := cfg.Penalty.MaxProbeShare // 0.5 req/s of 0.3 req/s: the largest probe share
 	if got := share(r, "fe-east", "e-east-1"); math.Abs(got-probe) > 1e-9 {
 		t.Fatalf("failing engine has share %.3f (penalty %.2f), want its probe share %.2f", got, view(r, "e-east-1").Penalty, probe)
@@ -67,7 +67,7 @@ func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 	var back float64
 	for k := 0; k < 12; k++ {
 		now = now.Add(time.Second)
-		r = step(map[string]scrape.Evidence{"127.0.0.1:19001": {Responses: 5}})
+		r = step(map[string]signals.Evidence{"127.0.0.1:19001": {Responses: 5}})
 		back = share(r, "fe-east", "e-east-1")
 		if back >= base/2 {
 			t.Logf("share %.3f → 0 → %.3f after %d s of recovery", base, back, k+1)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // Two control-plane replicas fed the same signals publish the same
@@ -30,14 +30,14 @@ func TestReplicasAreDeterministic(t *testing.T) {
 	}
 	steps := []struct {
 		mut  func(map[string]fake)
-		ev   map[string]scrape.Evidence
+		ev   map[string]signals.Evidence
 		east float64
 	}{
 		{nil, nil, 40},
 		{nil, nil, 80},
-		{nil, map[string]scrape.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 40}}, 80},
+		{nil, map[string]signals.Evidence{"127.0.0.1:19002": {Responses: 100, Errors: 40}}, 80},
 		{func(m map[string]fake) { x := m["e-west-1"]; x.down = true; m["e-west-1"] = x }, nil, 200},
-		{func(m map[string]fake) { x := m["e-west-1"]; x.down = false; m["e-west-1"] = x }, map[string]scrape.Evidence{"127.0.0.1:19002": {Responses: 20}}, 120},
+		{func(m map[string]fake) { x := m["e-west-1"]; x.down = false; m["e-west-1"] = x }, map[string]signals.Evidence{"127.0.0.1:19002": {Responses: 20}}, 120},
 		{nil, nil, 30},
 	}
 	for i, st := range steps {

@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/xds/auth"
 	"github.com/inferlb/inferlb/xds/server"
 )
@@ -40,7 +40,7 @@ type RunConfig struct {
 	StaleAfter, Smoothing, DemandWindow time.Duration
 	// EvidenceWindow is how far back the latency evidence of penalties
 	// reaches; IdleReset how long without a first token makes an engine
-	// forget its latency (scrape.TrackerOptions; 0: 10 s and 60 s).
+	// forget its latency (signals.TrackerOptions; 0: 10 s and 60 s).
 	EvidenceWindow, IdleReset time.Duration
 	// Warmup delays the first publication so that the first cycle sees one
 	// full scrape round and the demand reports of a demand window's worth
@@ -82,9 +82,9 @@ type Runner struct {
 	reg     *prometheus.Registry
 	ctrl    *Controller
 	srv     *server.Server
-	intake  *scrape.Intake
-	scraper *scrape.Scraper
-	targets []scrape.Target
+	intake  *signals.Intake
+	scraper *signals.Scraper
+	targets []signals.Target
 	kick    chan struct{}
 	// scrapeDone signals a finished scrape round: the cycle loop checks
 	// whether a penalty would rise (Controller.PenaltyRising).
@@ -95,7 +95,7 @@ type Runner struct {
 	// mu guards tracker (the scrape loop writes it, the cycle and the admin
 	// handlers read it), last, cycles, ready and the bound addresses.
 	mu                 sync.Mutex
-	tracker            *scrape.Tracker
+	tracker            *signals.Tracker
 	last               *Result
 	cycles             int
 	ready              bool
@@ -166,14 +166,14 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	var ids []string
 	for _, e := range cfg.Fleet.Engines {
 		ids = append(ids, e.ID)
-		r.targets = append(r.targets, scrape.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
+		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
 	}
-	if r.intake, err = scrape.NewIntake(r.intakeOptions()); err != nil {
+	if r.intake, err = signals.NewIntake(r.intakeOptions()); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	r.tracker = scrape.NewTracker(scrape.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
+	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
 		EvidenceWindow: cfg.EvidenceWindow, IdleReset: cfg.IdleReset}, ids)
-	r.scraper = &scrape.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
+	r.scraper = &signals.Scraper{Timeout: cfg.ScrapeTimeout, Now: cfg.Now,
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
 	r.srv, err = server.New(server.Config{Logger: lg, Registry: r.reg, Reports: r.intake, Auth: cfg.Auth,
 		VersionPrefix: fmt.Sprintf("p%d-", cfg.Now().UnixMilli())})
@@ -199,7 +199,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 
 // intakeOptions are the Reports intake's names and bounds (the
 // controller's) with the runner's window, clock and clock skew.
-func (r *Runner) intakeOptions() scrape.IntakeOptions {
+func (r *Runner) intakeOptions() signals.IntakeOptions {
 	o := r.ctrl.IntakeOptions()
 	o.Window, o.Now, o.MaxClockSkew = r.cfg.DemandWindow, r.cfg.Now, r.cfg.MaxClockSkew
 	return o
@@ -456,7 +456,7 @@ func (r *Runner) cycle(ctx context.Context) {
 	}
 	for _, e := range engines {
 		r.m.age.WithLabelValues(e.ID).Set(e.AgeSeconds)
-		for _, st := range []scrape.State{scrape.Up, scrape.Down, scrape.Stale, scrape.New} {
+		for _, st := range []signals.State{signals.Up, signals.Down, signals.Stale, signals.New} {
 			v := 0.0
 			if e.Status() == st {
 				v = 1

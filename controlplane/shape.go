@@ -5,9 +5,9 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // Work per request.
@@ -114,12 +114,12 @@ type shapeObservation struct {
 // updateShapes folds this cycle's observations into every class's estimate
 // and returns the estimates. traffic is each class's requests/s per engine
 // under the weights in force (classTraffic).
-func (c *Controller) updateShapes(now time.Time, dem map[scrape.DemandKey]scrape.DemandRate, engines []scrape.Engine,
+func (c *Controller) updateShapes(now time.Time, dem map[signals.DemandKey]signals.DemandRate, engines []signals.Engine,
 	traffic map[string]map[string]float64) map[string]ClassShape {
 	f := &c.problem
-	sig := map[string]scrape.Engine{}
+	sig := map[string]signals.Engine{}
 	for _, e := range engines {
-		if e.Status() == scrape.Up {
+		if e.Status() == signals.Up {
 			sig[e.ID] = e
 		}
 	}
@@ -128,7 +128,7 @@ func (c *Controller) updateShapes(now time.Time, dem map[scrape.DemandKey]scrape
 		var o shapeObservation
 		for _, fe := range f.frontends {
 			for _, pr := range f.priorities {
-				d := dem[scrape.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				if !(d.RequestsPerS > 0) {
 					continue
 				}
@@ -177,7 +177,7 @@ func (c *Controller) updateShapes(now time.Time, dem map[scrape.DemandKey]scrape
 
 // hitRate is an engine's prefix-cache hit rate: its cached over its prompt
 // tokens, or the server's own hit-rate gauge where it has no counters.
-func hitRate(e scrape.Engine) float64 {
+func hitRate(e signals.Engine) float64 {
 	if e.PromptTokensPerS > 0 && e.CachedTokensPerS > 0 {
 		return e.CachedTokensPerS / e.PromptTokensPerS
 	}
@@ -279,7 +279,7 @@ func joinWhy(a, b string) string {
 // classTraffic is each class's requests/s per engine under the weights in
 // force (published, or seeded), at the demand admitted now: what our own
 // traffic puts on each engine. Nil for a class without published weights.
-func (c *Controller) classTraffic(dem map[scrape.DemandKey]scrape.DemandRate) map[string]map[string]float64 {
+func (c *Controller) classTraffic(dem map[signals.DemandKey]signals.DemandRate) map[string]map[string]float64 {
 	out := map[string]map[string]float64{}
 	for _, fe := range c.problem.frontends {
 		nd := c.published[fe.NodeID]
@@ -293,7 +293,7 @@ func (c *Controller) classTraffic(dem map[scrape.DemandKey]scrape.DemandRate) ma
 			}
 			rate := 0.0
 			for _, pr := range c.problem.priorities {
-				d := dem[scrape.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
 				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
 			}
 			sum := ordered.Sum(cd.Weights) // a fixed order: replicas agree to the bit

@@ -8,27 +8,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/body"
-	"github.com/inferlb/inferlb/signal/scrape"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // shapedDemand is demand of one shape at both frontends, split over the
 // priorities given.
-func shapedDemand(east, west, prompt, output float64, prios ...string) map[scrape.DemandKey]scrape.DemandRate {
-	d := map[scrape.DemandKey]scrape.DemandRate{}
+func shapedDemand(east, west, prompt, output float64, prios ...string) map[signals.DemandKey]signals.DemandRate {
+	d := map[signals.DemandKey]signals.DemandRate{}
 	for _, pr := range prios {
 		n := float64(len(prios))
-		d[scrape.DemandKey{Node: "fe-east", Class: "chat", Priority: pr}] = scrape.DemandRate{RequestsPerS: east / n, PromptTokens: prompt, OutputTokens: output}
-		d[scrape.DemandKey{Node: "fe-west", Class: "chat", Priority: pr}] = scrape.DemandRate{RequestsPerS: west / n, PromptTokens: prompt, OutputTokens: output}
+		d[signals.DemandKey{Node: "fe-east", Class: "chat", Priority: pr}] = signals.DemandRate{RequestsPerS: east / n, PromptTokens: prompt, OutputTokens: output}
+		d[signals.DemandKey{Node: "fe-west", Class: "chat", Priority: pr}] = signals.DemandRate{RequestsPerS: west / n, PromptTokens: prompt, OutputTokens: output}
 	}
 	return d
 }
 
 // busyEngines: the four engines share rate requests/s of the given shape,
 // hit of the prompt tokens from their prefix caches.
-func busyEngines(now time.Time, rate, prompt, output, hit float64) []scrape.Engine {
+func busyEngines(now time.Time, rate, prompt, output, hit float64) []signals.Engine {
 	f := map[string]fake{}
 	for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
 		r := rate / 4

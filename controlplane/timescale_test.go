@@ -14,8 +14,8 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/enginesim"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // An engine simulator at time scale 0.5 (the demo's documented
@@ -56,9 +56,9 @@ engines:
 	}
 	// Traffic: two clients, 400-token prompts, 24 output tokens, while the
 	// engine is scraped every 200 ms.
-	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: 5 * time.Second}, []string{"e1"})
-	sc := &scrape.Scraper{Timeout: 2 * time.Second}
-	target := scrape.Target{ID: "e1", Address: eng.Addr()}
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, []string{"e1"})
+	sc := &signals.Scraper{Timeout: 2 * time.Second}
+	target := signals.Target{ID: "e1", Address: eng.Addr()}
 	tr.Observe(sc.Scrape(ctx, target))
 	// Each prompt begins with its own words, so none is a prefix-cache hit:
 	// the profile the engine is judged by prices every prompt token, and

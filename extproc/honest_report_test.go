@@ -21,9 +21,9 @@ import (
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/extproc/cpclient"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // honestFleet has two classes of one model with small contexts (2k and 8k
@@ -51,7 +51,7 @@ engines:
 // control plane derives for that fleet.
 type honestRig struct {
 	s      *Server
-	intake *scrape.Intake
+	intake *signals.Intake
 	now    time.Time
 	addrs  []string
 }
@@ -72,10 +72,10 @@ func newHonestRig(t testing.TB) *honestRig {
 		ids = append(ids, e.ID)
 		h.addrs = append(h.addrs, e.Address)
 	}
-	tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
 	for _, id := range ids {
-		tr.Observe(scrape.Sample{ID: id, At: h.now.Add(-time.Second), Healthy: true})
-		tr.Observe(scrape.Sample{ID: id, At: h.now, Healthy: true})
+		tr.Observe(signals.Sample{ID: id, At: h.now.Add(-time.Second), Healthy: true})
+		tr.Observe(signals.Sample{ID: id, At: h.now, Healthy: true})
 	}
 	res, err := ctrl.Step(context.Background(), controlplane.Inputs{Now: h.now, Engines: tr.Engines(h.now)})
 	if err != nil {
@@ -83,7 +83,7 @@ func newHonestRig(t testing.TB) *honestRig {
 	}
 	o := ctrl.IntakeOptions()
 	o.Window, o.Now = 10*time.Second, func() time.Time { return h.now }
-	if h.intake, err = scrape.NewIntake(o); err != nil {
+	if h.intake, err = signals.NewIntake(o); err != nil {
 		t.Fatal(err)
 	}
 	h.s = New(Options{Now: func() time.Time { return h.now }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -9,7 +9,7 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/controlplane"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // The one retry-budget curve: full budget up to 70% utilization, none from
@@ -49,11 +49,11 @@ func TestRetryBudgetIsScaledOnce(t *testing.T) {
 		}
 		now := time.Unix(1_800_000_000, 0)
 		ids := []string{"engine-1", "engine-2"}
-		tr := scrape.NewTracker(scrape.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
+		tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second}, ids)
 		for _, id := range ids {
-			tr.Observe(scrape.Sample{ID: id, At: now, Healthy: true})
+			tr.Observe(signals.Sample{ID: id, At: now, Healthy: true})
 		}
-		dem := map[scrape.DemandKey]scrape.DemandRate{
+		dem := map[signals.DemandKey]signals.DemandRate{
 			{Node: "frontend-local", Class: class, Priority: spec.Priorities[0].Name}: {RequestsPerS: rate, PromptTokens: 2000, OutputTokens: 300},
 		}
 		r, err := c.Step(context.Background(), controlplane.Inputs{Now: now, Engines: tr.Engines(now), Demand: dem})

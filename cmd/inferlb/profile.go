@@ -15,11 +15,11 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/workload"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // fixedShape is a workload of single-turn chat requests of one shape, each
@@ -125,7 +125,7 @@ func (o *profileCmdFlags) run(cmd *cobra.Command, args []string) error {
 		}
 		base = &fp
 	}
-	mp := scrape.MappingFor(o.server)
+	mp := signals.MappingFor(o.server)
 	if mp == nil {
 		return fmt.Errorf("profile: --server %q is not one of %s", o.server, strings.Join(fleet.ServerKinds, ", "))
 	}
@@ -136,7 +136,7 @@ func (o *profileCmdFlags) run(cmd *cobra.Command, args []string) error {
 }
 
 // sweep measures the load levels, fits the profile and writes the entry.
-func (o *profileCmdFlags) sweep(cmd *cobra.Command, base *fleet.Profile, mp *scrape.Mapping) error {
+func (o *profileCmdFlags) sweep(cmd *cobra.Command, base *fleet.Profile, mp *signals.Mapping) error {
 	out := cmd.OutOrStdout()
 	client := &loadgen.Client{BaseURL: strings.TrimRight(o.target, "/"), Model: o.modelName, IgnoreEOS: true, Timeout: o.timeout}
 	defer client.CloseIdleConnections()
@@ -206,7 +206,7 @@ func (e engineConfig) String() string {
 
 // readEngineConfig reads the engine's cache configuration from /metrics
 // (with the server kind's mapping) and its context limit from /v1/models.
-func readEngineConfig(ctx context.Context, base, model string, mp *scrape.Mapping) (engineConfig, error) {
+func readEngineConfig(ctx context.Context, base, model string, mp *signals.Mapping) (engineConfig, error) {
 	var e engineConfig
 	get := func(path string) ([]byte, error) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -11,9 +11,9 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // The profiles entry `inferlb profile` prints carries the fitted capacity and
@@ -76,7 +76,7 @@ func TestProfileReadsEngineConfig(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
-			got, err := readEngineConfig(ctx, e.URL(), "m", scrape.MappingFor(server))
+			got, err := readEngineConfig(ctx, e.URL(), "m", signals.MappingFor(server))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/extproc/cpclient"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // slowReports is the control plane's intake behind a Reports service that
@@ -24,7 +24,7 @@ import (
 // arrived can be late).
 type slowReports struct {
 	policyv1.UnimplementedReportsServer
-	in *scrape.Intake
+	in *signals.Intake
 	n  atomic.Int64
 }
 
@@ -45,7 +45,7 @@ func (s *slowReports) Report(ctx context.Context, r *policyv1.ReportRequest) (*p
 func TestReporterLostAnswersCountOnce(t *testing.T) {
 	defer leaktest.AfterTest(t)()
 	start := time.Now()
-	in, err := scrape.NewIntake(scrape.IntakeOptions{Window: time.Hour, MaxInterval: time.Hour, Nodes: []string{"n1"}, Classes: []string{"c"}, Priorities: []string{"p"}})
+	in, err := signals.NewIntake(signals.IntakeOptions{Window: time.Hour, MaxInterval: time.Hour, Nodes: []string{"n1"}, Classes: []string{"c"}, Priorities: []string{"p"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,22 +16,22 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/signal/scrape"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
 // plane is the simulated control plane's signal side: the scrape loop into
-// a scrape.Tracker (smoothing, staleness, up/down) and, for inferlb, the
+// a signals.Tracker (smoothing, staleness, up/down) and, for inferlb, the
 // Reports intake.
 type plane struct {
 	s       *Sim
-	tracker *scrape.Tracker
-	intake  *scrape.Intake
+	tracker *signals.Tracker
+	intake  *signals.Intake
 	kicked  bool
 }
 
@@ -46,7 +46,7 @@ func newPlane(s *Sim, intake bool) (*plane, error) {
 	for _, e := range s.spec.Engines {
 		ids = append(ids, e.ID)
 	}
-	pl := &plane{s: s, tracker: scrape.NewTracker(scrape.TrackerOptions{Smoothing: runDefaults.Smoothing, StaleAfter: runDefaults.StaleAfter}, ids)}
+	pl := &plane{s: s, tracker: signals.NewTracker(signals.TrackerOptions{Smoothing: runDefaults.Smoothing, StaleAfter: runDefaults.StaleAfter}, ids)}
 	if intake {
 		for _, f := range s.spec.Frontends {
 			nodes = append(nodes, f.NodeID)
@@ -57,7 +57,7 @@ func newPlane(s *Sim, intake bool) (*plane, error) {
 		for _, p := range s.spec.Priorities {
 			prios = append(prios, p.Name)
 		}
-		in, err := scrape.NewIntake(scrape.IntakeOptions{Window: runDefaults.DemandWindow, Nodes: nodes, Classes: classes,
+		in, err := signals.NewIntake(signals.IntakeOptions{Window: runDefaults.DemandWindow, Nodes: nodes, Classes: classes,
 			Priorities: prios, Now: s.wall})
 		if err != nil {
 			return nil, err
@@ -78,7 +78,7 @@ func (pl *plane) scrape() bool {
 	at := s.wall()
 	changed := false
 	for _, e := range s.engines {
-		smp := scrape.Sample{ID: e.spec.ID, At: at}
+		smp := signals.Sample{ID: e.spec.ID, At: at}
 		switch {
 		case e.down:
 			smp.HealthErr, smp.MetricsErr = errRefused, errRefused
@@ -88,7 +88,7 @@ func (pl *plane) scrape() bool {
 			e.reps.Advance(s.now)
 			st := e.reps.Stats()
 			smp.Healthy = true
-			smp.Metrics = scrape.Metrics{Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
+			smp.Metrics = signals.Metrics{Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
 				PrefixHits: float64(st.PrefixHits), PrefixQueries: float64(st.PrefixQueries),
 				TTFTSum: e.ttftSum, TTFTCount: e.ttftCount, ITLSum: e.itlSum, ITLCount: e.itlCount,
 				Success: e.success, PromptTokens: float64(st.PromptTokens), GenTokens: float64(st.GenerationTokens)}
@@ -524,7 +524,7 @@ func (o *oldController) Event(ev event) {
 // control is one proportional step per class.
 func (o *oldController) control() {
 	s := o.s
-	view := map[string]scrape.Engine{}
+	view := map[string]signals.Engine{}
 	for _, e := range o.pl.tracker.Engines(s.wall()) {
 		view[e.ID] = e
 	}
@@ -535,7 +535,7 @@ func (o *oldController) control() {
 		for i, j := range js {
 			v := view[s.spec.Engines[j].ID]
 			score[i] = math.NaN()
-			if v.Status() == scrape.Up {
+			if v.Status() == signals.Up {
 				score[i] = v.Running + v.Waiting
 				sum += score[i]
 				n++

@@ -9,7 +9,7 @@
 // block prefix cache, per-GPU profiles); inferlb's request path is
 // extproc.Decider (class, affinity key, admission, retry grant, demand and
 // evidence), fed real request bodies; its control loop is
-// controlplane.Controller.Step fed by signal/scrape' Tracker (scrapes with
+// controlplane.Controller.Step fed by controlplane/signals' Tracker (scrapes with
 // smoothing and staleness) and Intake (ext_proc's reports); the resources it
 // returns (RoutingPolicy and EDS) are applied to the deciders and to a
 // model of Envoy's host selection (internal/envoylb, checked against a real

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/signal/scrape"
+	"github.com/inferlb/inferlb/controlplane/signals"
 )
 
 // EngineSample is one scrape of an engine's /metrics. Counters are totals
@@ -151,11 +151,11 @@ func scrapeEngine(ctx context.Context, client *http.Client, url, server string) 
 // ParseEngineMetrics reads an engine's metrics from Prometheus text format
 // in the names of its server kind (the fleet's engines[].server: vllm,
 // sglang, generic; "" is vLLM), with the control plane's mapping and parser
-// (scrape.MappingFor(server).Parse: values of every label set summed; for
+// (signals.MappingFor(server).Parse: values of every label set summed; for
 // vLLM and SGLang the running, waiting and KV-usage gauges required). A
 // counter the engine does not export reads as 0 here.
 func ParseEngineMetrics(server string, text []byte) (EngineSample, error) {
-	mp := scrape.MappingFor(server)
+	mp := signals.MappingFor(server)
 	if mp == nil {
 		return EngineSample{}, fmt.Errorf("server kind %q has no metric names (vllm, sglang or generic)", server)
 	}

@@ -1,4 +1,4 @@
-package scrape_test
+package signals_test
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 
 	"github.com/lni/goutils/leaktest"
 
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/signal/scrape"
 )
 
 // TestScrapeEngineSimModes: the engine simulator mimicking vLLM and SGLang,
@@ -39,8 +39,8 @@ func TestScrapeEngineSimModes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer e.Close()
-			sc := &scrape.Scraper{Timeout: 5 * time.Second}
-			tg := scrape.Target{ID: "e", Address: e.Addr(), Server: c.server, HealthPath: c.health}
+			sc := &signals.Scraper{Timeout: 5 * time.Second}
+			tg := signals.Target{ID: "e", Address: e.Addr(), Server: c.server, HealthPath: c.health}
 			s := sc.Scrape(ctx, tg)
 			if s.MetricsErr != nil {
 				t.Fatalf("first scrape: %v", s.MetricsErr)

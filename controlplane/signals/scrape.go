@@ -1,4 +1,4 @@
-// Package scrape collects what the control plane knows about engines and
+// Package signals collects what the control plane knows about engines and
 // demand:
 //
 //   - Scraper reads an engine's Prometheus /metrics (vLLM names, parsed with
@@ -13,7 +13,7 @@
 //
 // Scraper does I/O; Tracker and Intake are driven by explicit timestamps so
 // the control loop can run them in virtual time.
-package scrape
+package signals
 
 import (
 	"context"
