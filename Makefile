@@ -35,7 +35,7 @@ test:
 	$(GO) vet ./...
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test $(TESTFLAGS) $$(grep -v '/test/drills$$' <<<"$$pkgs")
 	$(GO) test $(TESTFLAGS) ./test/drills
-	$(GO) test -run 'TestAffinityBar' ./internal/fleetsim
+	$(GO) test -run 'TestAffinityBar' ./tools/fleetsim
 
 test-short: setup
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test -short -race $$(grep -v '/test/drills$$' <<<"$$pkgs")

@@ -22,7 +22,7 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 

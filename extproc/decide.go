@@ -19,7 +19,7 @@ import (
 // counts, retry budgets), the keys for requests with nothing to hash, and
 // the Observer whose Flush becomes the Reports sent to the control plane.
 //
-// The gRPC Server drives one Decider; the fleet simulator (internal/fleetsim)
+// The gRPC Server drives one Decider; the fleet simulator (tools/fleetsim)
 // drives one per simulated frontend, so both run the same decisions. A
 // request's life is Decide, then (if admitted) Responded or Failed for what
 // the upstream did, and Release once it is over.

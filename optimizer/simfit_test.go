@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	sim "github.com/inferlb/inferlb/internal/enginesim/model"
+	sim "github.com/inferlb/inferlb/tools/enginesim/model"
 )
 
 type simCollector struct {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/inferlb/inferlb/internal/affinitybench"
-	"github.com/inferlb/inferlb/internal/workload"
+	"github.com/inferlb/inferlb/tools/affinitybench"
+	"github.com/inferlb/inferlb/tools/workload"
 )
 
 func init() { benchCmd.AddCommand(newBenchAffinityCmd()) }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/inferlb/inferlb/internal/demo"
+	"github.com/inferlb/inferlb/tools/demo"
 )
 
 func init() { rootCmd.AddCommand(newDemoCmd()) }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/internal/fixedports"
+	"github.com/inferlb/inferlb/tools/fixedports"
 )
 
 // docCmd is one documented command and what running it must give. Adding a
@@ -81,7 +81,7 @@ var docCommands = []docCmd{
 	{cmd: "make demo", serve: "(Ctrl-C stops the demo) && http://127.0.0.1:17001/readyz", hosts: "demo", exit: 130,
 		want: "inferlb demo: stopped.", check: checkDemoUntilInterrupted},
 	// Against the running demo.
-	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
+	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace tools/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
 	{cmd: "inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
 	{cmd: "curl -s http://127.0.0.1:17001/weights", with: "demo", want: `"envoy_weights"`},
 	{cmd: `curl -s "http://127.0.0.1:17001/explain?node=frontend-us-east&class=general"`, with: "demo", want: `"explanations"`},
@@ -142,7 +142,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb extproc --control-plane cp.inferlb.internal:18000 --node-id frontend-us-east --region us-east --control-plane-ca /etc/inferlb/cp-ca.crt --control-plane-cert /etc/inferlb/fe.crt --control-plane-key /etc/inferlb/fe.key --control-plane-server-name cp.inferlb.internal", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-us-east --region us-east --control-plane 127.0.0.1:18000 --insecure --client-priorities examples/auth/client-priorities.yaml --auth-filters examples/auth/envoy-jwt-auth.yaml", want: "envoy.filters.http.jwt_authn"},
 	// Load against one engine.
-	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace internal/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
+	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace tools/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
 	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 80 --prompt-tokens 200 --output-tokens 50 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
@@ -164,7 +164,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
 	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's tables (minutes); the entry above runs the same command on one cell"},
 	{cmd: "inferlb bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
-	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/extproc.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does internal/affinitybench's TestSharedPreambleThroughEnvoy"},
+	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/extproc.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does tools/affinitybench's TestSharedPreambleThroughEnvoy"},
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},

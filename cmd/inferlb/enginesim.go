@@ -9,7 +9,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/cliconfig"
-	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/spf13/cobra"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inferlb/inferlb/api/headers"
-	"github.com/inferlb/inferlb/internal/loadgen"
-	"github.com/inferlb/inferlb/internal/workload"
+	"github.com/inferlb/inferlb/tools/loadgen"
+	"github.com/inferlb/inferlb/tools/workload"
 )
 
 func init() { rootCmd.AddCommand(newLoadgenCmd()) }
@@ -52,7 +52,7 @@ its report. --rate-at changes the Poisson rate during the run (a load phase).
 The examples send to the frontends of a running demo (make demo: us-east on
 127.0.0.1:17010, eu-west on :17012).`,
 		Example: `  inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 \
-      --workload mooncake --trace internal/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20
+      --workload mooncake --trace tools/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20
   inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 \
       --workload multiturn --arrival poisson --rate 2 --duration 40s \
       --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 \

@@ -17,7 +17,7 @@ import (
 
 	"github.com/lni/goutils/leaktest"
 
-	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
@@ -83,7 +83,7 @@ func TestLoadgenReplaysATraceIntoTheSimulator(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "report.json")
 	perReq := filepath.Join(t.TempDir(), "requests.jsonl")
 	stdout, stderr, err := runLoadgen(ctx, "--url", srv.URL(), "--model", "m", "--workload", "azure",
-		"--trace", "../../internal/workload/testdata/azure_code_head.csv", "--time-scale", "0.01", "--max-requests", "30",
+		"--trace", "../../tools/workload/testdata/azure_code_head.csv", "--time-scale", "0.01", "--max-requests", "30",
 		"--slo-ttft", "1s", "--json-out", out, "--requests-out", perReq, "--progress=false")
 	if err != nil {
 		t.Fatalf("loadgen: %v\n%s", err, stderr)

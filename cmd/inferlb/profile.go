@@ -16,9 +16,9 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane/signals"
-	"github.com/inferlb/inferlb/internal/loadgen"
+	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
-	"github.com/inferlb/inferlb/internal/workload"
+	"github.com/inferlb/inferlb/tools/workload"
 	"github.com/inferlb/inferlb/optimizer"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane"
 	"github.com/inferlb/inferlb/controlplane/signals"
-	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/optimizer"
 )
 

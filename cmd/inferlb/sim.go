@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inferlb/inferlb/controlplane"
-	"github.com/inferlb/inferlb/internal/fleetsim"
+	"github.com/inferlb/inferlb/tools/fleetsim"
 )
 
 func init() { rootCmd.AddCommand(newSimCmd()) }
@@ -34,7 +34,7 @@ the median of every figure.
 
 The engines are the engine simulator's model; inferlb runs its own ext_proc
 decisions and control loop (controlplane.Controller.Step) in the loop; Envoy's
-Maglev is modelled exactly (internal/envoylb). Policies: ` + strings.Join(fleetsim.PolicyNames(), ", ") + `.
+Maglev is modelled exactly (tools/envoylb). Policies: ` + strings.Join(fleetsim.PolicyNames(), ", ") + `.
 Scenario files: examples/sim/*.yaml; docs/sim.md documents their keys.
 
 --out DIR writes, per scenario, DIR/NAME/results.json and the charts (PNG and

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/internal/liveview"
+	"github.com/inferlb/inferlb/tools/liveview"
 )
 
 func init() { rootCmd.AddCommand(newViewCmd()) }

@@ -12,7 +12,7 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/controlplane/signals"
-	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 

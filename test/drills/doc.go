@@ -1,5 +1,5 @@
 // Package drills holds inferlb's fault drills: each one runs the whole stack
-// on loopback — simulated engines (internal/enginesim), `inferlb
+// on loopback — simulated engines (tools/enginesim), `inferlb
 // control-plane` and `inferlb extproc` as child processes of the real binary,
 // and a real Envoy with the envoy-configs bootstrap — injects one fault,
 // counts every request a client sent (ok, failed, cut mid-stream, shed) and

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )

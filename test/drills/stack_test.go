@@ -19,7 +19,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
-	"github.com/inferlb/inferlb/internal/enginesim"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )

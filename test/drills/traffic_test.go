@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/internal/loadgen"
+	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
-	"github.com/inferlb/inferlb/internal/workload"
+	"github.com/inferlb/inferlb/tools/workload"
 )
 
 // outcome classifies what a client saw.

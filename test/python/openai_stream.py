@@ -3,7 +3,7 @@ OpenAI Python client, and print what the client saw as one JSON object.
 
 Usage: openai_stream.py BASE_URL   (e.g. http://127.0.0.1:40123)
 
-The Go test internal/enginesim (TestOpenAIPythonClient) runs this with the
+The Go test tools/enginesim (TestOpenAIPythonClient) runs this with the
 project's virtual environment and checks the output.
 """
 
