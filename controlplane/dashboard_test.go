@@ -22,8 +22,8 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 )
 
 var dashboardScreenshot = flag.String("dashboard-screenshot", "", "write a PNG of the dashboard, as the Chromium test sees it, to this file")

@@ -26,8 +26,8 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )

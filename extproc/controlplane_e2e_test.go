@@ -25,8 +25,8 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 

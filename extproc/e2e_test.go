@@ -17,8 +17,8 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
-	"github.com/inferlb/inferlb/tools/envoylb"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/envoylb"
 )
 
 func noLeaks(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/inferlb/inferlb/internal/cliconfig"
+	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 )
 
 var updateConfigDoc = flag.Bool("update-config-doc", false, "rewrite docs/configuration.md's key tables from the commands' flags")

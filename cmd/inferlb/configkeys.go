@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/inferlb/inferlb/internal/cliconfig"
+	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 )
 
 // keyFlags are the config keys of the control plane's validation

@@ -8,8 +8,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 	"github.com/inferlb/inferlb/controlplane"
-	"github.com/inferlb/inferlb/internal/cliconfig"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/translate"
 )

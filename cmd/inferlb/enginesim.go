@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/internal/cliconfig"
+	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/spf13/cobra"
 )

@@ -11,10 +11,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/service"
-	"github.com/inferlb/inferlb/internal/cliconfig"
 )
 
 // extprocOptions are ext_proc's settings: the service's config and the

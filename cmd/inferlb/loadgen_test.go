@@ -17,8 +17,8 @@ import (
 
 	"github.com/lni/goutils/leaktest"
 
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 )
 
 func runLoadgen(ctx context.Context, args ...string) (stdout, stderr string, err error) {

@@ -16,10 +16,10 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane/signals"
-	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
-	"github.com/inferlb/inferlb/tools/workload"
 	"github.com/inferlb/inferlb/optimizer"
+	"github.com/inferlb/inferlb/tools/loadgen"
+	"github.com/inferlb/inferlb/tools/workload"
 )
 
 // fixedShape is a workload of single-turn chat requests of one shape, each

@@ -12,8 +12,8 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane"
 	"github.com/inferlb/inferlb/controlplane/signals"
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/optimizer"
+	"github.com/inferlb/inferlb/tools/enginesim"
 )
 
 // The profiles entry `inferlb profile` prints carries the fitted capacity and

@@ -12,8 +12,8 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/controlplane/signals"
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 )
 
 // TestScrapeEngineSimModes: the engine simulator mimicking vLLM and SGLang,

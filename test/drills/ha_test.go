@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 

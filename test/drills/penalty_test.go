@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 )
 
 // Item 3: one engine becomes 5× slower at 1 request/s per engine. With

@@ -19,8 +19,8 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/tools/workload"
 )
 

@@ -48,10 +48,10 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
-	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/internal/envoyrun"
-	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/tools/enginesim"
+	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/tools/workload"
 )
 

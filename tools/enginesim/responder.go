@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/inferlb/inferlb/tools/enginesim/model"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/tools/enginesim/model"
 )
 
 // responder renders one request's response bodies in vLLM's shapes.

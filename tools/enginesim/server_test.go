@@ -22,8 +22,8 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/api/headers"
-	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/lni/goutils/leaktest"
 )
 

@@ -28,9 +28,9 @@ import (
 	"unsafe"
 
 	"github.com/inferlb/inferlb/api/fleet"
-	"github.com/inferlb/inferlb/tools/enginesim/model"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
+	"github.com/inferlb/inferlb/tools/enginesim/model"
 	"github.com/inferlb/inferlb/tools/workload"
 )
 

@@ -21,10 +21,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/enginesim/model"
 	"github.com/inferlb/inferlb/tools/loadgen"
-	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/tools/workload"
 )
 
