@@ -60,15 +60,62 @@ func graph(t *testing.T) map[string][]string {
 	return g
 }
 
+// layers, bottom to top: a package may import its own layer and the ones
+// below, never one above. The product's shared libraries sit at the bottom,
+// the API above them, the product's paths above the API, the tools that
+// drive the product (simulators, load, demo, benches) above the product,
+// and the binary and the drills on top. Tests are outside the graph: a
+// product package's tests may run a tool (the engine simulator stands in
+// for GPUs).
+var layers = []struct {
+	name     string
+	prefixes []string
+}{
+	{"shared libraries", []string{"internal/"}},
+	{"API", []string{"api/"}},
+	{"product", []string{"optimizer", "xds/", "extproc", "controlplane", "envoy-configs"}},
+	{"tools", []string{"tools/"}},
+	{"binary and drills", []string{"cmd/", "test/"}},
+}
+
+// layerOf returns the index in layers of the package's layer, or -1.
+func layerOf(name string) int {
+	for i, l := range layers {
+		for _, p := range l.prefixes {
+			if name == strings.TrimSuffix(p, "/") || strings.HasPrefix(name, strings.TrimSuffix(p, "/")+"/") {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
 func render(g map[string][]string) string {
 	names := make([]string, 0, len(g))
 	for n := range g {
 		names = append(names, n)
 	}
-	sort.Strings(names)
+	sort.Slice(names, func(i, j int) bool {
+		if li, lj := layerOf(names[i]), layerOf(names[j]); li != lj {
+			return li < lj
+		}
+		return names[i] < names[j]
+	})
 	var b strings.Builder
 	b.WriteString(beginMark + "\n\n```\n")
+	last := -2
 	for _, n := range names {
+		if l := layerOf(n); l != last {
+			if last != -2 {
+				b.WriteString("\n")
+			}
+			name := "(no layer)"
+			if l >= 0 {
+				name = layers[l].name
+			}
+			fmt.Fprintf(&b, "── %s ──\n", name)
+			last = l
+		}
 		deps := "(none)"
 		if len(g[n]) > 0 {
 			deps = strings.Join(g[n], " ")
@@ -104,30 +151,82 @@ func TestPackageGraphInDocs(t *testing.T) {
 	t.Errorf("docs/architecture.md's package graph is stale; run `go test ./internal/archtest -update`.\nwant:\n%s", want)
 }
 
+// upwardArrows returns the imports that run from a layer up to a higher
+// one, and the packages that belong to no layer.
+func upwardArrows(g map[string][]string) []string {
+	var bad []string
+	for from, deps := range g {
+		lf := layerOf(from)
+		if lf < 0 {
+			bad = append(bad, fmt.Sprintf("%s belongs to no layer (add its folder to layers)", from))
+			continue
+		}
+		for _, d := range deps {
+			if ld := layerOf(d); ld > lf {
+				bad = append(bad, fmt.Sprintf("%s (%s) imports %s (%s): an arrow back up", from, layers[lf].name, d, layers[ld].name))
+			}
+		}
+	}
+	sort.Strings(bad)
+	return bad
+}
+
+// TestLayersPointDown fails when a package imports a layer above its own:
+// no product package imports a tool, the API imports no product package,
+// the shared libraries import nothing above them.
+func TestLayersPointDown(t *testing.T) {
+	for _, e := range upwardArrows(graph(t)) {
+		t.Error(e)
+	}
+}
+
+// TestUpwardArrowIsCaught: the layer check is not vacuous.
+func TestUpwardArrowIsCaught(t *testing.T) {
+	g := map[string][]string{
+		"extproc":         {"internal/tokens", "tools/enginesim"},
+		"internal/tokens": {"api/fleet"},
+		"tools/enginesim": {"extproc", "internal/tokens"},
+		"cmd/inferlb":     {"tools/enginesim", "extproc"},
+		"stray":           nil,
+	}
+	got := upwardArrows(g)
+	want := []string{
+		"extproc (product) imports tools/enginesim (tools): an arrow back up",
+		"internal/tokens (shared libraries) imports api/fleet (API): an arrow back up",
+		"stray belongs to no layer (add its folder to layers)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("upwardArrows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // TestPathsKeepTheirDirection fails when a package reaches across the paths
 // the wrong way: the rules are the design, not an observation of today's code.
 func TestPathsKeepTheirDirection(t *testing.T) {
 	g := graph(t)
 	forbidden := []struct{ from, to, why string }{
-		{"request/", "controlplane", "ext_proc learns the policy over xDS, it does not run the control loop"},
-		{"request/", "optimizer", "the request path carries no optimizer"},
-		{"request/", "signal/", "the request path reports to the control plane over gRPC, it does not read the intake"},
+		{"extproc", "controlplane", "ext_proc learns the policy over xDS, it does not run the control loop"},
+		{"extproc", "optimizer", "the request path carries no optimizer"},
+		{"extproc", "xds/server", "ext_proc is an xDS client, not a server"},
 		{"optimizer", "api/fleet", "the optimizer solves a Problem; the control plane builds it from the fleet"},
-		{"optimizer", "publish/", "the optimizer knows nothing of Envoy"},
-		{"optimizer", "signal/", "the optimizer knows nothing of scraping"},
+		{"optimizer", "xds", "the optimizer knows nothing of Envoy"},
+		{"optimizer", "controlplane", "the optimizer knows nothing of scraping or the loop"},
 		{"xds/translate", "controlplane", "translation is pure: the cycle calls it, not the other way"},
-		{"xds/translate", "signal/", "translation is pure"},
-		{"signal/", "publish/", "signals flow into the cycle, not into xDS"},
-		{"signal/", "controlplane", "signals flow into the cycle, not from it"},
-		{"api/", "controlplane", "the API knows no implementation"},
+		{"xds", "controlplane", "the publish path serves what the cycle computed; it does not run it"},
+		{"controlplane/signals", "xds", "signals flow into the cycle, not into xDS"},
+		{"controlplane/signals", "controlplane", "signals flow into the cycle, not from it"},
+		{"controlplane/signals", "optimizer", "signals are measured, not planned"},
 	}
 	for from, deps := range g {
 		for _, d := range deps {
 			for _, f := range forbidden {
-				if strings.HasPrefix(from, f.from) && (d == f.to || strings.HasPrefix(d, f.to)) {
+				if under(from, f.from) && under(d, f.to) && !under(d, from) {
 					t.Errorf("%s imports %s: %s", from, d, f.why)
 				}
 			}
 		}
 	}
 }
+
+// under reports whether package p is dir or inside it.
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
