@@ -180,5 +180,8 @@ func (r *Runner) serveHistory(w http.ResponseWriter, req *http.Request) {
 		}
 		since = time.UnixMilli(int64(math.Round(s * 1000)))
 	}
-	r.writeJSON(w, r.hist.json(since), false)
+	r.mu.Lock()
+	hist := r.hist
+	r.mu.Unlock()
+	r.writeJSON(w, hist.json(since), false)
 }

@@ -881,3 +881,37 @@ func consistentShed(levels map[uint32]float64, prios []translate.Priority) map[u
 	}
 	return out
 }
+
+// inherit takes over what old learnt of the engines this controller still
+// has (a fleet update, Runner.UpdateFleet): their penalties and why, which
+// were impaired, the planned loads and when the weights last moved, and
+// the smoothed demand and class shapes (the classes are the same). What
+// old knew of engines that left is dropped.
+func (c *Controller) inherit(old *Controller) {
+	for id := range c.profiles {
+		if v, ok := old.penalties[id]; ok {
+			c.penalties[id] = v
+		}
+		if v, ok := old.cause[id]; ok {
+			c.cause[id] = v
+		}
+		if old.impaired[id] {
+			c.impaired[id] = true
+		}
+		if v, ok := old.planned[id]; ok {
+			c.planned[id] = v
+		}
+	}
+	if old.plannedReq != nil {
+		c.plannedReq = map[string]float64{}
+		for id, v := range old.plannedReq {
+			if _, ok := c.profiles[id]; ok {
+				c.plannedReq[id] = v
+			}
+		}
+	}
+	c.lastStep, c.weightsMovedAt = old.lastStep, old.weightsMovedAt
+	c.smoothed, c.smoothedAt = old.smoothed, old.smoothedAt
+	c.shapes = old.shapes
+	c.tables = old.tables
+}

@@ -93,9 +93,14 @@ type Runner struct {
 	hist       *history
 
 	// mu guards tracker (the scrape loop writes it, the cycle and the admin
-	// handlers read it), last, cycles, ready and the bound addresses.
-	mu                 sync.Mutex
-	tracker            *signals.Tracker
+	// handlers read it), targets, hist, fleet, pending, last, cycles, ready
+	// and the bound addresses.
+	mu      sync.Mutex
+	tracker *signals.Tracker
+	// fleet is the spec the controller plans for: cfg.Fleet, then each
+	// fleet UpdateFleet handed over, once a cycle applied it. pending is
+	// the one handed over and not yet applied.
+	fleet, pending     *fleet.Spec
 	last               *Result
 	cycles             int
 	ready              bool
@@ -162,12 +167,9 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{}),
-		scraped: make(chan struct{}), scrapeDone: make(chan struct{}, 1), hist: newHistory(cfg.Fleet, cfg.History)}
+		scraped: make(chan struct{}), scrapeDone: make(chan struct{}, 1), hist: newHistory(cfg.Fleet, cfg.History), fleet: cfg.Fleet}
 	var ids []string
-	for _, e := range cfg.Fleet.Engines {
-		ids = append(ids, e.ID)
-		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
-	}
+	ids, r.targets = targetsOf(cfg.Fleet)
 	if r.intake, err = signals.NewIntake(r.intakeOptions()); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
@@ -195,6 +197,99 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		}
 	}
 	return r, nil
+}
+
+// targetsOf are the engines a fleet's scrape rounds probe, and their ids.
+func targetsOf(spec *fleet.Spec) (ids []string, targets []signals.Target) {
+	for _, e := range spec.Engines {
+		ids = append(ids, e.ID)
+		targets = append(targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
+	}
+	return ids, targets
+}
+
+// UpdateFleet hands the runner a new fleet: with Kubernetes discovery
+// (controlplane/discovery/kube) engines come and go as pods scale and turn
+// ready or not. The next cycle, run at once, plans for it: engines that left
+// lose their weight, new ones are probed by the next scrape round and get
+// weight once they answer (as any engine that was never scraped). What the
+// engines that stay had (published weights, penalties, latency signals) is
+// kept.
+//
+// The frontends, classes and priorities are the ones the runner started
+// with: ext_proc instances and the Reports intake are keyed by them, so a
+// fleet that changes them is refused (restart the control plane to change
+// them). Safe for concurrent use.
+func (r *Runner) UpdateFleet(spec *fleet.Spec) error {
+	if spec == nil {
+		return errors.New("control plane: update to no fleet")
+	}
+	names := func(s *fleet.Spec) string {
+		var b []byte
+		for _, f := range s.Frontends {
+			b = fmt.Appendf(b, "frontend %s/%s ", f.Name, f.NodeID)
+		}
+		for _, c := range s.Classes {
+			b = fmt.Appendf(b, "class %s ", c.Name)
+		}
+		for _, p := range s.Priorities {
+			b = fmt.Appendf(b, "priority %s/%d ", p.Name, p.Level)
+		}
+		return string(b)
+	}
+	if names(spec) != names(r.cfg.Fleet) {
+		return fmt.Errorf("control plane: fleet update changes the frontends, classes or priorities (%s→ %s); restart the control plane to change them",
+			names(r.cfg.Fleet), names(spec))
+	}
+	r.mu.Lock()
+	r.pending = spec
+	r.mu.Unlock()
+	r.Kick()
+	return nil
+}
+
+// Fleet is the fleet the control plane plans for now (its last update a
+// cycle applied).
+func (r *Runner) Fleet() *fleet.Spec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.fleet
+}
+
+// applyFleet switches the controller to a pending fleet, if any: a new
+// Controller seeded with the old one's published weights and version (so
+// the change publishes as the next version, and weights of engines that
+// stay are held as before) and its penalties; the tracker keeps the
+// signals of the engines that stay. A fleet the controller refuses is
+// logged and dropped; the old one stays. Cycle loop only.
+func (r *Runner) applyFleet() {
+	r.mu.Lock()
+	spec := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	if spec == nil {
+		return
+	}
+	ctrl, err := NewController(spec, r.cfg.Cycle, r.cfg.Allocator)
+	if err != nil {
+		r.log.Error("fleet update refused; the previous fleet stays", "err", err)
+		return
+	}
+	if _, err := ctrl.Seed(r.ctrl.Published(), r.ctrl.Version()); err != nil {
+		r.log.Error("fleet update refused; the previous fleet stays", "err", err)
+		return
+	}
+	ctrl.inherit(r.ctrl)
+	r.ctrl = ctrl
+	r.intake.SetBounds(ctrl.IntakeOptions())
+	ids, targets := targetsOf(spec)
+	r.mu.Lock()
+	old := len(r.targets)
+	r.fleet, r.targets = spec, targets
+	r.tracker.SetEngines(ids)
+	r.hist = newHistory(spec, r.cfg.History)
+	r.mu.Unlock()
+	r.log.Info("fleet updated", "engines", len(ids), "before", old)
 }
 
 // intakeOptions are the Reports intake's names and bounds (the
@@ -250,7 +345,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.mu.Unlock()
 	close(r.started)
 	r.log.Info("control plane serving", "xds", r.xdsAddr, "admin", r.adminAddr, "fleet", r.cfg.Fleet.Name,
-		"engines", len(r.targets), "interval", r.cfg.Interval)
+		"engines", len(r.cfg.Fleet.Engines), "interval", r.cfg.Interval)
 
 	// Every part ends when the first fails or ctx ends.
 	g, ctx := errgroup.WithContext(ctx)
@@ -281,7 +376,10 @@ func (r *Runner) scrapeLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.ScrapeInterval)
 	defer t.Stop()
 	for {
-		samples := r.scraper.ScrapeAll(ctx, r.targets)
+		r.mu.Lock()
+		targets := r.targets
+		r.mu.Unlock()
+		samples := r.scraper.ScrapeAll(ctx, targets)
 		if ctx.Err() != nil {
 			return
 		}
@@ -400,13 +498,17 @@ func (r *Runner) allReported() bool {
 }
 
 func (r *Runner) cycle(ctx context.Context) {
+	r.applyFleet()
 	in := r.inputs()
 	engines := in.Engines
 	t0 := time.Now()
 	in.Prefixes = r.intake.Prefixes(in.Now)
 	res, err := r.ctrl.Step(ctx, in)
 	r.m.cycleSeconds.Observe(time.Since(t0).Seconds())
-	r.hist.record(in.Now, engines, in.Demand, res) // a failed cycle's signals count too
+	r.mu.Lock()
+	hist := r.hist
+	r.mu.Unlock()
+	hist.record(in.Now, engines, in.Demand, res) // a failed cycle's signals count too
 	if err != nil {
 		r.m.cycles.WithLabelValues("error").Inc()
 		r.log.Error("control cycle failed", "err", err)

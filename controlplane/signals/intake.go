@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
@@ -131,10 +132,14 @@ type report struct {
 
 // Intake collects Reports. Safe for concurrent use.
 type Intake struct {
-	// Set by NewIntake, then read-only.
+	// Set by NewIntake, then read-only (but for the bounds, below).
 	opt                        IntakeOptions
 	nodes, classes, priorities map[string]bool
 	prefixes                   *Prefixes // safe for concurrent use itself
+
+	// bounds are opt's MaxRequestsPerS, MaxInflight and
+	// MaxTokensPerRequest, which follow the fleet's capacity (SetBounds).
+	bounds atomic.Pointer[intakeBounds]
 
 	// mu guards the fields below.
 	mu                 sync.Mutex
@@ -180,12 +185,30 @@ func NewIntake(opt IntakeOptions) (*Intake, error) {
 	}
 	in := &Intake{opt: opt, nodes: set(opt.Nodes), classes: set(opt.Classes), priorities: set(opt.Priorities),
 		byInstance: map[[2]string][]report{}, credit: map[[2]string]float64{}, lastReport: map[string]time.Time{}}
+	in.SetBounds(opt)
 	var err error
 	if in.prefixes, err = NewPrefixes(opt.Prefix); err != nil {
 		return nil, fmt.Errorf("intake: %w", err)
 	}
 	return in, nil
 }
+
+type intakeBounds struct {
+	maxRPS, maxInflight map[string]float64
+	maxTokens           float64
+}
+
+// SetBounds replaces the plausibility bounds that follow the fleet's
+// capacity (MaxRequestsPerS, MaxInflight, MaxTokensPerRequest of o; the
+// rest of o is ignored): engines join and leave with Kubernetes discovery,
+// and a frontend's default bound is twice the fleet's capacity. Reports
+// already accepted stay. Safe for concurrent use.
+func (in *Intake) SetBounds(o IntakeOptions) {
+	in.bounds.Store(&intakeBounds{maxRPS: maps.Clone(o.MaxRequestsPerS), maxInflight: maps.Clone(o.MaxInflight),
+		maxTokens: max(o.MaxTokensPerRequest, 0)})
+}
+
+func (in *Intake) b() *intakeBounds { return in.bounds.Load() }
 
 func (in *Intake) now() time.Time {
 	if in.opt.Now != nil {
@@ -304,7 +327,7 @@ func (in *Intake) Prefixes(now time.Time) map[string]ClassPrefixes { return in.p
 
 // credit0 is an instance's evidence credit when its first report arrives.
 func (in *Intake) credit0(node string) float64 {
-	inflight := in.opt.MaxInflight[node]
+	inflight := in.b().maxInflight[node]
 	if inflight <= 0 {
 		inflight = 1000
 	}
@@ -358,7 +381,7 @@ func (in *Intake) validate(r *policyv1.ReportRequest, now time.Time) error {
 	}
 	var errs []error
 	var requests uint64 // saturating
-	maxTok := in.opt.MaxTokensPerRequest
+	maxTok := in.b().maxTokens
 	for i, d := range r.Demand {
 		if !in.classes[d.Class] {
 			errs = append(errs, fmt.Errorf("demand[%d].class %q is not a class of the fleet", i, d.Class))
@@ -379,7 +402,7 @@ func (in *Intake) validate(r *policyv1.ReportRequest, now time.Time) error {
 				r.NodeId, r.Instance, i, d.PromptTokens, d.OutputTokens, d.Requests, maxTok)
 		}
 	}
-	if bound, ok := in.opt.MaxRequestsPerS[r.NodeId]; ok && bound > 0 {
+	if bound, ok := in.b().maxRPS[r.NodeId]; ok && bound > 0 {
 		secs := math.Max(e.Sub(s).Seconds(), 1)
 		if rate := float64(requests) / secs; rate > bound {
 			return reject("rate", "report from %s/%s: %d requests in %.3g s (%.4g/s) exceed the %g/s frontend %s can carry (fleet spec max_requests_per_s)",
@@ -547,8 +570,9 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 		return w
 	}
 	// Cap each instance, then each node, at the node's bound.
+	maxRPS := in.b().maxRPS
 	capped := func(node string, total float64) float64 {
-		b, ok := in.opt.MaxRequestsPerS[node]
+		b, ok := maxRPS[node]
 		if !ok || b <= 0 || total/span(node) <= b {
 			return 1
 		}

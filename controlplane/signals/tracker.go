@@ -174,6 +174,22 @@ func NewTracker(opt TrackerOptions, ids []string) *Tracker {
 	return t
 }
 
+// SetEngines makes ids the tracked engines (a fleet update): engines that
+// stay keep their signals, new ones start never scraped, the others are
+// dropped.
+func (t *Tracker) SetEngines(ids []string) {
+	keep := map[string]*track{}
+	for _, id := range ids {
+		if tr, ok := t.tracks[id]; ok {
+			keep[id] = tr
+			continue
+		}
+		nan := math.NaN()
+		keep[id] = &track{e: Engine{ID: id, Running: nan, Waiting: nan, KVUsage: nan, TTFTMs: nan, TBOTMs: nan, QueueMs: nan, E2EMs: nan}}
+	}
+	t.tracks = keep
+}
+
 func (t *Tracker) alpha(dt time.Duration) float64 {
 	if t.opt.Smoothing <= 0 || dt <= 0 {
 		return 1
