@@ -31,11 +31,19 @@ build:
 # full-length simulations take minutes; the last run has it without (about
 # 40 s).
 test:
-	@scripts/setup.sh --browser
+	@scripts/setup.sh --browser --k8s
 	$(GO) vet ./...
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test $(TESTFLAGS) $$(grep -v '/test/drills$$' <<<"$$pkgs")
 	$(GO) test $(TESTFLAGS) ./test/drills
 	$(GO) test -run 'TestAffinityBar' ./tools/fleetsim
+	$(MAKE) test-helm
+
+# The Helm chart's test lives in its own module (deploy/helm/charttest):
+# helm.sh/helm/v3's dependency tree stays out of the product's go.mod. It
+# renders the chart and applies it to a real kube-apiserver (setup --k8s).
+.PHONY: test-helm
+test-helm:
+	cd deploy/helm/charttest && $(GO) test $(TESTFLAGS) ./...
 
 test-short: setup
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test -short -race $$(grep -v '/test/drills$$' <<<"$$pkgs")

@@ -9,15 +9,20 @@
 #     the test that drives the control plane's web dashboard in a headless
 #     browser (apt-get; skipped when a chromium is on PATH or
 #     $INFERLB_CHROMIUM names one). The demo does not need it.
+#   - with --k8s (make test): a real etcd and kube-apiserver for the
+#     Kubernetes tests, built from the Go module proxy and cached by version
+#     (scripts/setup-k8s.sh; minutes the first time, instant after).
 # Idempotent: a second run checks versions and returns quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 browser=0
+k8s=0
 for arg in "$@"; do
   case "$arg" in
     --browser) browser=1 ;;
-    *) printf 'setup: unknown argument %q (want --browser or nothing)\n' "$arg" >&2; exit 2 ;;
+    --k8s) k8s=1 ;;
+    *) printf 'setup: unknown argument %q (want --browser, --k8s or nothing)\n' "$arg" >&2; exit 2 ;;
   esac
 done
 
@@ -73,6 +78,13 @@ if [ "$browser" = 1 ] && [ -z "${INFERLB_CHROMIUM:-}" ] && ! command -v chromium
   fi
   command -v chromium >/dev/null || { log "apt-get installed chromium but there is no chromium on PATH"; exit 1; }
 fi
+# --- Kubernetes test rig (issue 25): etcd + kube-apiserver -------------------
+# Kept in its own script so this one's other sections change independently.
+if [ "$k8s" = 1 ]; then
+  scripts/setup-k8s.sh
+fi
+# --- end of the Kubernetes test rig -------------------------------------------
+
 ready="$("$VENV/bin/envoy" --version | grep -o 'version: [^ ]*' | head -1), go $(go env GOVERSION)"
 if [ "$browser" = 1 ]; then
   ready="$ready, $("${INFERLB_CHROMIUM:-$(command -v chromium || command -v chromium-browser)}" --version 2>/dev/null | head -1)"

@@ -2,14 +2,20 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/controlplane/discovery/kube"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/translate"
 )
@@ -51,6 +57,10 @@ over time, and the optimizer's reasons for any weight (docs/demo.md).`
 type controlPlaneOptions struct {
 	fleet, lbPolicy, allocator, logLevel string
 	solverTolerance, timeScale           float64
+	// Kubernetes discovery (instead of --fleet): the pool, the ConfigMap
+	// with the rest of the fleet, the API server's credentials.
+	kubeconfig, inferencePool, fleetConfigMap, fleetConfigMapKey string
+	discoveryTimeout                                             time.Duration
 }
 
 func init() {
@@ -66,6 +76,9 @@ func init() {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.apply(cmd.Flags(), &d); err != nil {
 				return err
+			}
+			if o.inferencePool != "" {
+				return o.serveKubernetes(cmd, d)
 			}
 			r, err := controlplane.NewRunner(d)
 			if err != nil {
@@ -87,17 +100,35 @@ func (o *controlPlaneOptions) apply(fs *pflag.FlagSet, d *controlplane.RunConfig
 	if err != nil {
 		return fmt.Errorf("%s: %w", name("log-level"), err)
 	}
-	if o.fleet == "" {
-		return fmt.Errorf("--fleet is required")
+	switch {
+	case o.fleet != "" && o.inferencePool != "":
+		return fmt.Errorf("%s and %s: give one (the fleet file lists the engines; Kubernetes discovery finds them)", name("fleet"), name("inference-pool"))
+	case o.fleet == "" && o.inferencePool == "":
+		return fmt.Errorf("%s or %s is required", name("fleet"), name("inference-pool"))
+	case o.inferencePool != "":
+		if _, _, err := kube.ParsePool(o.inferencePool); err != nil {
+			return fmt.Errorf("%s: %w", name("inference-pool"), err)
+		}
+		if o.fleetConfigMap == "" || o.fleetConfigMapKey == "" {
+			return fmt.Errorf("%s and %s: must not be empty", name("fleet-configmap"), name("fleet-configmap-key"))
+		}
+		if o.discoveryTimeout <= 0 {
+			return fmt.Errorf("%s: must be positive, got %v", name("discovery-timeout"), o.discoveryTimeout)
+		}
+		if !(o.timeScale > 0) || math.IsInf(o.timeScale, 0) {
+			return fmt.Errorf("%s: must be a positive number, got %v", name("time-scale"), o.timeScale)
+		}
+	default:
+		spec, err := fleet.Load(o.fleet)
+		if err != nil {
+			return err
+		}
+		if spec, err = spec.InRealTime(o.timeScale); err != nil {
+			return fmt.Errorf("%s: %w", name("time-scale"), err)
+		}
+		d.Fleet = spec
 	}
-	spec, err := fleet.Load(o.fleet)
-	if err != nil {
-		return err
-	}
-	if spec, err = spec.InRealTime(o.timeScale); err != nil {
-		return fmt.Errorf("%s: %w", name("time-scale"), err)
-	}
-	d.Fleet, d.Logger = spec, log
+	d.Logger = log
 	switch o.lbPolicy {
 	case "maglev":
 		d.Cycle.Translate.LBPolicy = translate.Maglev
@@ -140,7 +171,12 @@ func (o *controlPlaneOptions) apply(fs *pflag.FlagSet, d *controlplane.RunConfig
 func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *controlPlaneOptions) {
 	f := cmd.Flags()
 	c, t, p := &d.Cycle, &d.Cycle.Translate, &d.Cycle.Penalty
-	f.StringVar(&o.fleet, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml")
+	f.StringVar(&o.fleet, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml (or --inference-pool)")
+	f.StringVar(&o.inferencePool, "inference-pool", "", "Kubernetes discovery instead of --fleet: the engines are the ready pods of this InferencePool (namespace/name), the rest of the fleet is in --fleet-configmap (docs/kubernetes.md)")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "with --inference-pool: kubeconfig file of the API server (empty: the pod's in-cluster service account)")
+	f.StringVar(&o.fleetConfigMap, "fleet-configmap", "inferlb-fleet", "with --inference-pool: the ConfigMap, in the pool's namespace, holding the fleet spec without engines")
+	f.StringVar(&o.fleetConfigMapKey, "fleet-configmap-key", kube.DefaultConfigMapKey, "with --inference-pool: the key of --fleet-configmap holding the fleet spec")
+	f.DurationVar(&o.discoveryTimeout, "discovery-timeout", 2*time.Minute, "with --inference-pool: how long to wait at start for the first fleet (the pool, a ready pod, the ConfigMap)")
 	f.StringVar(&d.XDSListen, "xds-listen", d.XDSListen, "gRPC address for ADS and Reports")
 	f.BoolVar(&d.Auth.Insecure, "insecure", false, "serve ADS and Reports without authentication (local demos only)")
 	f.StringVar(&d.Auth.CertFile, "tls-cert", "", "server certificate (PEM): TLS on the xDS/Reports port (re-read with --tls-key when either changes: rotates without a restart)")
@@ -213,7 +249,38 @@ func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *control
 	f.DurationVar(&d.EvidenceWindow, "evidence-window", 10*time.Second, "how far back the latency evidence of outlier penalties reaches")
 	f.DurationVar(&d.IdleReset, "idle-reset", time.Minute, "an engine without a first token this long forgets its measured latency")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	for _, name := range []string{"fleet", "tls-cert", "tls-key", "tls-client-ca", "token-file", "state-file"} {
+	for _, name := range []string{"fleet", "kubeconfig", "tls-cert", "tls-key", "tls-client-ca", "token-file", "state-file"} {
 		_ = cmd.MarkFlagFilename(name)
 	}
+}
+
+// serveKubernetes runs the control plane on the fleet Kubernetes discovery
+// finds (--inference-pool), until the command's context ends.
+func (o *controlPlaneOptions) serveKubernetes(cmd *cobra.Command, d controlplane.RunConfig) error {
+	ns, pool, _ := kube.ParsePool(o.inferencePool)
+	var rc *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", cliconfig.Name(cmd.Flags(), "kubeconfig"), err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	disc, err := kube.New(cs, dyn, kube.Config{Namespace: ns, Pool: pool, ConfigMap: o.fleetConfigMap,
+		ConfigMapKey: o.fleetConfigMapKey, Logger: d.Logger})
+	if err != nil {
+		return err
+	}
+	return kube.ServeControlPlane(cmd.Context(), disc, d, kube.ServeOptions{FirstFleet: o.discoveryTimeout,
+		Adjust: func(s *fleet.Spec) (*fleet.Spec, error) { return s.InRealTime(o.timeScale) }})
 }

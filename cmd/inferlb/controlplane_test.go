@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -92,6 +93,27 @@ func TestControlPlaneConfigFile(t *testing.T) {
 			}
 			refused(t, c.want, append([]string{"control-plane", "--config", path, "--log-level", "error", "--insecure",
 				"--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.args...)...)
+		})
+	}
+}
+
+// Kubernetes discovery's flags: one fleet source, a well-formed pool, a
+// positive wait, and a kubeconfig that exists; each refusal names the flag.
+func TestControlPlaneKubernetesFlags(t *testing.T) {
+	base := []string{"control-plane", "--log-level", "error", "--insecure", "--xds-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--fleet or --inference-pool is required"},
+		{[]string{"--fleet", "../../examples/fleet-3region.yaml", "--inference-pool", "llm/pool"}, "--fleet and --inference-pool: give one"},
+		{[]string{"--inference-pool", "pool"}, `--inference-pool: inference pool "pool": want namespace/name`},
+		{[]string{"--inference-pool", "llm/pool", "--discovery-timeout", "0s"}, "--discovery-timeout: must be positive, got 0s"},
+		{[]string{"--inference-pool", "llm/pool", "--fleet-configmap", ""}, "--fleet-configmap and --fleet-configmap-key: must not be empty"},
+		{[]string{"--inference-pool", "llm/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "--kubeconfig: stat /nonexistent/kubeconfig"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			refused(t, c.want, append(slices.Clone(base), c.args...)...)
 		})
 	}
 }
