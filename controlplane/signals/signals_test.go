@@ -475,3 +475,29 @@ func FuzzIntakeReport(f *testing.F) {
 		}
 	})
 }
+
+// SetBounds moves the plausibility bounds that follow the fleet's capacity
+// (engines joining with Kubernetes discovery): a rate refused under the old
+// bound is accepted under the new one, and the demand cap follows.
+func TestIntakeSetBounds(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	opt := IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
+		Priorities: []string{"p"}, Now: func() time.Time { return now },
+		MaxRequestsPerS: map[string]float64{"fe": 100}, MaxInflight: map[string]float64{"fe": 10}, MaxAttempts: 3}
+	in, err := NewIntake(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &policyv1.ReportRequest{NodeId: "fe", Instance: "a",
+		IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
+		Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 150}}}
+	var rej *Rejection
+	if err := in.Report(context.Background(), rep); !errors.As(err, &rej) || rej.Reason != "rate" {
+		t.Fatalf("150 requests in 1 s under a 100/s bound: err = %v, want a rate rejection", err)
+	}
+	opt.MaxRequestsPerS = map[string]float64{"fe": 200}
+	in.SetBounds(opt)
+	if err := in.Report(context.Background(), rep); err != nil {
+		t.Fatalf("150 requests in 1 s under a 200/s bound: %v", err)
+	}
+}
