@@ -361,5 +361,3 @@ func (w *edsWatch) await(t *testing.T, d time.Duration, want []string) {
 		}
 	}
 }
-
-
