@@ -49,17 +49,21 @@ command -v go >/dev/null || { log "go is not installed"; exit 1; }
 # rename, so an interrupted build never leaves a half-written binary that a
 # later run would take as cached.
 build() {
-  local dir="$1" out="$2" start
+  local dir="$1" out="$2" ldflags="${3:-}" start
   if [ -x "$out" ]; then return 0; fi
   mkdir -p "$(dirname "$out")"
   log "building $out from $dir (minutes from an empty cache)"
   start=$(date +%s)
-  (cd "$dir" && nice -n 10 go build -trimpath -o "$out.tmp.$$" .) || { rm -f "$out.tmp.$$"; log "building $dir failed"; exit 1; }
+  (cd "$dir" && nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$out.tmp.$$" .) || { rm -f "$out.tmp.$$"; log "building $dir failed"; exit 1; }
   mv -f "$out.tmp.$$" "$out"
   log "built $out in $(( $(date +%s) - start ))s"
 }
 
 build tools/k8srig/etcd "$etcd_bin"
-build tools/k8srig/apiserver "$apiserver_bin"
+# Outside Kubernetes' own build the version is not stamped: stamp it, so
+# the server's /version says what it is.
+kube_minor="${KUBE_VERSION#v1.}"; kube_minor="${kube_minor%%.*}"
+build tools/k8srig/apiserver "$apiserver_bin" \
+  "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$kube_minor"
 
-log "ready: etcd $("$etcd_bin" --version | awk '/etcd Version/ {print $3}'), kube-apiserver $("$apiserver_bin" --version 2>/dev/null | awk '{print $2}') in $CACHE"
+log "ready: etcd $ETCD_VERSION, kube-apiserver $KUBE_VERSION in $CACHE"
