@@ -197,6 +197,12 @@ func (d *Discovery) Run(ctx context.Context, publish func(*fleet.Spec)) error {
 		d.nodes.Shutdown()
 		d.dyn.Shutdown()
 	}()
+	// A watch the service account may not list never syncs, and client-go
+	// only logs its refusals: say what to check.
+	slow := time.AfterFunc(15*time.Second, func() {
+		d.log.Warn("kubernetes discovery: watches not synced after 15s; check the service account's RBAC (get/list/watch on inferencepools, pods, configmaps, endpointslices, nodes) and the API server")
+	})
+	defer slow.Stop()
 	for typ, ok := range d.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return d.syncErr(ctx, typ.String())
@@ -212,6 +218,7 @@ func (d *Discovery) Run(ctx context.Context, publish func(*fleet.Spec)) error {
 			return d.syncErr(ctx, gvr.String())
 		}
 	}
+	slow.Stop()
 	d.log.Info("kubernetes discovery: watches synced")
 	d.kick()
 	var lastErr string
