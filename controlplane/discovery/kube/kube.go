@@ -240,12 +240,12 @@ func (d *Discovery) Run(ctx context.Context, publish func(*fleet.Spec)) error {
 			continue
 		}
 		lastErr = ""
-		key, _ := yaml.Marshal(spec.Engines)
+		// The whole spec is the key: a ConfigMap edit (a profile's numbers)
+		// is a new fleet as much as a pod is.
+		key, _ := yaml.Marshal(spec)
 		d.mu.Lock()
-		same := d.last == string(key)+spec.Name+fmt.Sprint(len(spec.Profiles))
-		if !same {
-			d.last = string(key) + spec.Name + fmt.Sprint(len(spec.Profiles))
-		}
+		same := d.last == string(key)
+		d.last = string(key)
 		d.mu.Unlock()
 		if same {
 			continue

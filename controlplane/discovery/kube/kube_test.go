@@ -189,6 +189,26 @@ spec:
 	if got := len(r.Fleet().Engines); got != 1 {
 		t.Errorf("the control plane plans for %d engines, want 1", got)
 	}
+
+	// A profile edited in the ConfigMap is a new fleet too.
+	cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "inferlb-fleet", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["fleet.yaml"] = strings.Replace(cm.Data["fleet.yaml"], "decode_step_ms: 6.5", "decode_step_ms: 7.5", 1)
+	start := time.Now()
+	if _, err := cs.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8stest.Poll(ctx, within, 10*time.Millisecond, func() error {
+		if got := r.Fleet().Profiles[0].DecodeStepMs; got != 7.5 {
+			return fmt.Errorf("the control plane's profile has decode_step_ms %v, want 7.5 from the ConfigMap", got)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("profile edit: the control plane took it in %v", time.Since(start).Round(time.Millisecond))
 }
 
 func indent(s, pre string) string {
