@@ -381,7 +381,7 @@ func TestPrefixSketch(t *testing.T) {
 			h = 1000 + n // unique noise
 		}
 		truth[h]++
-		sk.add(&body.Point{Hash: h, Depth: uint32(h)}, 0, 10, bitOf(uint64(i)))
+		sk.add(&body.Point{Hash: h, Depth: uint32(h)}, 0, 10, bitOf(uint64(i)), bitOf(uint64(i)))
 	}
 	if len(sk.heap) != 16 {
 		t.Fatalf("%d entries, want 16", len(sk.heap))

@@ -191,10 +191,12 @@ func mergePrefixes(a, b []*policyv1.PrefixReport) []*policyv1.PrefixReport {
 				y.RequestsError += c.RequestsError
 				y.Tokens += c.Tokens
 				y.Continuations |= c.Continuations
+				y.Conversations |= c.Conversations
 				continue
 			}
 			y := &policyv1.PrefixCount{Prefix: c.Prefix, Parent: c.Parent, DepthBytes: c.DepthBytes, DepthTokens: c.DepthTokens,
-				Flags: c.Flags, Requests: c.Requests, RequestsError: c.RequestsError, Tokens: c.Tokens, Continuations: c.Continuations}
+				Flags: c.Flags, Requests: c.Requests, RequestsError: c.RequestsError, Tokens: c.Tokens, Continuations: c.Continuations,
+				Conversations: c.Conversations}
 			byPoint[r.Class][c.Prefix] = y
 			x.Counts = append(x.Counts, y)
 		}
