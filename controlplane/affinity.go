@@ -166,16 +166,16 @@ func (c *Controller) splitTables(prefixes map[string]signals.ClassPrefixes, eng 
 
 // tableBuild is one split-table computation (splitTable's steps).
 type tableBuild struct {
-	a      fleet.Affinity
-	view   signals.ClassPrefixes
-	n      int
-	thr    float64                         // hot threshold: hot_share / n
+	a    fleet.Affinity
+	view signals.ClassPrefixes
+	n    int
+	thr  float64 // hot threshold: hot_share / n
 	// prevDepth is the previous shared-prefix depth.
 	prevDepth uint32
-	before map[uint64]translate.PrefixRule // the previous table by prefix
-	byHash map[uint64]*signals.PrefixPoint // the view's points by prefix
-	hot    map[uint64]bool                 // markHot's verdicts
-	cands  []ruleCand                      // candidate rules, with why
+	before    map[uint64]translate.PrefixRule // the previous table by prefix
+	byHash    map[uint64]*signals.PrefixPoint // the view's points by prefix
+	hot       map[uint64]bool                 // markHot's verdicts
+	cands     []ruleCand                      // candidate rules, with why
 }
 
 type ruleCand struct {
