@@ -50,11 +50,12 @@ import (
 //     conversations before their anchors, so its table has no depth and no
 //     GROUP rule, and its keys are the conversations' own.
 //
-// A point is shared when it has at least minHotContinuations
-// continuations or conversations; with a shared-prefix depth, a point
-// before the anchor at least that deep is also hot on its load alone
-// (identical prompts, or one busy conversation, would otherwise be keyed
-// there as one group).
+// With a shared-prefix depth, a point before the anchor at least that
+// deep is also hot on its load alone, however many continuations it has
+// (the inside of a busy preamble, identical prompts, one busy
+// conversation): the walk must pass it rather than key every request
+// through it as one group. Without a depth the table is what it would be
+// without the rule.
 //
 // R is ceil(2·share/threshold), so each of its keys carries at most half
 // the hot threshold; it changes only by more than rHysteresis (ext_proc
@@ -140,10 +141,11 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		t.byHash[view.Points[i].Prefix] = &view.Points[i]
 	}
 	t.markHot()
+	out.SharedDepthBytes, out.SharedWhy = t.sharedDepth()
+	t.markHeavy(out.SharedDepthBytes)
 	t.hotRules()
 	t.groupRules()
 	t.finish(out)
-	out.SharedDepthBytes, out.SharedWhy = t.sharedDepth()
 	return out
 }
 
@@ -205,9 +207,7 @@ func (t *tableBuild) markHot() {
 		p := &t.view.Points[i]
 		r, was := t.before[p.Prefix]
 		wasHot := was && r.Action != translate.Group
-		shared := p.Continuations >= minHotContinuations || p.Conversations >= minHotContinuations ||
-			(t.prevDepth > 0 && preAnchor(p) && p.DepthBytes >= t.prevDepth)
-		if s := t.share(p); (s > t.thr || (wasHot && s > hotHysteresis*t.thr)) && shared {
+		if s := t.share(p); (s > t.thr || (wasHot && s > hotHysteresis*t.thr)) && p.Continuations >= minHotContinuations {
 			t.hot[p.Prefix] = true
 		}
 	}
@@ -220,6 +220,26 @@ func (t *tableBuild) markHot() {
 		}
 		for q := parentOf(t.byHash, p); q != nil && !preAnchor(q) && !t.hot[q.Prefix]; q = parentOf(t.byHash, q) {
 			t.hot[q.Prefix] = true
+		}
+	}
+}
+
+// markHeavy: with a shared-prefix depth, a point before the anchor at
+// least that deep is hot on its load alone (over the threshold, or over
+// hotHysteresis of it if it was hot).
+func (t *tableBuild) markHeavy(depth uint32) {
+	if depth == 0 {
+		return
+	}
+	for i := range t.view.Points {
+		p := &t.view.Points[i]
+		if t.hot[p.Prefix] || !preAnchor(p) || p.DepthBytes < depth {
+			continue
+		}
+		r, was := t.before[p.Prefix]
+		wasHot := was && r.Action != translate.Group
+		if s := t.share(p); s > t.thr || (wasHot && s > hotHysteresis*t.thr) {
+			t.hot[p.Prefix] = true
 		}
 	}
 }
@@ -291,15 +311,17 @@ func (t *tableBuild) groupRules() {
 }
 
 // sharedDepth is the class's shared-prefix depth: the depth of the
-// shallowest cold point before the anchors that two conversations or more
-// share and that is at least group_min_prefix_tokens long; the previous
-// depth stands while there is one.
+// shallowest cold point (under the hot threshold, whatever its
+// continuations) before the anchors that two conversations or more share
+// and that is at least group_min_prefix_tokens long; the previous depth
+// stands while there is one.
 func (t *tableBuild) sharedDepth() (uint32, string) {
 	var best *signals.PrefixPoint
 	n := 0
 	for i := range t.view.Points {
 		p := &t.view.Points[i]
-		if t.hot[p.Prefix] || !preAnchor(p) || int(p.DepthTokens) < t.a.GroupMinPrefixTokens || p.Conversations < minGroupContinuations {
+		if t.hot[p.Prefix] || !preAnchor(p) || int(p.DepthTokens) < t.a.GroupMinPrefixTokens || p.Conversations < minGroupContinuations ||
+			t.share(p) > t.thr {
 			continue
 		}
 		n++
