@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -214,5 +215,71 @@ func TestCyclePublishesTheSplitTable(t *testing.T) {
 	}
 	if len(r.Publish) != 0 {
 		t.Fatalf("an unchanged table was republished: %s", fmt.Sprint(r.Affinity["chat"].Rules))
+	}
+}
+
+// conv sets a view point's conversations.
+func conv(p signals.PrefixPoint, n float64) signals.PrefixPoint {
+	p.Conversations = n
+	return p
+}
+
+// The shared-prefix depth: two conversations through a cold point before
+// their anchors, at least group_min_prefix_tokens deep, set it (the
+// shallowest such point's depth); one conversation's turns, a shorter
+// shared point, or a point over the hot threshold do not. With a depth, a
+// heavy point that deep becomes DEEPER (the walk must pass it); without,
+// the table is what it was. The depth stands while a shared point is seen
+// and goes when none is.
+func TestSplitTableSharedDepth(t *testing.T) {
+	cl := testFleet(t).Classes[0]
+	anchor := uint32(signals.PointMessageEnd | signals.PointAnchor)
+	// Single-message prompts: rows 1 and 2 share points 10 (600 tokens)
+	// and 11 (1,500 tokens) and 12 (3,000 tokens), then end at their own
+	// anchors; row 3 is alone.
+	shared := []signals.PrefixPoint{
+		conv(pt(10, 0, 600, 0, 2, 1), 2), conv(pt(11, 10, 1500, 0, 2, 1), 2), conv(pt(12, 11, 3000, 0, 2, 2), 2),
+		conv(pt(13, 12, 3500, anchor, 1, 1), 1), conv(pt(14, 12, 4000, anchor, 1, 1), 1),
+	}
+	alone := []signals.PrefixPoint{conv(pt(20, 0, 600, 0, 1, 1), 1), conv(pt(21, 20, 1500, 0, 1, 1), 1), conv(pt(22, 21, 2000, anchor, 1, 1), 1)}
+	// A busy conversation's long first message: many turns, one anchor.
+	busy := []signals.PrefixPoint{conv(pt(30, 0, 1500, 0, 300, 1), 1), conv(pt(31, 30, 2000, anchor, 300, 2), 1)}
+
+	av := splitTable(cl, prefixView(append(slices.Clone(alone), busy...)...), 4, nil, 0)
+	if av.SharedDepthBytes != 0 || len(av.rules) != 0 {
+		t.Fatalf("no shared prefix: depth %d, rules %+v", av.SharedDepthBytes, av.Rules)
+	}
+	av = splitTable(cl, prefixView(append(append(slices.Clone(shared), alone...), busy...)...), 4, nil, 0)
+	if av.SharedDepthBytes != 1500*5 {
+		t.Fatalf("depth %d (%s), want point 11's %d bytes", av.SharedDepthBytes, av.SharedWhy, 1500*5)
+	}
+	// The busy conversation's point that deep is over the threshold: DEEPER,
+	// so its requests keep their conversation key.
+	if rs := rulesOf(av); rs[30].Action != translate.Deeper || len(rs) != 2 || rs[12].Action != translate.Group {
+		t.Fatalf("rules with a depth: %+v", av.Rules)
+	}
+	// A point over the threshold never sets the depth.
+	heavyShared := []signals.PrefixPoint{conv(pt(40, 0, 1500, 0, 400, 1), 5), conv(pt(41, 40, 2000, anchor, 400, 2), 5)}
+	if av := splitTable(cl, prefixView(heavyShared...), 4, nil, 0); av.SharedDepthBytes != 0 {
+		t.Fatalf("a heavy shared point set depth %d", av.SharedDepthBytes)
+	}
+	// The depth stands while a shared point is seen, even a deeper one.
+	deeper := []signals.PrefixPoint{conv(pt(50, 0, 3000, 0, 2, 1), 2), conv(pt(51, 50, 3500, anchor, 1, 1), 1)}
+	if av := splitTable(cl, prefixView(deeper...), 4, nil, 7500); av.SharedDepthBytes != 7500 {
+		t.Fatalf("depth %d, want 7500 to stand", av.SharedDepthBytes)
+	}
+	if av := splitTable(cl, prefixView(alone...), 4, nil, 7500); av.SharedDepthBytes != 0 {
+		t.Fatalf("depth %d with no shared point, want 0", av.SharedDepthBytes)
+	}
+	if av := splitTable(cl, signals.ClassPrefixes{Requests: 1}, 4, nil, 7500); !av.Held || av.SharedDepthBytes != 7500 {
+		t.Fatalf("held view: %+v", av)
+	}
+	// An old ext_proc reports no conversations: no depth.
+	old := slices.Clone(shared)
+	for i := range old {
+		old[i].Conversations = 0
+	}
+	if av := splitTable(cl, prefixView(old...), 4, nil, 0); av.SharedDepthBytes != 0 {
+		t.Fatalf("depth %d from a view without conversations", av.SharedDepthBytes)
 	}
 }
