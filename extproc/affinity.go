@@ -310,3 +310,6 @@ func mix(h uint64) uint64 {
 
 // TableRules returns the size and version of the class's split table.
 func (c *Class) TableRules() (rules int, version string) { return len(c.aff.table), c.aff.version }
+
+// SharedDepthBytes returns the class's shared-prefix depth (0: none).
+func (c *Class) SharedDepthBytes() uint32 { return c.aff.sharedDepth }
