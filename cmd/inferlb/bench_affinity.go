@@ -47,7 +47,7 @@ share long prefixes inside one user message each, at the trace's own times,
 the hit rate to compare with the simulator's on the same rows (docs/sim.md).
 
   inferlb bench affinity
-  inferlb bench affinity --modes prefix --mooncake ../shared/data/mooncake_synthetic_trace.jsonl --mooncake-rows 600
+  inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600
   inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
