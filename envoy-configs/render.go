@@ -76,6 +76,10 @@ type Params struct {
 	// XDSDelta selects incremental ADS (DELTA_GRPC) instead of state of
 	// the world.
 	XDSDelta bool
+	// ExtProcToken is sent as "authorization: Bearer <ExtProcToken>" on the
+	// ext_proc and access-log streams (ext_proc's --listen-token-file; ""
+	// = none, for an ext_proc whose port is open).
+	ExtProcToken string
 	// XDSAuth is how Envoy authenticates to the control plane's ADS port
 	// (zero: plaintext without a token, for a control plane run with
 	// --insecure).
