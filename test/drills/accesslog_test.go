@@ -87,7 +87,7 @@ func TestDrillForgedAccessLogs(t *testing.T) {
 	tr.waitSent(t, 12, 20*time.Second)
 	victim := s.engines[0].Addr()
 
-	const batches, perBatch = 10, 20
+	const batches, perBatch = 2, 6
 	var forged []*accesslogv3.StreamAccessLogsMessage
 	for b := 0; b < batches; b++ {
 		forged = append(forged, forgedFailures(victim, perBatch, b))
