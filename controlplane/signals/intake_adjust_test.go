@@ -35,7 +35,7 @@ func TestIntakeClipsAndChecksEngines(t *testing.T) {
 	rep := func(inst string, high, low uint64, ev ...*policyv1.EngineEvidence) *policyv1.ReportRequest {
 		return &policyv1.ReportRequest{NodeId: "fe", Instance: inst,
 			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
-			Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: high}, {Class: "c", Priority: "q", Requests: low, Shed: low / 2}},
+			Demand:  []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: high}, {Class: "c", Priority: "q", Requests: low, Shed: low / 2}},
 			Engines: ev}
 	}
 	// 30 requests in a second against a bound of 24: clipped, both
