@@ -393,6 +393,10 @@ func (cfg *Config) dialControlPlane(reloads *auth.Reloads, log *slog.Logger) (*c
 	if err != nil {
 		return nil, err
 	}
+	// A hung replica (stopped, wedged) keeps the TCP connection open:
+	// pings find it (gRPC's shortest client interval, 10 s), and the
+	// policy subscription moves to the next replica.
+	dial = append(dial, grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}))
 	if cfg.Auth.TokenFile != "" && !cfg.Auth.TLS() {
 		log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
 	}
