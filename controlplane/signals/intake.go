@@ -80,6 +80,11 @@ type Rejection struct {
 func (r *Rejection) Error() string { return r.Err.Error() }
 func (r *Rejection) Unwrap() error { return r.Err }
 
+// MergeBacklog is how long ext_proc keeps unsent reports to merge into the
+// next (cpclient.Reporter's MaxBacklog default): a report may arrive that
+// late.
+const MergeBacklog = 30 * time.Second
+
 // AbsurdRate: a report claiming more than this many times its node's
 // MaxRequestsPerS is not a burst the bound clips but a forgery or a bug,
 // and is refused whole.
@@ -468,9 +473,14 @@ func (in *Intake) check(r *policyv1.ReportRequest, now time.Time) error {
 	if !e.After(s) {
 		return reject("interval", "report from %s/%s: interval_end %s is not after interval_start %s", r.NodeId, r.Instance, e.Format(time.RFC3339Nano), s.Format(time.RFC3339Nano))
 	}
-	if skew := e.Sub(now); skew > in.opt.MaxClockSkew || -skew > in.opt.MaxClockSkew {
-		return reject("clock", "report from %s/%s: interval_end %s is %v from the control plane's clock (%s); at most %v is accepted",
-			r.NodeId, r.Instance, e.Format(time.RFC3339Nano), skew.Round(time.Millisecond), now.Format(time.RFC3339Nano), in.opt.MaxClockSkew)
+	// A report may arrive late: sent before this process stalled (or a
+	// network partition held it), read when it resumes. ext_proc merges
+	// unsent reports for up to MergeBacklog, and a late copy is replaced by
+	// the merged report that holds it (same interval_start): so an end up
+	// to MergeBacklog in the past, beyond the skew, is taken.
+	if skew := e.Sub(now); skew > in.opt.MaxClockSkew || -skew > in.opt.MaxClockSkew+MergeBacklog {
+		return reject("clock", "report from %s/%s: interval_end %s is %v from the control plane's clock (%s); at most %v is accepted (%v behind: a late report)",
+			r.NodeId, r.Instance, e.Format(time.RFC3339Nano), skew.Round(time.Millisecond), now.Format(time.RFC3339Nano), in.opt.MaxClockSkew, in.opt.MaxClockSkew+MergeBacklog)
 	}
 	if d := e.Sub(s); d > in.opt.MaxInterval {
 		return reject("clock", "report from %s/%s: its interval covers %v, more than the %v accepted", r.NodeId, r.Instance, d.Round(time.Millisecond), in.opt.MaxInterval)

@@ -92,3 +92,37 @@ func TestIntakeClipsAndChecksEngines(t *testing.T) {
 		t.Errorf("e2's evidence %+v, want 3 errors of 3 responses (1 request's worth)", e)
 	}
 }
+
+// A report read late (sent before the control plane stalled, or held by
+// a partition) is taken up to MergeBacklog beyond the clock skew: a stall
+// of 13–24 s refused them as "clock" before issue 27. Its merged resend
+// (same interval_start) replaces it: counted once.
+func TestIntakeTakesLateReports(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	in, err := NewIntake(IntakeOptions{Window: time.Minute, Nodes: []string{"fe"}, Classes: []string{"c"},
+		Priorities: []string{"p"}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := now.Add(-21 * time.Second)
+	late := &policyv1.ReportRequest{NodeId: "fe", Instance: "a", IntervalStart: timestamppb.New(start), IntervalEnd: timestamppb.New(now.Add(-20 * time.Second)),
+		Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 10}}}
+	if err := in.Report(context.Background(), late); err != nil {
+		t.Fatalf("a report 20 s late: %v", err)
+	}
+	merged := &policyv1.ReportRequest{NodeId: "fe", Instance: "a", IntervalStart: timestamppb.New(start), IntervalEnd: timestamppb.New(now),
+		Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 30}}}
+	if err := in.Report(context.Background(), merged); err != nil {
+		t.Fatalf("its merged resend: %v", err)
+	}
+	d, _ := in.Snapshot(now)
+	if got := d[DemandKey{"fe", "c", "p"}].RequestsPerS * 21; math.Abs(got-30) > 1e-6 {
+		t.Errorf("%.1f requests counted over the merged interval, want 30 (the late copy replaced)", got)
+	}
+	stale := &policyv1.ReportRequest{NodeId: "fe", Instance: "b", IntervalStart: timestamppb.New(now.Add(-46 * time.Second)),
+		IntervalEnd: timestamppb.New(now.Add(-45 * time.Second)), Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 1}}}
+	var rj *Rejection
+	if err := in.Report(context.Background(), stale); !errors.As(err, &rj) || rj.Reason != "clock" {
+		t.Errorf("a report 45 s late: %v, want a clock rejection", err)
+	}
+}
