@@ -146,14 +146,7 @@ type data struct {
 	SelectAttempts int
 	// AdminPaths is ReadOnlyAdminPaths.
 	AdminPaths []string
-	// ExtProcStreamTimeout bounds an ext_proc stream: RequestTimeout plus
-	// extProcDecisionSlack.
-	ExtProcStreamTimeout string
 }
-
-// extProcDecisionSlack is what an ext_proc stream may last beyond the
-// request timeout: the decision's round trips after the body arrived.
-const extProcDecisionSlack = 5 * time.Second
 
 // Render returns the bootstrap YAML (without an admin section unless
 // ReadOnlyAdmin is set).
@@ -198,8 +191,7 @@ func Render(p Params) (string, error) {
 	if p.RequestTimeout == "" {
 		p.RequestTimeout = "15s"
 	}
-	reqTimeout, err := time.ParseDuration(p.RequestTimeout)
-	if err != nil || reqTimeout <= 0 {
+	if d, err := time.ParseDuration(p.RequestTimeout); err != nil || d <= 0 {
 		return "", fmt.Errorf("envoyconfigs: RequestTimeout %q: want a positive duration such as 15s", p.RequestTimeout)
 	}
 	if p.MaxRequestHeadersKB == 0 {
@@ -221,8 +213,7 @@ func Render(p Params) (string, error) {
 	if p.AuthFilters != "" && p.ClientHeader == "" {
 		return "", fmt.Errorf("envoyconfigs: AuthFilters without a ClientHeader: name the header the filters set")
 	}
-	d := data{Params: p, SelectAttempts: HostSelectionRetryMaxAttempts, AdminPaths: ReadOnlyAdminPaths,
-		ExtProcStreamTimeout: fmt.Sprintf("%gs", (reqTimeout + extProcDecisionSlack).Seconds())}
+	d := data{Params: p, SelectAttempts: HostSelectionRetryMaxAttempts, AdminPaths: ReadOnlyAdminPaths}
 	addrs := p.XDSAddresses
 	if len(addrs) == 0 {
 		addrs = []string{net.JoinHostPort(p.XDSHost, strconv.Itoa(p.XDSPort))}
