@@ -709,7 +709,10 @@ func (c *Controller) InflightLimit(class string) int {
 func (c *Controller) IntakeOptions() signals.IntakeOptions {
 	spec := c.spec
 	o := signals.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
-		MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
+		CapacityBound: map[string]bool{}, Engines: map[string]string{}, MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
+	for _, e := range spec.Engines {
+		o.Engines[e.Address] = e.ID
+	}
 	for _, f := range spec.Frontends {
 		o.Nodes = append(o.Nodes, f.NodeID)
 	}
@@ -724,7 +727,8 @@ func (c *Controller) IntakeOptions() signals.IntakeOptions {
 	for _, f := range spec.Frontends {
 		b := f.MaxRequestsPerS
 		if b <= 0 {
-			b = 2 * c.CapacityRPS()
+			b = signals.CapacityBoundFactor * c.CapacityRPS()
+			o.CapacityBound[f.NodeID] = true
 		}
 		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
 	}

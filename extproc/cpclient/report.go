@@ -75,7 +75,11 @@ func (r *Reporter) Run(ctx context.Context) error {
 			r.once(fctx, targets, time.Now())
 			cancel()
 			return nil
-		case now := <-t.C:
+		case <-t.C:
+			// The clock, not the tick's time: after a stall (the process
+			// stopped, starved) the ticker holds a tick from long ago, and
+			// an interval ending then is refused as a clock error.
+			now := time.Now()
 			cctx, cancel := context.WithTimeout(ctx, r.Interval)
 			r.once(cctx, targets, now)
 			cancel()
