@@ -73,8 +73,24 @@ var (
 	}()
 )
 
-// Unmarshal decodes data into v.
+// Unmarshal decodes data into v. Into a *received (what Server.Process
+// receives into) the bytes come from the buffer pools, and stay the
+// message's until its release.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*received); ok {
+		r.release()
+		p := getBuf(data.Len())
+		data.CopyTo(*p)
+		if decodeFast(*p, &r.ProcessingRequest) {
+			r.buf = p
+			return nil
+		}
+		// The standard decoder copies what it keeps: the buffer is free
+		// again at once.
+		err := protoCodec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(*p)}, &r.ProcessingRequest)
+		putBuf(p)
+		return err
+	}
 	req, ok := v.(*extprocv3.ProcessingRequest)
 	if !ok {
 		return protoCodec.Unmarshal(data, v)

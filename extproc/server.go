@@ -13,12 +13,14 @@
 package extproc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -64,7 +66,18 @@ type Options struct {
 	// Admission tunes local admission and the retry budget (nil:
 	// DefaultAdmission); New does not validate it (Admission.Validate).
 	Admission *Admission
+	// MaxBodyMemory bounds the bytes of request bodies in flight (declared
+	// by content-length from the request headers on, else from the body's
+	// arrival, until the decision): a request that would take them past it
+	// is answered 503 at once (default DefaultMaxBodyMemory).
+	MaxBodyMemory int64
 }
+
+// DefaultMaxBodyMemory is the default bound on request-body bytes in
+// flight: 128 bodies of the default limit. Well above what a frontend
+// holds in normal load (150 concurrent 220 KB bodies are 33 MB), it caps
+// what a flood of large bodies can make the process hold.
+const DefaultMaxBodyMemory = 512 << 20
 
 // Server is the ext_proc gRPC service.
 type Server struct {
@@ -79,7 +92,24 @@ type Server struct {
 	// reqs holds the admitted requests until Envoy's request log reports
 	// their end (requests.go).
 	reqs *requestTable
+	// bodyMem is the bytes of request bodies in flight (MaxBodyMemory).
+	bodyMem atomic.Int64
 }
+
+// RunMemoryTrim returns memory to the OS after bursts (MemoryTrim) until
+// ctx ends: resident memory above idle plus twice the body bytes in flight
+// is given back (idle 0: never).
+func (s *Server) RunMemoryTrim(ctx context.Context, idle int64) {
+	t := &MemoryTrim{Idle: idle, InFlight: s.BodyBytesInFlight, OnTrim: func(before, after int64) {
+		s.m.memoryTrims.Inc()
+		s.log.Debug("memory returned to the OS", "rss_before", before, "rss_after", after)
+	}}
+	t.Run(ctx)
+}
+
+// BodyBytesInFlight is the bytes of request bodies the server holds or has
+// been promised (content-length) and not yet decided on.
+func (s *Server) BodyBytesInFlight() int64 { return s.bodyMem.Load() }
 
 // New returns a Server without a policy: until SetPolicy succeeds every
 // request is answered 503.
@@ -96,8 +126,14 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
+	if opt.MaxBodyMemory <= 0 {
+		opt.MaxBodyMemory = DefaultMaxBodyMemory
+	}
 	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
 		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
+	opt.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "inferlb_extproc_body_bytes_in_flight",
+		Help: "Request-body bytes held or promised (content-length) and not yet decided on; --max-body-memory bounds it."},
+		func() float64 { return float64(s.bodyMem.Load()) }))
 	s.dec.SetClientPriorities(opt.ClientPriorities)
 	s.dec.SetTokenizers(opt.Tokenizers)
 	if opt.Admission != nil {
@@ -186,6 +222,8 @@ type stream struct {
 	// entry in the request table holds the decision from then on).
 	dc Decision
 	id string
+	// bodyMem is what the stream counts in Server.bodyMem.
+	bodyMem int64
 }
 
 // Process serves one ext_proc stream: one HTTP request's decision.
@@ -199,15 +237,20 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	st := &stream{}
+	// One message at a time, its bytes from the codec's pools (received),
+	// given back once its step is done: nothing a step keeps aliases them.
+	in := &received{}
+	defer in.release()
+	defer s.holdBody(st, 0)
 	for {
-		req, err := srv.Recv()
-		if err != nil {
+		in.release()
+		if err := srv.RecvMsg(in); err != nil {
 			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 				return nil
 			}
 			return err
 		}
-		resp, err := s.step(st, req)
+		resp, err := s.step(st, &in.ProcessingRequest)
 		if err != nil {
 			s.log.Warn("ext_proc protocol error", "phase", st.phase.String(), "err", err)
 			return status.Error(codes.FailedPrecondition, err.Error())
@@ -347,10 +390,38 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	if h.GetEndOfStream() {
 		return s.reject(st, badRequest("missing_body", "", "The request has no body; expected a JSON object."))
 	}
+	// The body's bytes are counted from here, before Envoy sends them.
+	if contentLength > 0 && !s.holdBody(st, int64(contentLength)) {
+		return s.reject(st, errBodyMemory)
+	}
 	st.phase = phaseRequestBody
 	// Nothing to change yet: the decision needs the body, and goes with the
 	// body response (allowed for BUFFERED bodies), headers included.
 	return respContinueHeaders
+}
+
+// errBodyMemory answers a request whose body would take the bodies in
+// flight past Options.MaxBodyMemory.
+var errBodyMemory = &apiError{status: 503, typ: "service_unavailable", code: "overloaded",
+	message: "The load balancer holds too many request bytes right now; retry after the indicated delay.", retryAfter: 1, reason: "body_memory"}
+
+// holdBody makes the bytes of the stream's body counted in flight n (0:
+// none, which always succeeds). It refuses, counting nothing more, if
+// growing to n would take the server past MaxBodyMemory.
+func (s *Server) holdBody(st *stream, n int64) bool {
+	d := n - st.bodyMem
+	if d == 0 {
+		return true
+	}
+	if d > 0 && s.bodyMem.Add(d) > s.opt.MaxBodyMemory {
+		s.bodyMem.Add(-d)
+		return false
+	}
+	if d < 0 {
+		s.bodyMem.Add(d)
+	}
+	st.bodyMem = n
+	return true
 }
 
 func tooLarge(n, limit int) *apiError {
@@ -365,6 +436,11 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	if len(b) > s.opt.BodyLimit {
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
+	if int64(len(b)) > st.bodyMem && !s.holdBody(st, int64(len(b))) {
+		return s.reject(st, errBodyMemory)
+	}
+	// Decided on here: the body's bytes are not held past this message.
+	defer s.holdBody(st, 0)
 	dc := &st.dc
 	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b}, dc)
 	if dc.Bound != "" {
