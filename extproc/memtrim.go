@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"os"
+	"runtime"
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"strconv"
@@ -83,6 +84,9 @@ func (t *MemoryTrim) Run(ctx context.Context) {
 			if held < trimSlack {
 				continue // what is resident is live (or not the heap's)
 			}
+			// Two collections: buffers parked in sync.Pools (ours, gRPC's)
+			// survive the first one in the pools' victim caches.
+			runtime.GC()
 			debug.FreeOSMemory()
 			last = time.Now()
 			if t.OnTrim != nil {
