@@ -66,6 +66,9 @@ type Options struct {
 	// Admission tunes local admission and the retry budget (nil:
 	// DefaultAdmission); New does not validate it (Admission.Validate).
 	Admission *Admission
+	// MaxMessages bounds a chat request's messages (0: DefaultMaxMessages;
+	// negative: no bound but the context's).
+	MaxMessages int
 	// MaxBodyMemory bounds the bytes of request bodies in flight (declared
 	// by content-length from the request headers on, else from the body's
 	// arrival, until the decision): a request that would take them past it
@@ -135,6 +138,9 @@ func New(opt Options) *Server {
 		Help: "Request-body bytes held or promised (content-length) and not yet decided on; --max-body-memory bounds it."},
 		func() float64 { return float64(s.bodyMem.Load()) }))
 	s.dec.SetClientPriorities(opt.ClientPriorities)
+	if opt.MaxMessages != 0 {
+		s.dec.SetMaxMessages(opt.MaxMessages)
+	}
 	s.dec.SetTokenizers(opt.Tokenizers)
 	if opt.Admission != nil {
 		s.dec.SetAdmission(*opt.Admission)

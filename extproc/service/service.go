@@ -90,6 +90,9 @@ type Config struct {
 	PolicyFile string
 	// BodyLimit is the request body limit in bytes (0: extproc.DefaultBodyLimit).
 	BodyLimit int
+	// MaxMessages bounds a chat request's messages (0:
+	// extproc.DefaultMaxMessages; negative: none but the context's).
+	MaxMessages int
 	// MaxBodyMemory bounds the request-body bytes in flight; beyond it
 	// requests are answered 503 (0: extproc.DefaultMaxBodyMemory).
 	MaxBodyMemory int64
@@ -305,7 +308,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extpr
 	if err != nil {
 		return nil, err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
