@@ -231,3 +231,19 @@ func TestMaxBodyMemorySheds(t *testing.T) {
 	}
 	_ = st.CloseSend()
 }
+
+// BenchmarkHostileRequest is one request's exchange over loopback gRPC
+// (client and server in this process) whose body is 30,000 tiny messages:
+// a context far above the policy's, refused at the first message past it.
+func BenchmarkHostileRequest(b *testing.B) {
+	var buf []byte
+	buf = append(buf, `{"model":"llama-3-8b","messages":[`...)
+	for i := 0; i < 30_000; i++ {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, `{"role":"user","content":"a"}`...)
+	}
+	buf = append(buf, "]}"...)
+	benchCodecRequestWith(b, Codec{}, buf, true)
+}
