@@ -271,10 +271,10 @@ func (cfg *Config) normalize() error {
 		return fmt.Errorf("negative report interval %v or shutdown grace %v", cfg.ReportInterval, cfg.ShutdownGrace)
 	case cfg.BodyLimit < 0:
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
-	case cfg.BodyLimit == 0:
-		cfg.BodyLimit = extproc.DefaultBodyLimit
 	case cfg.MaxBodyMemory < 0 || cfg.IdleMemory < 0:
 		return fmt.Errorf("negative body memory bound %d or idle memory %d bytes", cfg.MaxBodyMemory, cfg.IdleMemory)
+	case cfg.BodyLimit == 0:
+		cfg.BodyLimit = extproc.DefaultBodyLimit
 	}
 	if cfg.MaxBodyMemory == 0 {
 		cfg.MaxBodyMemory = extproc.DefaultMaxBodyMemory
