@@ -13,10 +13,7 @@
 // worker) and pays that on every message: with it off, its CPU per 8 KB
 // decision at one request at a time was 0.74–0.89× (three interleaved
 // pairs of `inferlb bench extproc`), for 32 KiB of read buffer per
-// connection. The setting is the whole binary's: the control plane's xDS
-// server then also keeps 32 KiB per connected Envoy (32 MB per thousand),
-// which is small beside what it keeps per Envoy anyway; set the variable to
-// true in the environment to have gRPC's default back.
+// connection.
 package grpcenv
 
 import "os"
