@@ -12,9 +12,6 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-
-	// Before gRPC reads its environment (see the package).
-	_ "github.com/inferlb/inferlb/internal/grpcenv"
 )
 
 var rootCmd = &cobra.Command{
