@@ -26,6 +26,8 @@ type metrics struct {
 	unknownLogs     *prometheus.CounterVec // log: request or upstream
 	completion      prometheus.Histogram
 	contextBounds   *prometheus.CounterVec // method
+	// memoryTrims counts MemoryTrim's returns of memory to the OS.
+	memoryTrims prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -94,7 +96,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Access-log entries not counted: an id this instance did not issue (a previous process's, expired, forged) or, in the upstream log (log=upstream), a failure of the request already counted."}, []string{"log"})
 	m.completion = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_upstream_completion_seconds",
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
-	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion)
+	m.memoryTrims = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_memory_trims_total",
+		Help: "Times the resident set was above --idle-memory plus twice the request bodies in flight and free memory was returned to the OS."})
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m

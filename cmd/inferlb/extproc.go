@@ -83,6 +83,15 @@ and exits.`,
 			if cfg.BodyLimit <= 0 {
 				return fmt.Errorf("%s must be positive, got %d", name("body-limit"), cfg.BodyLimit)
 			}
+			if cfg.MaxBodyMemory < int64(cfg.BodyLimit) {
+				return fmt.Errorf("%s must be at least %s (%d), got %d", name("max-body-memory"), name("body-limit"), cfg.BodyLimit, cfg.MaxBodyMemory)
+			}
+			if cfg.MaxMessages == 0 || cfg.MaxMessages < -1 {
+				return fmt.Errorf("%s must be positive, or -1 for no bound, got %d", name("max-messages"), cfg.MaxMessages)
+			}
+			if cfg.IdleMemory < 0 {
+				return fmt.Errorf("%s must not be negative (0: never trim), got %d", name("idle-memory"), cfg.IdleMemory)
+			}
 			// The service reads 0 as its default (1 s, 10 s): from the
 			// command line, 0 or less would silently mean that.
 			if cfg.ReportInterval <= 0 {
@@ -150,6 +159,9 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&cfg.Instance, "instance", "", "instance name in reports (default host-pid)")
 	f.StringVar(&cfg.PolicyFile, "policy-file", "", "RoutingPolicy in protobuf JSON, in force until the control plane sends one")
 	f.IntVar(&cfg.BodyLimit, "body-limit", extproc.DefaultBodyLimit, "largest request body in bytes (413 beyond); give Envoy the same buffer limit")
+	f.IntVar(&cfg.MaxMessages, "max-messages", extproc.DefaultMaxMessages, "most messages in a chat request: the parser stops at the next one and answers 400 too_many_messages (a request with more messages than the policy's largest context has tokens gets 400 context_length_exceeded the same way); -1: no bound but the context's")
+	f.Int64Var(&cfg.MaxBodyMemory, "max-body-memory", extproc.DefaultMaxBodyMemory, "most request-body bytes in flight (counted from content-length on): a request that would take them past it is answered 503 with Retry-After; at least --body-limit")
+	f.Int64Var(&cfg.IdleMemory, "idle-memory", extproc.DefaultIdleMemory, "resident bytes the service returns to after a burst, beside twice the request bodies in flight: above it, free memory goes back to the OS (at most every 5 s); 0: never")
 	f.StringArrayVar(&cfg.Tokenizers, "tokenizer", nil, "a model's tokenizer.json (or .json.gz), repeatable; the policy names each class's by SHA-256 (fleet spec models[].tokenizer) and context limits near a class's are then judged by exact counts, else by the bytes bound")
 	f.DurationVar(&cfg.ReportInterval, "report-interval", time.Second, "interval between reports to the control plane")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 10*time.Second, "how long open streams may finish on shutdown")

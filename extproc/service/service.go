@@ -98,6 +98,16 @@ type Config struct {
 	PolicyFile string
 	// BodyLimit is the request body limit in bytes (0: extproc.DefaultBodyLimit).
 	BodyLimit int
+	// MaxMessages bounds a chat request's messages (0:
+	// extproc.DefaultMaxMessages; negative: none but the context's).
+	MaxMessages int
+	// MaxBodyMemory bounds the request-body bytes in flight; beyond it
+	// requests are answered 503 (0: extproc.DefaultMaxBodyMemory).
+	MaxBodyMemory int64
+	// IdleMemory is the resident memory the process returns to after a
+	// burst, beside twice the body bytes in flight (extproc.MemoryTrim;
+	// 0: no trimming).
+	IdleMemory int64
 	// Tokenizers are paths of models' tokenizer.json files (--tokenizer).
 	Tokenizers []string
 	// ReportInterval between Reports (default 1 s).
@@ -205,6 +215,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 
+	wg.Add(1)
+	go func() { defer wg.Done(); srv.RunMemoryTrim(ctx, cfg.IdleMemory) }()
+
 	var sub *cpclient.Subscriber
 	if cp.policy != nil {
 		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
@@ -274,8 +287,17 @@ func (cfg *Config) normalize() error {
 		return fmt.Errorf("negative report interval %v or shutdown grace %v", cfg.ReportInterval, cfg.ShutdownGrace)
 	case cfg.BodyLimit < 0:
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
+	case cfg.MaxBodyMemory < 0 || cfg.IdleMemory < 0:
+		return fmt.Errorf("negative body memory bound %d or idle memory %d bytes", cfg.MaxBodyMemory, cfg.IdleMemory)
 	case cfg.BodyLimit == 0:
 		cfg.BodyLimit = extproc.DefaultBodyLimit
+	}
+	if cfg.MaxBodyMemory == 0 {
+		cfg.MaxBodyMemory = extproc.DefaultMaxBodyMemory
+	}
+	// A bound below one body of the limit would answer every such body 503.
+	if cfg.MaxBodyMemory < int64(cfg.BodyLimit) {
+		return fmt.Errorf("max body memory %d bytes (--max-body-memory) is below the body limit %d bytes (--body-limit)", cfg.MaxBodyMemory, cfg.BodyLimit)
 	}
 	if cfg.ControlPlane != "" && cfg.NodeID == "" {
 		return errors.New("--node-id is required with --control-plane")
@@ -345,7 +367,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extpr
 	if err != nil {
 		return nil, err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)

@@ -54,6 +54,8 @@ type stackOptions struct {
 	envoy func(*envoyconfigs.Params)
 	// noWait skips waiting for a first successful request.
 	noWait bool
+	// envoyWorkers is Envoy's worker count (default 1).
+	envoyWorkers int
 }
 
 // stack is a running drill stack.
@@ -170,7 +172,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	if s.bootstrap, err = envoyconfigs.Render(p); err != nil {
 		t.Fatal(err)
 	}
-	s.envoy = envoytest.Start(t, envoytest.Options{Bootstrap: s.bootstrap})
+	s.envoy = envoytest.Start(t, envoytest.Options{Bootstrap: s.bootstrap, Concurrency: o.envoyWorkers})
 	s.url = fmt.Sprintf("http://127.0.0.1:%d", listen)
 	if !o.noWait {
 		s.waitServing()
