@@ -39,6 +39,10 @@ type Policy struct {
 	// regionHdr is the decision's source-region header, built once (nil
 	// without a region).
 	regionHdr *corev3.HeaderValueOption
+	// maxContext is the largest context guarantee of its classes (0 if a
+	// class has none: then no request is provably too long): the parser's
+	// body.Limits.MaxContext.
+	maxContext int
 }
 
 // Class is one eligibility class of a Policy.
@@ -165,6 +169,13 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 	}
 	if err := p.compileEngines(rp); err != nil {
 		return nil, err
+	}
+	for i, c := range p.classes {
+		if g := c.guarantee(); g <= 0 || i > 0 && p.maxContext == 0 {
+			p.maxContext = 0
+		} else {
+			p.maxContext = max(p.maxContext, g)
+		}
 	}
 	p.setAdmission(DefaultAdmission()) // a Decider installs its own
 	return p, nil

@@ -167,8 +167,11 @@ var docCommands = []docCmd{
 	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
 	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's tables (minutes); the entry above runs the same command on one cell"},
 	{cmd: "inferlb bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
+	{cmd: "inferlb bench extproc --protocol-only --duration 3s --concurrency 1,150 --sizes 8192,225280 --extproc-binary /tmp/inferlb-base", skip: "the before/after measurement behind docs/extproc.md's memory table (a build of main as /tmp/inferlb-base, minutes); TestBenchExtProcSmoke checks the memory columns"},
 	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/extproc.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does tools/affinitybench's TestSharedPreambleThroughEnvoy"},
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
+	{cmd: "inferlb bench affinity --modes prefix --hash-balance-factor 300 --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the Mooncake trace lives in the shared data directory, outside the repository (docs/sim.md's --data-dir); a minute of a real rig"},
+	{cmd: "inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the same, with the default hash_balance_factor of the bench"},
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
 	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -476,28 +477,41 @@ func FuzzIntakeReport(f *testing.F) {
 	})
 }
 
-// SetBounds moves the plausibility bounds that follow the fleet's capacity
-// (engines joining with Kubernetes discovery): a rate refused under the old
-// bound is accepted under the new one, and the demand cap follows.
+// SetBounds moves the plausibility bounds that follow the fleet's engines
+// (Kubernetes discovery): a rate clipped under the old bound is not under
+// the new one, and evidence for an engine that joined is kept, not dropped
+// as unknown.
 func TestIntakeSetBounds(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
+	var adjusted []string
 	opt := IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe"}, Classes: []string{"c"},
 		Priorities: []string{"p"}, Now: func() time.Time { return now },
-		MaxRequestsPerS: map[string]float64{"fe": 100}, MaxInflight: map[string]float64{"fe": 10}, MaxAttempts: 3}
+		MaxRequestsPerS: map[string]float64{"fe": 100}, MaxInflight: map[string]float64{"fe": 10}, MaxAttempts: 3,
+		Engines: map[string]string{"10.0.0.1:8000": "e1"}, OnAdjust: func(r string) { adjusted = append(adjusted, r) }}
 	in, err := NewIntake(opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := &policyv1.ReportRequest{NodeId: "fe", Instance: "a",
-		IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
-		Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 150}}}
-	var rej *Rejection
-	if err := in.Report(context.Background(), rep); !errors.As(err, &rej) || rej.Reason != "rate" {
-		t.Fatalf("150 requests in 1 s under a 100/s bound: err = %v, want a rate rejection", err)
+	rep := func(inst string) *policyv1.ReportRequest {
+		return &policyv1.ReportRequest{NodeId: "fe", Instance: inst,
+			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
+			Demand:  []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 150}},
+			Engines: []*policyv1.EngineEvidence{{Address: "10.0.0.2:8000", Responses: 1}}}
 	}
+	if err := in.Report(context.Background(), rep("a")); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(adjusted, []string{"rate_clipped", "unknown_engine"}) {
+		t.Fatalf("under a 100/s bound, with 10.0.0.2 unknown: adjusted %v, want rate_clipped and unknown_engine", adjusted)
+	}
+	adjusted = nil
 	opt.MaxRequestsPerS = map[string]float64{"fe": 200}
+	opt.Engines = map[string]string{"10.0.0.1:8000": "e1", "10.0.0.2:8000": "e2"}
 	in.SetBounds(opt)
-	if err := in.Report(context.Background(), rep); err != nil {
-		t.Fatalf("150 requests in 1 s under a 200/s bound: %v", err)
+	if err := in.Report(context.Background(), rep("b")); err != nil {
+		t.Fatal(err)
+	}
+	if len(adjusted) != 0 {
+		t.Errorf("under a 200/s bound, with 10.0.0.2 an engine: adjusted %v, want nothing", adjusted)
 	}
 }

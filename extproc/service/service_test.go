@@ -233,3 +233,27 @@ func TestNegativeDurations(t *testing.T) {
 		}
 	}
 }
+
+// Body-memory settings that cannot work are refused before anything
+// listens: negative bounds, and a body-memory bound below one body of the
+// limit (every such body would be answered 503).
+func TestBadBodyMemory(t *testing.T) {
+	for _, c := range []struct {
+		cfg  service.Config
+		want string
+	}{
+		{service.Config{Listen: "127.0.0.1:0", MaxBodyMemory: -1}, "negative body memory bound"},
+		{service.Config{Listen: "127.0.0.1:0", IdleMemory: -1}, "negative body memory bound"},
+		{service.Config{Listen: "127.0.0.1:0", BodyLimit: 1 << 20, MaxBodyMemory: 1 << 19}, "below the body limit"},
+		// 0 is the default (512 MiB), below a 1 GiB body limit.
+		{service.Config{Listen: "127.0.0.1:0", BodyLimit: 1 << 30}, "below the body limit"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		err := service.Run(ctx, c.cfg)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: want an error containing %q, got %v", c.cfg, c.want, err)
+		}
+	}
+}

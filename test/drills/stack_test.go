@@ -54,6 +54,8 @@ type stackOptions struct {
 	envoy func(*envoyconfigs.Params)
 	// noWait skips waiting for a first successful request.
 	noWait bool
+	// envoyWorkers is Envoy's worker count (default 1).
+	envoyWorkers int
 }
 
 // stack is a running drill stack.
@@ -158,7 +160,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	listen := envoytest.FreePort(t)
 	p := envoyconfigs.Params{Variant: o.variant, NodeID: nodeID, Region: "east", ListenPort: listen,
 		ExtProcPort: port(t, s.extGRPC), XDSPort: port(t, s.cpXDS[0]), XDSAddresses: s.cpXDS,
-		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(),
+		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(), ExtProcToken: s.auth.extToken,
 		// No drill is about ext_proc's round-trip bound (ExtProcDeath
 		// kills it: refused at once). With the 1-s default, one decision
 		// of a starved race-built ext_proc is a 504, which every drill's
@@ -170,7 +172,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	if s.bootstrap, err = envoyconfigs.Render(p); err != nil {
 		t.Fatal(err)
 	}
-	s.envoy = envoytest.Start(t, envoytest.Options{Bootstrap: s.bootstrap})
+	s.envoy = envoytest.Start(t, envoytest.Options{Bootstrap: s.bootstrap, Concurrency: o.envoyWorkers})
 	s.url = fmt.Sprintf("http://127.0.0.1:%d", listen)
 	if !o.noWait {
 		s.waitServing()
