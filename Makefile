@@ -30,8 +30,11 @@ build:
 # (TestAffinityBar) skips itself under the race detector, where its 24
 # full-length simulations take minutes; the last run has it without (about
 # 40 s).
+# --engines (issue 24): llama.cpp's llama-server, built from source on the
+# first run (cached under $(VENV)/llama.cpp), and its tiny model, for the
+# tests that put a real engine behind the stack (test/drills, llamacpp_test.go).
 test:
-	@scripts/setup.sh --browser
+	@scripts/setup.sh --browser --engines
 	$(GO) vet ./...
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test $(TESTFLAGS) $$(grep -v '/test/drills$$' <<<"$$pkgs")
 	$(GO) test $(TESTFLAGS) ./test/drills

@@ -9,15 +9,21 @@
 #     the test that drives the control plane's web dashboard in a headless
 #     browser (apt-get; skipped when a chromium is on PATH or
 #     $INFERLB_CHROMIUM names one). The demo does not need it.
+#   - with --engines (make test): llama.cpp's llama-server, built from source,
+#     and a tiny model for it (scripts/setup-engines.sh, cached under
+#     $VENV/llama.cpp), for the tests that put a real inference engine behind
+#     the stack and for `inferlb demo --engines llamacpp`.
 # Idempotent: a second run checks versions and returns quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 browser=0
+engines=0
 for arg in "$@"; do
   case "$arg" in
     --browser) browser=1 ;;
-    *) printf 'setup: unknown argument %q (want --browser or nothing)\n' "$arg" >&2; exit 2 ;;
+    --engines) engines=1 ;;
+    *) printf 'setup: unknown argument %q (want --browser, --engines or nothing)\n' "$arg" >&2; exit 2 ;;
   esac
 done
 
@@ -73,8 +79,17 @@ if [ "$browser" = 1 ] && [ -z "${INFERLB_CHROMIUM:-}" ] && ! command -v chromium
   fi
   command -v chromium >/dev/null || { log "apt-get installed chromium but there is no chromium on PATH"; exit 1; }
 fi
+# --- engines (issue 24): llama-server and its tiny model --------------------
+if [ "$engines" = 1 ]; then
+  scripts/setup-engines.sh "$VENV"
+fi
+# --- end engines -------------------------------------------------------------
+
 ready="$("$VENV/bin/envoy" --version | grep -o 'version: [^ ]*' | head -1), go $(go env GOVERSION)"
 if [ "$browser" = 1 ]; then
   ready="$ready, $("${INFERLB_CHROMIUM:-$(command -v chromium || command -v chromium-browser)}" --version 2>/dev/null | head -1)"
+fi
+if [ "$engines" = 1 ]; then
+  ready="$ready, llama-server and the tiny model in $VENV/llama.cpp"
 fi
 log "ready: $ready"
