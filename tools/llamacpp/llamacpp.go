@@ -112,15 +112,16 @@ type Server struct {
 	log  *os.File
 }
 
-// Start runs llama-server and waits until its /health answers 200.
-func Start(ctx context.Context, o Options) (*Server, error) {
-	bin, err := Binary()
-	if err != nil {
-		return nil, err
+// CommandLine returns the llama-server binary and its arguments for o, and
+// o with its defaults filled in (a free port if Listen is empty). The demo
+// runs it under its own supervisor; Start runs it for tests.
+func CommandLine(o Options) (bin string, args []string, _ Options, err error) {
+	if bin, err = Binary(); err != nil {
+		return "", nil, o, err
 	}
 	if o.Model == "" {
 		if o.Model, err = Model(); err != nil {
-			return nil, err
+			return "", nil, o, err
 		}
 	}
 	if o.Slots == 0 {
@@ -136,30 +137,38 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		o.StartTimeout = 60 * time.Second
 	}
 	if o.Slots < 1 || o.SlotContext < 64 || o.Threads < 1 {
-		return nil, fmt.Errorf("llamacpp: slots %d, slot context %d, threads %d: want ≥ 1, ≥ 64, ≥ 1", o.Slots, o.SlotContext, o.Threads)
+		return "", nil, o, fmt.Errorf("llamacpp: slots %d, slot context %d, threads %d: want ≥ 1, ≥ 64, ≥ 1", o.Slots, o.SlotContext, o.Threads)
 	}
 	if o.Listen == "" {
 		p, err := envoyrun.FreePort()
 		if err != nil {
-			return nil, err
+			return "", nil, o, err
 		}
 		o.Listen = fmt.Sprintf("127.0.0.1:%d", p)
 	}
 	host, port, err := net.SplitHostPort(o.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("llamacpp: listen %q: %w", o.Listen, err)
+		return "", nil, o, fmt.Errorf("llamacpp: listen %q: %w", o.Listen, err)
 	}
-	args := []string{"--model", o.Model, "--host", host, "--port", port,
+	args = []string{"--model", o.Model, "--host", host, "--port", port,
 		"--threads", strconv.Itoa(o.Threads), "--threads-batch", strconv.Itoa(o.Threads),
 		"--parallel", strconv.Itoa(o.Slots), "--ctx-size", strconv.Itoa(o.Slots * o.SlotContext),
-		// Metrics for the control plane; /slots for the tests' view of the
-		// prefix cache. The host-memory prompt cache is kept small: the
-		// slots' own KV caches are the prefix cache that matters here.
+		// Metrics for the control plane; /slots for a view of the slots'
+		// caches. The host-memory prompt cache is kept small: the slots'
+		// own KV caches are the prefix cache that matters here.
 		"--metrics", "--slots", "--cache-ram", "64", "--no-webui"}
 	if o.Alias != "" {
 		args = append(args, "--alias", o.Alias)
 	}
-	args = append(args, o.Args...)
+	return bin, append(args, o.Args...), o, nil
+}
+
+// Start runs llama-server and waits until its /health answers 200.
+func Start(ctx context.Context, o Options) (*Server, error) {
+	bin, args, o, err := CommandLine(o)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{opt: o, bin: bin, args: args}
 	if err := s.start(ctx); err != nil {
 		return nil, err
