@@ -149,6 +149,9 @@ var docCommands = []docCmd{
 	// The demo itself.
 	{cmd: "inferlb demo --duration 20s --time-scale 0.5", want: "inferlb demo: stopped."},
 	{cmd: "inferlb demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},
+	// Real llama.cpp servers (scripts/setup.sh --engines builds them; make
+	// test does); skipped without them outside CI (llamaDemoSkip).
+	{cmd: "inferlb demo --engines llamacpp --duration 40s", want: "inferlb demo: stopped.", check: checkDemoLlama},
 	// The fleet simulator.
 	{cmd: "inferlb sim --duration 60s examples/sim/steady-3region.yaml", want: "| inferlb |"},
 	{cmd: "inferlb sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml", want: "| session_hash |"},

@@ -197,7 +197,7 @@ func (s *stack) scraped(id string) (scraped, error) {
 
 // TestLlamaCppWeightsFollowLoad: three llama-servers behind the stack, a
 // light load through Envoy. Another tenant's requests, sent straight to
-// e0, fill its two slots and queue one more: the control plane reads
+// e0, fill its two slots and queue two more: the control plane reads
 // that from llama-server's own gauges (requests_processing,
 // requests_deferred) and moves e0's weight to the idle servers; when the
 // other tenant leaves, e0 gets its share back. llama-server has no KV
@@ -211,7 +211,8 @@ func TestLlamaCppWeightsFollowLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	var bgErr error
 	var bgMu sync.Mutex
-	for k := range 3 {
+	// Four clients on two slots: two requests running, two deferred.
+	for k := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
