@@ -72,7 +72,6 @@ func requireLlama(t *testing.T) {
 
 func startLlamas(t *testing.T, dir string, o *llamaOptions) []*llamacpp.Server {
 	t.Helper()
-	requireLlama(t)
 	var out []*llamacpp.Server
 	for i, so := range o.servers {
 		so.Alias = "m"

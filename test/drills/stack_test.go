@@ -87,6 +87,9 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	if _, err := envoytest.Binary(); err != nil {
 		t.Skipf("no Envoy: %v", err)
 	}
+	if o.llama != nil {
+		requireLlama(t)
+	}
 	bin := inferlbBinary(t)
 	if o.engines == 0 {
 		o.engines = 3
