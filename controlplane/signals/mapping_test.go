@@ -39,11 +39,12 @@ func TestRecordedPages(t *testing.T) {
 		{"sglang", "sglang.metrics", 7, 2, 0.28, 4e6, 8.128902e6, 0.49, 83, 8.128902e6, 7.557572e6, 11008, 7.55e6, 11008, 11008, nan, nan, 442356, nan, nil},
 		// A vLLM page read as a generic server: the same values.
 		{"generic", "vllm-v1.metrics", 12, 3, 0.42, 1e6, 2.5e6, nan, 2000, 2.5e6, 4e5, 2000, 398000, 2000, 2000, 16, 27448, nan, 1.76443e9, nil},
-		// llama.cpp (its page's format, server-task.cpp): load gauges and
-		// token counters only; the prompt total is the evaluated tokens
-		// plus the cached ones, which are also the prefix-cache queries;
-		// latencies, finished requests, KV use and size unknown.
-		{"llamacpp", "llamacpp.metrics", 2, 1, nan, 1880, 6000, nan, nan, 6000, 900, nan, nan, nan, nan, nan, nan, nan, nan,
+		// llama.cpp (llama-server 11434 on the tests' tiny model, two
+		// slots busy and one request deferred): load gauges and token
+		// counters only; the prompt total is the evaluated tokens plus the
+		// cached ones, which are also the prefix-cache queries; latencies,
+		// finished requests, KV use and size unknown.
+		{"llamacpp", "llamacpp.metrics", 2, 1, nan, 1985, 4081, nan, nan, 4081, 608, nan, nan, nan, nan, nan, nan, nan, nan,
 			[]string{"llamacpp:kv_cache_usage_ratio"}},
 		// SGLang before its first request: parsed, every signal unknown.
 		{"sglang", "sglang-fresh.metrics", nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, 1.76443e9,
