@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +33,7 @@ import (
 // machine: a 1,947-token prefill in 1.4 s (1,400 tokens/s), 9 ms a token
 // decoding one sequence, 12 ms a step decoding two. It only has to be
 // roughly right: the load these drills put on a server shows in its gauges.
-const llamaProfile = `{gpu: cpu, model: m, prefill_tokens_per_s: 1400, overhead_ms: 10, decode_step_ms: 6, decode_step_per_seq_ms: 3, max_running: %d, kv_capacity_tokens: %d, max_context_tokens: %d}`
+const llamaProfile = `{gpu: G, model: m, prefill_tokens_per_s: 1400, overhead_ms: 10, decode_step_ms: 6, decode_step_per_seq_ms: 3, max_running: %d, kv_capacity_tokens: %d, max_context_tokens: %d}`
 
 // llamaOptions put llama.cpp servers behind a drill stack.
 type llamaOptions struct {
@@ -286,12 +287,21 @@ func longText(seed, n int) string {
 // took a fraction of what the same second turn costs a server that never
 // saw the conversation.
 func TestLlamaCppConversationAffinity(t *testing.T) {
-	s := startStack(t, stackOptions{llama: llamaFleet(3, 3072)})
+	// The production scrape and cycle periods and a smoothing of seconds:
+	// with the drills' 250-ms scrapes and 1-s smoothing, one 2,000-token
+	// prefill (1.4 s of one server's work inside a scrape or two) reads as
+	// an overloaded server, and the weights move away from it between a
+	// conversation's turns.
+	s := startStack(t, stackOptions{llama: llamaFleet(3, 3072), cpArgs: []string{"--interval", "5s", "--scrape-interval", "1s", "--smoothing", "5s"}})
 	ctx := context.Background()
 	const convs = 3
+	var warm []float64 // second turns' prefill ms
+	var cold llamacpp.Timings
+	var firstPrompt int
 	for c := range convs {
 		msgs := []llamacpp.Message{{Role: "system", Content: fmt.Sprintf("conversation %d", c)}, {Role: "user", Content: longText(c, 1900)}}
 		b0 := s.evaluated(t)
+		w1, _ := s.envoyShares()
 		code, r1, raw, err := postChat(ctx, s.url, chatBody(msgs, 4))
 		if err != nil || code != 200 {
 			t.Fatalf("conversation %d turn 1: %d %v %.300s", c, code, err, raw)
@@ -309,28 +319,38 @@ func TestLlamaCppConversationAffinity(t *testing.T) {
 		t.Logf("conversation %d: turn 1 on e%d (%d prompt tokens evaluated in %.0f ms), turn 2 on e%d (%d from its cache, %d evaluated in %.0f ms)",
 			c, first, r1.Timings.PromptN, r1.Timings.PromptMs, second, r2.Timings.CacheN, r2.Timings.PromptN, r2.Timings.PromptMs)
 		if second != first {
-			t.Errorf("conversation %d: turn 1 on e%d, turn 2 on e%d", c, first, second)
+			w2, _ := s.envoyShares()
+			t.Errorf("conversation %d: turn 1 on e%d, turn 2 on e%d (Envoy's shares %v before, %v after)", c, first, second, w1, w2)
 			continue
 		}
-		if r2.Timings.CacheN < r1.Timings.PromptN*9/10 {
-			t.Errorf("conversation %d: turn 2 reused %d tokens of its server's cache, want most of turn 1's %d", c, r2.Timings.CacheN, r1.Timings.PromptN)
+		if r2.Timings.CacheN < r1.Timings.PromptN*9/10 || r2.Timings.PromptN > r1.Timings.PromptN/10 {
+			t.Errorf("conversation %d: turn 2 reused %d tokens of its server's cache and evaluated %d, want most of turn 1's %d reused",
+				c, r2.Timings.CacheN, r2.Timings.PromptN, r1.Timings.PromptN)
 		}
+		warm = append(warm, r2.Timings.PromptMs)
 		if c > 0 {
 			continue
 		}
+		firstPrompt = r1.Timings.PromptN
 		// The same second turn on a server that never saw the
 		// conversation: a cold prefill.
-		cold := s.llamas[(first+1)%len(s.llamas)]
-		code, rc, raw, err := postChat(ctx, cold.URL(), turn2)
+		coldServer := s.llamas[(first+1)%len(s.llamas)]
+		code, rc, raw, err := postChat(ctx, coldServer.URL(), turn2)
 		if err != nil || code != 200 {
 			t.Fatalf("turn 2 on a cold server: %d %v %.300s", code, err, raw)
 		}
-		t.Logf("the same turn 2 on a cold server: %d from its cache, %d evaluated in %.0f ms (%.1f× the warm prefill)",
-			rc.Timings.CacheN, rc.Timings.PromptN, rc.Timings.PromptMs, rc.Timings.PromptMs/r2.Timings.PromptMs)
-		if rc.Timings.PromptN < r1.Timings.PromptN || r2.Timings.PromptMs*3 > rc.Timings.PromptMs {
-			t.Errorf("turn 2's prefill: %.0f ms warm (%d evaluated), %.0f ms cold (%d evaluated): want the warm one under a third of the cold one",
-				r2.Timings.PromptMs, r2.Timings.PromptN, rc.Timings.PromptMs, rc.Timings.PromptN)
-		}
+		cold = rc.Timings
+	}
+	// The second turns' median prefill against the cold one: single
+	// prefills on a shared 2-core machine are noisy (a 39-token one took
+	// 48 to 270 ms in one run), the median of three is not.
+	sort.Float64s(warm)
+	med := warm[len(warm)/2]
+	t.Logf("turn 2 on a cold server: %d from its cache, %d evaluated in %.0f ms; on the warm server (median of %d) %.0f ms: %.1f× faster",
+		cold.CacheN, cold.PromptN, cold.PromptMs, len(warm), med, cold.PromptMs/med)
+	if cold.PromptN < firstPrompt || med*2 > cold.PromptMs {
+		t.Errorf("turn 2's prefill: median %.0f ms warm, %.0f ms cold (%d evaluated): want the warm one under half the cold one",
+			med, cold.PromptMs, cold.PromptN)
 	}
 }
 
@@ -350,10 +370,12 @@ func (s *stack) hostOf(i int) (xdstest.Host, error) {
 // healthWindow bounds how long a dead or stalled engine may keep getting
 // traffic: Envoy's active health check (translate.DefaultOptions: every
 // 2 s, 1 s timeout, 2 failures) and the control plane's probe with every
-// scrape (250 ms in the drills) each take it out; the slower, Envoy's,
-// needs at most 2 intervals plus a timeout. A second of slack for a loaded
-// machine.
-const healthWindow = 6 * time.Second
+// scrape (250 ms in the drills) each take it out. A refused connection
+// fails the control plane's probe at once; a stalled server's probe only
+// times out, which says nothing, so Envoy's check decides: two checks
+// that each wait an interval and time out, 2 × (2 + 1) s. Two seconds of
+// slack for a loaded machine.
+const healthWindow = 8 * time.Second
 
 // TestLlamaCppKilledServerDrained: a llama-server killed (SIGKILL) under
 // traffic is out of Envoy's routing within the health window, and every
@@ -364,9 +386,15 @@ func TestLlamaCppKilledServerDrained(t *testing.T) {
 	s := startStack(t, stackOptions{llama: llamaFleet(3, 1024)})
 	tr := s.startTraffic(trafficOptions{rate: 2, maxTokens: 4, words: 20})
 	s.waitShare(t, "e1", func(x float64) bool { return x > 0.2 }, 30*time.Second, "a fair share before the kill")
+	// e1 has served requests, and the control plane has scraped its
+	// counters since: a restart is seen as those counters starting over.
 	if err := envoytest.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, func() error {
-		if s.evaluated(t)[1] == 0 {
-			return fmt.Errorf("e1 has served nothing yet")
+		sc, err := s.scraped("e1")
+		if err != nil {
+			return err
+		}
+		if sc.GenPerS <= 0 {
+			return fmt.Errorf("the control plane has seen e1 generate nothing yet")
 		}
 		return nil
 	}); err != nil {
@@ -482,8 +510,9 @@ func TestLlamaCppStalledServerPenalized(t *testing.T) {
 	}
 	h, _ := s.hostOf(2)
 	sc, _ := s.scraped("e2")
-	t.Logf("stalled e2 out of Envoy's routing after %.2f s (EDS %s, active HC failed %v); control plane: %s after %.2f s",
-		out.Seconds(), h.EDSHealth, h.FailedActiveHC, sc.State, time.Since(stalled).Seconds())
+	w, _ := s.weights(0)
+	t.Logf("stalled e2 out of Envoy's routing after %.2f s (EDS %s, active HC failed %v); control plane: %s, published share %.3f",
+		out.Seconds(), h.EDSHealth, h.FailedActiveHC, sc.State, w["e2"])
 	if out > healthWindow {
 		t.Errorf("stalled e2 taken out after %.1f s, want ≤ %v", out.Seconds(), healthWindow)
 	}
