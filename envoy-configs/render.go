@@ -39,7 +39,7 @@ const (
 // hash XORed with 2⁶⁴−a (a = 1, 2, …): the first re-picks look at a few
 // neighbouring table slots, which for some host sets one host owns. With 3
 // equal hosts and 5 re-picks, up to 10% of a failing engine's keys (median
-// 0.1%, over random address sets; tools/envoylb's model, checked
+// 0.1%, over random address sets; internal/envoylb's model, checked
 // against Envoy) were retried on the same engine every time; with 20, none
 // of 40 sets kept any above 0.01%. A re-pick is a table lookup, only on
 // retries. The fleet simulator uses the same value.

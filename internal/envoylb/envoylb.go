@@ -4,9 +4,12 @@
 // lookup), consistent hashing with bounded loads (hash_balance_factor),
 // priority levels with the 1.4 overprovisioning factor, and the retry host
 // predicate's re-selection (previous_hosts with
-// host_selection_retry_max_attempts). The fleet simulator uses it to pick
-// engines exactly as the frontend Envoys would for the same EDS weights and
-// affinity keys; TestAgainstEnvoy checks that against a real Envoy.
+// host_selection_retry_max_attempts). It is the one implementation of that
+// choice: the fleet simulator uses it to predict the engine a frontend Envoy
+// picks for the same EDS weights and affinity key, and ext_proc's
+// endpoint-picker mode (extproc/picker) uses it to make that same pick
+// itself when a gateway's Envoy routes to the endpoint it names.
+// TestAgainstEnvoy checks it key by key against a real Envoy.
 //
 // What it follows, from Envoy's source (source/extensions/load_balancing_
 // policies/{maglev,ring_hash,common/thread_aware_lb_impl}.cc, and
