@@ -29,6 +29,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/picker"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/xds/auth"
 )
@@ -60,6 +61,17 @@ func ServerOptions(bodyLimit int) []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}
 }
+
+// The service's modes.
+const (
+	// ModeExtProc serves inferlb's own frontend Envoys (bootstrapped from
+	// envoy-configs/): the decision goes to Envoy's Maglev cluster as a
+	// cluster header and an affinity key.
+	ModeExtProc = "ext_proc"
+	// ModeEndpointPicker serves a gateway's Envoy as the Inference
+	// Extension's endpoint picker: the picker names the engine itself.
+	ModeEndpointPicker = "endpoint-picker"
+)
 
 // Config is the service's configuration (the command's flags).
 type Config struct {
@@ -99,7 +111,14 @@ type Config struct {
 	// Admission tunes local admission and the retry budget (nil:
 	// extproc.DefaultAdmission).
 	Admission *extproc.Admission
-	Logger    *slog.Logger
+	// Mode is ModeExtProc (beside inferlb's own frontend Envoys, "" too)
+	// or ModeEndpointPicker (behind a gateway's Envoy, the Inference
+	// Extension's endpoint picker protocol: extproc/picker).
+	Mode string
+	// PickerFallbacks is how many fallback endpoints the endpoint picker
+	// lists after the primary (0: none).
+	PickerFallbacks int
+	Logger          *slog.Logger
 	// Ready, if set, receives the bound addresses once serving.
 	Ready func(grpcAddr, httpAddr string)
 }
@@ -175,7 +194,25 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen (--listen) %q: %w", cfg.Listen, err)
 	}
 	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
-	srv.Register(g)
+	apply := srv.SetPolicy
+	var pk *picker.Picker
+	if cfg.Mode == ModeEndpointPicker {
+		fb := cfg.PickerFallbacks
+		if fb == 0 {
+			fb = -1 // the picker's 0 is its default
+		}
+		pk = picker.New(srv, picker.Options{Fallbacks: fb, Logger: log})
+		pk.Register(g)
+		// Readiness follows the policy: a gateway's health check keeps
+		// requests away from a picker that would answer them all 503.
+		apply = func(rp *policyv1.RoutingPolicy) error {
+			err := srv.SetPolicy(rp)
+			pk.UpdateReadiness()
+			return err
+		}
+	} else {
+		srv.Register(g)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -191,7 +228,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var sub *cpclient.Subscriber
 	if cp.policy != nil {
-		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
+		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: apply, Logger: log}
 		rep := &cpclient.Reporter{Conns: cp.reports, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
 			Flush: srv.Observer().Flush, Logger: log}
 		wg.Add(2)
@@ -230,6 +267,9 @@ func Run(ctx context.Context, cfg Config) error {
 	case runErr = <-errc:
 	}
 	cancel()
+	if pk != nil {
+		pk.Shutdown() // gateways stop sending new requests while streams drain
+	}
 	stopServing(g, hs, cfg.ShutdownGrace, log)
 	wg.Wait()
 	log.Info("ext_proc stopped")
@@ -260,6 +300,14 @@ func (cfg *Config) normalize() error {
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
 	case cfg.BodyLimit == 0:
 		cfg.BodyLimit = extproc.DefaultBodyLimit
+	}
+	switch cfg.Mode {
+	case "", ModeExtProc, ModeEndpointPicker:
+	default:
+		return fmt.Errorf("mode (--mode) %q: want %s or %s", cfg.Mode, ModeExtProc, ModeEndpointPicker)
+	}
+	if cfg.PickerFallbacks < 0 {
+		return fmt.Errorf("picker fallbacks (--picker-fallbacks) %d is negative", cfg.PickerFallbacks)
 	}
 	if cfg.ControlPlane != "" && cfg.NodeID == "" {
 		return errors.New("--node-id is required with --control-plane")
