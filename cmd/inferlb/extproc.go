@@ -153,7 +153,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.Float64Var(&o.adm.LocalReserve, "local-reserve", o.adm.LocalReserve, "share of a class's in-flight limit kept for more important traffic: the least important priority is refused at (1 - this) of the limit, the most important only at the limit, in [0, 1)")
 	f.Float64Var(&o.adm.RetryBurst, "retry-burst", o.adm.RetryBurst, "most retries a class's retry budget holds (and starts with), >= 1")
 	f.StringVar(&cfg.Mode, "mode", service.ModeExtProc, "ext_proc (beside inferlb's frontend Envoys) or endpoint-picker (behind a gateway's Envoy: the Gateway API Inference Extension's endpoint picker protocol, docs/endpoint-picker.md)")
-	f.IntVar(&cfg.PickerFallbacks, "picker-fallbacks", picker.DefaultFallbacks, "with --mode endpoint-picker: fallback endpoints listed after the primary (the next distinct hosts on the table), >= 0")
+	f.IntVar(&cfg.PickerFallbacks, "picker-fallbacks", picker.DefaultFallbacks, "with --mode endpoint-picker: fallback endpoints listed after the primary (the next distinct hosts on the table), >= 0; only for gateways on the override_host policy (an ORIGINAL_DST cluster takes one address)")
 	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
 	_ = f.MarkHidden("cpu-profile")
 	for _, name := range []string{"client-priorities", "auth-filters", "policy-file", "tokenizer"} {

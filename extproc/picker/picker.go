@@ -80,13 +80,19 @@ const (
 	ExtProcService   = "envoy.service.ext_proc.v3.ExternalProcessor"
 )
 
-// DefaultFallbacks is how many fallback endpoints follow the primary.
-const DefaultFallbacks = 2
+// DefaultFallbacks is how many fallback endpoints follow the primary: none,
+// because an ORIGINAL_DST cluster (llm-d's and the reference EPP's gateway
+// configuration) parses the header as one address: Envoy 1.40 answers a
+// list "a,b" with no upstream host at all (TestEndpointPickerRoutesLikeEnvoy
+// saw it). Gateways on the override_host policy (Istio, Envoy Gateway) take
+// the list and try it in order on retries: give them fallbacks
+// (--picker-fallbacks).
+const DefaultFallbacks = 0
 
 // Options configure a Picker.
 type Options struct {
 	// Fallbacks is how many endpoints follow the primary in the answer
-	// (0: DefaultFallbacks; negative: none).
+	// (0: none).
 	Fallbacks int
 	Logger    *slog.Logger
 	// Now is the clock (default time.Now).
@@ -109,12 +115,7 @@ type Picker struct {
 
 // New returns a Picker over srv's decisions.
 func New(srv *extproc.Server, opt Options) *Picker {
-	if opt.Fallbacks == 0 {
-		opt.Fallbacks = DefaultFallbacks
-	}
-	if opt.Fallbacks < 0 {
-		opt.Fallbacks = 0
-	}
+	opt.Fallbacks = max(opt.Fallbacks, 0)
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}

@@ -197,11 +197,7 @@ func Run(ctx context.Context, cfg Config) error {
 	apply := srv.SetPolicy
 	var pk *picker.Picker
 	if cfg.Mode == ModeEndpointPicker {
-		fb := cfg.PickerFallbacks
-		if fb == 0 {
-			fb = -1 // the picker's 0 is its default
-		}
-		pk = picker.New(srv, picker.Options{Fallbacks: fb, Logger: log})
+		pk = picker.New(srv, picker.Options{Fallbacks: cfg.PickerFallbacks, Logger: log})
 		pk.Register(g)
 		// Readiness follows the policy: a gateway's health check keeps
 		// requests away from a picker that would answer them all 503.
