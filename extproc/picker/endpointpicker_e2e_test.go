@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -354,4 +353,4 @@ func counter(t *testing.T, s *server, name, match string) float64 {
 	return sum
 }
 
-var _ sync.Mutex
+

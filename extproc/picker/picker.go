@@ -169,7 +169,8 @@ type request struct {
 	dc                 extproc.Decision
 	admitted           bool
 	class              string
-	counted            string // address counted in the class's load
+	counted            string   // address counted in the class's load
+	eps                []string // the endpoints answered, primary first
 	start, respStart   time.Time
 	served             string
 	status             int
@@ -326,6 +327,7 @@ func (p *Picker) decide(r *request, byTrailers bool) ([]*extprocv3.ProcessingRes
 		return one(p.srv.Unavailable(reason, msg)), true, nil
 	}
 	p.m.picks.WithLabelValues(r.class, "picked").Inc()
+	r.eps = eps
 	if len(eps) > 1 {
 		p.m.fallbacks.Observe(float64(len(eps) - 1))
 	}
@@ -439,11 +441,19 @@ func (p *Picker) observeHeaders(r *request, req *extprocv3.ProcessingRequest) {
 		p.tables.move(r.class, r.counted, r.served)
 		r.counted = r.served
 	}
+	// With the list tried in order (override_host), every endpoint
+	// listed before the one that served failed its attempt: evidence the
+	// gateway gives no other way.
+	for _, e := range r.eps {
+		if e == r.served {
+			break
+		}
+		p.dec.Failed(e)
+	}
 	if r.status >= 500 {
 		p.dec.Failed(r.served)
-		return
+		r.finished = true // counted: not a response to time
 	}
-	p.dec.Responded(&r.dc, r.served, r.status, 0, r.respStart.Sub(r.start))
 }
 
 // finish records the end of the response (once).
@@ -458,8 +468,15 @@ func (p *Picker) finish(r *request) {
 	}
 }
 
-// end releases what the request held when its stream ends.
-func (p *Picker) end(r *request) { p.release(r) }
+// end releases what the request held when its stream ends. A response cut
+// short (the stream ended before its end) counts as answered, untimed.
+func (p *Picker) end(r *request) {
+	if !r.finished && r.admitted && r.served != "" && r.status > 0 {
+		r.finished = true
+		p.dec.Finished(&r.dc, r.served, r.status, r.respStart.Sub(r.start), 0, false)
+	}
+	p.release(r)
+}
 
 func (p *Picker) release(r *request) {
 	if !r.admitted {
