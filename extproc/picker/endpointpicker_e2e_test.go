@@ -352,5 +352,3 @@ func counter(t *testing.T, s *server, name, match string) float64 {
 	}
 	return sum
 }
-
-
