@@ -10,6 +10,7 @@ import (
 	_ "embed"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/template"
@@ -108,6 +109,14 @@ type XDSAuth struct {
 	// ServerName is the SNI and the DNS name the control plane's
 	// certificate must carry ("" = the chain alone is checked).
 	ServerName string
+	// SDSDir, with CAFile, serves the certificate, key and CA to Envoy
+	// through file-based SDS instead of static file names: the bootstrap
+	// names SDS resource files in this directory (WriteSDS writes them),
+	// whose secrets name CertFile, KeyFile and CAFile and watch their
+	// directories, so Envoy takes rotated files live (a Kubernetes Secret
+	// update needs no restart). "" keeps the static names, read once at
+	// start.
+	SDSDir string
 }
 
 type hostPort struct {
@@ -222,6 +231,17 @@ func (a XDSAuth) check() error {
 	}
 	if a.ServerName != "" && a.CAFile == "" {
 		return fmt.Errorf("envoyconfigs: XDSAuth: ServerName without CAFile (TLS is off)")
+	}
+	if a.SDSDir != "" && a.CAFile == "" {
+		return fmt.Errorf("envoyconfigs: XDSAuth: SDSDir without CAFile (TLS is off)")
+	}
+	for _, f := range []string{a.CAFile, a.CertFile, a.KeyFile, a.SDSDir} {
+		if a.SDSDir != "" && f != "" && !filepath.IsAbs(f) {
+			// Envoy resolves an SDS file's names from its own working
+			// directory, not the resource file's: relative names would
+			// point elsewhere than the operator meant.
+			return fmt.Errorf("envoyconfigs: XDSAuth: with SDSDir every file must be an absolute path, got %q", f)
+		}
 	}
 	for _, c := range a.Token {
 		if c <= ' ' || c > '~' {
