@@ -83,10 +83,10 @@ func envoyCertSerials(s *stack) (chain, ca []string, err error) {
 	}
 	for _, c := range doc.Certificates {
 		for _, x := range c.CertChain {
-			chain = append(chain, strings.ToLower(x.SerialNumber))
+			chain = append(chain, strings.TrimLeft(strings.ToLower(x.SerialNumber), "0"))
 		}
 		for _, x := range c.CACert {
-			ca = append(ca, strings.ToLower(x.SerialNumber))
+			ca = append(ca, strings.TrimLeft(strings.ToLower(x.SerialNumber), "0"))
 		}
 	}
 	return chain, ca, nil
