@@ -449,6 +449,10 @@ func (p *Picker) observeHeaders(r *request, req *extprocv3.ProcessingRequest) {
 			break
 		}
 		p.dec.Failed(e)
+		// The gateway's retry used one of the request's allowance
+		// (x-envoy-max-retries): charged to the class's budget, as
+		// Envoy's upstream log charges it in the ext_proc mode.
+		p.dec.ChargeRetry(&r.dc)
 	}
 	if r.status >= 500 {
 		p.dec.Failed(r.served)
