@@ -21,6 +21,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/tools/enginesim"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
@@ -52,6 +53,8 @@ type stackOptions struct {
 	timeScale float64
 	// envoy edits the bootstrap parameters.
 	envoy func(*envoyconfigs.Params)
+	// onAuth sees the credentials (mtls: the PKI) before anything starts.
+	onAuth func(*authtest.PKI)
 	// noWait skips waiting for a first successful request.
 	noWait bool
 	// envoyWorkers is Envoy's worker count (default 1).
@@ -130,6 +133,9 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	s.auth = newAuthFiles(t, s.dir, o.auth)
+	if o.onAuth != nil {
+		o.onAuth(s.auth.pki)
+	}
 
 	// Control plane replicas on fixed (free) ports, so that a killed one
 	// comes back where Envoy and ext_proc look for it.
