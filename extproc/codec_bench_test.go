@@ -69,6 +69,12 @@ func BenchmarkCodecRequest(b *testing.B) {
 }
 
 func benchCodecRequest(b *testing.B, codec encoding.CodecV2, body []byte) {
+	benchCodecRequestWith(b, codec, body, false)
+}
+
+// benchCodecRequestWith is benchCodecRequest; rejected: the body is
+// answered with an error (an ImmediateResponse) instead of a decision.
+func benchCodecRequestWith(b *testing.B, codec encoding.CodecV2, body []byte, rejected bool) {
 	s := benchServer(b)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -111,7 +117,7 @@ func benchCodecRequest(b *testing.B, codec encoding.CodecV2, body []byte) {
 			b.Fatal(err)
 		}
 		r, err := st.Recv()
-		if err != nil || r.GetRequestBody() == nil {
+		if err != nil || (r.GetRequestBody() == nil) != rejected {
 			b.Fatal(err, r)
 		}
 		if _, err := st.Recv(); err != io.EOF {

@@ -2,6 +2,8 @@ package extproc
 
 import (
 	"bytes"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -226,5 +228,69 @@ func TestCodecConstantAnswers(t *testing.T) {
 		if err := proto.Unmarshal(data.Materialize(), &got); err != nil || !proto.Equal(&got, r) {
 			t.Fatalf("pre-encoded %v decodes to %v (err %v)", r, &got, err)
 		}
+	}
+}
+
+// Codec's encoding of a decision is byte for byte the generic
+// marshaller's: for the answers the server builds (with headers to strip
+// and without) and for random header mutations of the same shape.
+func TestEncodeDecisionMatchesProto(t *testing.T) {
+	check := func(d *decision) {
+		t.Helper()
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(&d.ProcessingResponse)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := Codec{}.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bs.Materialize(); !bytes.Equal(got, want) {
+			t.Fatalf("Codec encodes\n%x\nproto.Marshal\n%x\nfor %v", got, want, &d.ProcessingResponse)
+		}
+	}
+	s := benchServer(t)
+	for _, extra := range [][]*corev3.HeaderValue{nil, {{Key: "x-envoy-max-retries", RawValue: []byte("9")}, {Key: "x-inferlb-foo", RawValue: []byte("1")}}} {
+		st := &stream{}
+		hdrs := []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")}, {Key: "x-session-id", RawValue: []byte("s")}}
+		if _, err := s.step(st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: append(hdrs, extra...)}}}}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.step(st, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: benchBody(1000), EndOfStream: true}}})
+		if err != nil || st.answer == nil || r != &st.answer.ProcessingResponse {
+			t.Fatalf("no decision: %v %v", r, err)
+		}
+		if len(extra) > 0 && len(r.GetRequestBody().GetResponse().GetHeaderMutation().GetRemoveHeaders()) == 0 {
+			t.Fatalf("no headers to strip in %v", r)
+		}
+		check(st.answer)
+		s.abandon(st.id)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	str := func() string { return strings.Repeat("k", rng.IntN(3)*rng.IntN(200)) }
+	for i := 0; i < 500; i++ {
+		d := &decision{}
+		cr := &extprocv3.CommonResponse{ClearRouteCache: rng.IntN(2) == 0}
+		if rng.IntN(4) > 0 {
+			hm := &extprocv3.HeaderMutation{}
+			for k := rng.IntN(5); k > 0; k-- {
+				o := &corev3.HeaderValueOption{AppendAction: corev3.HeaderValueOption_HeaderAppendAction(rng.IntN(4))}
+				if rng.IntN(5) > 0 {
+					o.Header = &corev3.HeaderValue{Key: str(), RawValue: []byte(str())}
+				}
+				hm.SetHeaders = append(hm.SetHeaders, o)
+			}
+			for k := rng.IntN(3); k > 0; k-- {
+				hm.RemoveHeaders = append(hm.RemoveHeaders, str())
+			}
+			cr.HeaderMutation = hm
+		}
+		br := &extprocv3.BodyResponse{}
+		if rng.IntN(6) > 0 {
+			br.Response = cr
+		}
+		d.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
+		check(d)
 	}
 }

@@ -40,7 +40,18 @@ type Decider struct {
 	adm Admission
 
 	clients atomic.Pointer[ClientPriorities] // nil: any client may ask for any priority
+
+	maxMessages atomic.Int64 // body.Limits.MaxMessages (SetMaxMessages)
 }
+
+// DefaultMaxMessages bounds a chat request's messages: far above any real
+// conversation, and a hostile body of many tiny messages stops there.
+const DefaultMaxMessages = 16384
+
+// SetMaxMessages bounds the messages of a chat request (0: no bound but
+// the context's); more get 400 too_many_messages as soon as the parser
+// reaches one too many.
+func (d *Decider) SetMaxMessages(n int) { d.maxMessages.Store(int64(max(n, 0))) }
 
 // SetClientPriorities installs which priorities each client may use (nil:
 // no restriction).
@@ -66,7 +77,9 @@ func (d *Decider) SetTokenizers(m map[string]*hf.Tokenizer) {
 // NewDecider returns a Decider without a policy; its Observer's first
 // interval starts at now.
 func NewDecider(now time.Time) *Decider {
-	return &Decider{obs: NewObserver(now), states: map[string]*classState{}, adm: DefaultAdmission()}
+	d := &Decider{obs: NewObserver(now), states: map[string]*classState{}, adm: DefaultAdmission()}
+	d.maxMessages.Store(DefaultMaxMessages)
+	return d
 }
 
 // fresh is a new key for a request with nothing to key on (or with
@@ -214,10 +227,19 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 	if p == nil {
 		return errNoPolicy
 	}
-	if err := body.Parse(in.Body, in.Kind, &dc.Body); err != nil {
+	lim := body.Limits{MaxMessages: int(d.maxMessages.Load()), MaxContext: p.maxContext}
+	if err := body.ParseWithin(in.Body, in.Kind, lim, &dc.Body); err != nil {
 		var fe *body.FieldError
 		if errors.As(err, &fe) {
 			return badRequest("invalid_field", fe.Field, "Invalid request: "+err.Error()+".")
+		}
+		var le *body.LimitError
+		if errors.As(err, &le) {
+			if le.Context {
+				return badRequest("context_length_exceeded", le.Field, fmt.Sprintf(
+					"This request's %s has more than %d elements of at least one token each: it exceeds the largest context served here, %d tokens.", le.Field, le.Limit, le.Limit))
+			}
+			return badRequest("too_many_messages", le.Field, fmt.Sprintf("Too many messages: at most %d are accepted.", le.Limit))
 		}
 		return badRequest("invalid_json", "", "We could not parse the JSON body of your request: "+err.Error()+".")
 	}

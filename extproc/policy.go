@@ -36,9 +36,17 @@ type Policy struct {
 
 	engines map[string]string // upstream address → engine id
 
+	// src is the RoutingPolicy compiled (read-only): the endpoint picker
+	// builds its tables from it (Source).
+	src *policyv1.RoutingPolicy
+
 	// regionHdr is the decision's source-region header, built once (nil
 	// without a region).
 	regionHdr *corev3.HeaderValueOption
+	// maxContext is the largest context guarantee of its classes (0 if a
+	// class has none: then no request is provably too long): the parser's
+	// body.Limits.MaxContext.
+	maxContext int
 }
 
 // Class is one eligibility class of a Policy.
@@ -122,6 +130,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		states = func(string) *classState { return newClassState() }
 	}
 	p := &Policy{
+		src:        rp,
 		Version:    rp.GetVersion(),
 		NodeID:     rp.GetNodeId(),
 		Region:     rp.GetRegion(),
@@ -165,6 +174,13 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 	}
 	if err := p.compileEngines(rp); err != nil {
 		return nil, err
+	}
+	for i, c := range p.classes {
+		if g := c.guarantee(); g <= 0 || i > 0 && p.maxContext == 0 {
+			p.maxContext = 0
+		} else {
+			p.maxContext = max(p.maxContext, g)
+		}
 	}
 	p.setAdmission(DefaultAdmission()) // a Decider installs its own
 	return p, nil

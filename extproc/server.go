@@ -13,12 +13,15 @@
 package extproc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -64,7 +67,21 @@ type Options struct {
 	// Admission tunes local admission and the retry budget (nil:
 	// DefaultAdmission); New does not validate it (Admission.Validate).
 	Admission *Admission
+	// MaxMessages bounds a chat request's messages (0: DefaultMaxMessages;
+	// negative: no bound but the context's).
+	MaxMessages int
+	// MaxBodyMemory bounds the bytes of request bodies in flight (declared
+	// by content-length from the request headers on, else from the body's
+	// arrival, until the decision): a request that would take them past it
+	// is answered 503 at once (default DefaultMaxBodyMemory).
+	MaxBodyMemory int64
 }
+
+// DefaultMaxBodyMemory is the default bound on request-body bytes in
+// flight: 128 bodies of the default limit. Well above what a frontend
+// holds in normal load (150 concurrent 220 KB bodies are 33 MB), it caps
+// what a flood of large bodies can make the process hold.
+const DefaultMaxBodyMemory = 512 << 20
 
 // Server is the ext_proc gRPC service.
 type Server struct {
@@ -79,7 +96,24 @@ type Server struct {
 	// reqs holds the admitted requests until Envoy's request log reports
 	// their end (requests.go).
 	reqs *requestTable
+	// bodyMem is the bytes of request bodies in flight (MaxBodyMemory).
+	bodyMem atomic.Int64
 }
+
+// RunMemoryTrim returns memory to the OS after bursts (MemoryTrim) until
+// ctx ends: resident memory above idle plus twice the body bytes in flight
+// is given back (idle 0: never).
+func (s *Server) RunMemoryTrim(ctx context.Context, idle int64) {
+	t := &MemoryTrim{Idle: idle, InFlight: s.BodyBytesInFlight, OnTrim: func(before, after int64) {
+		s.m.memoryTrims.Inc()
+		s.log.Debug("memory returned to the OS", "rss_before", before, "rss_after", after)
+	}}
+	t.Run(ctx)
+}
+
+// BodyBytesInFlight is the bytes of request bodies the server holds or has
+// been promised (content-length) and not yet decided on.
+func (s *Server) BodyBytesInFlight() int64 { return s.bodyMem.Load() }
 
 // New returns a Server without a policy: until SetPolicy succeeds every
 // request is answered 503.
@@ -96,9 +130,18 @@ func New(opt Options) *Server {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
+	if opt.MaxBodyMemory <= 0 {
+		opt.MaxBodyMemory = DefaultMaxBodyMemory
+	}
 	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
 		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
+	opt.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "inferlb_extproc_body_bytes_in_flight",
+		Help: "Request-body bytes held or promised (content-length) and not yet decided on; --max-body-memory bounds it."},
+		func() float64 { return float64(s.bodyMem.Load()) }))
 	s.dec.SetClientPriorities(opt.ClientPriorities)
+	if opt.MaxMessages != 0 {
+		s.dec.SetMaxMessages(opt.MaxMessages)
+	}
 	s.dec.SetTokenizers(opt.Tokenizers)
 	if opt.Admission != nil {
 		s.dec.SetAdmission(*opt.Admission)
@@ -186,7 +229,16 @@ type stream struct {
 	// entry in the request table holds the decision from then on).
 	dc Decision
 	id string
+	// bodyMem is what the stream counts in Server.bodyMem.
+	bodyMem int64
+	// answer is the decision's answer once made: sent as a *decision, so
+	// that Codec encodes it directly.
+	answer *decision
 }
+
+// streams recycles the per-request state: about 1.7 KB (the decision
+// holds the prefix chain), allocated per request otherwise.
+var streams = sync.Pool{New: func() any { return &stream{} }}
 
 // Process serves one ext_proc stream: one HTTP request's decision.
 //
@@ -198,16 +250,28 @@ type stream struct {
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
-	st := &stream{}
+	st := streams.Get().(*stream)
+	defer func() {
+		// Nothing holds the stream once Process returns: the answers that
+		// alias it (its strip list) were encoded by Send.
+		rm := st.remove[:0]
+		*st = stream{remove: rm}
+		streams.Put(st)
+	}()
+	// One message at a time, its bytes from the codec's pools (received),
+	// given back once its step is done: nothing a step keeps aliases them.
+	in := &received{}
+	defer in.release()
+	defer s.holdBody(st, 0)
 	for {
-		req, err := srv.Recv()
-		if err != nil {
+		in.release()
+		if err := srv.RecvMsg(in); err != nil {
 			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 				return nil
 			}
 			return err
 		}
-		resp, err := s.step(st, req)
+		resp, err := s.step(st, &in.ProcessingRequest)
 		if err != nil {
 			s.log.Warn("ext_proc protocol error", "phase", st.phase.String(), "err", err)
 			return status.Error(codes.FailedPrecondition, err.Error())
@@ -215,7 +279,11 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		if resp == nil { // observability-mode message: no answer expected
 			continue
 		}
-		if err := srv.Send(resp); err != nil {
+		var msg any = resp
+		if st.answer != nil && resp == &st.answer.ProcessingResponse {
+			msg = st.answer
+		}
+		if err := srv.SendMsg(msg); err != nil {
 			// Envoy never got the decision (and fails or bypasses the
 			// request): it will not log it as ours.
 			s.abandon(st.id)
@@ -229,7 +297,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 
 // abandon forgets an admitted request whose end will not be logged.
 func (s *Server) abandon(id string) {
-	if r := s.reqs.take(id); r != nil {
+	if r := s.reqs.take(id, s.opt.Now()); r != nil {
 		s.release(r)
 	}
 }
@@ -347,10 +415,38 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	if h.GetEndOfStream() {
 		return s.reject(st, badRequest("missing_body", "", "The request has no body; expected a JSON object."))
 	}
+	// The body's bytes are counted from here, before Envoy sends them.
+	if contentLength > 0 && !s.holdBody(st, int64(contentLength)) {
+		return s.reject(st, errBodyMemory)
+	}
 	st.phase = phaseRequestBody
 	// Nothing to change yet: the decision needs the body, and goes with the
 	// body response (allowed for BUFFERED bodies), headers included.
 	return respContinueHeaders
+}
+
+// errBodyMemory answers a request whose body would take the bodies in
+// flight past Options.MaxBodyMemory.
+var errBodyMemory = &apiError{status: 503, typ: "service_unavailable", code: "overloaded",
+	message: "The load balancer holds too many request bytes right now; retry after the indicated delay.", retryAfter: 1, reason: "body_memory"}
+
+// holdBody makes the bytes of the stream's body counted in flight n (0:
+// none, which always succeeds). It refuses, counting nothing more, if
+// growing to n would take the server past MaxBodyMemory.
+func (s *Server) holdBody(st *stream, n int64) bool {
+	d := n - st.bodyMem
+	if d == 0 {
+		return true
+	}
+	if d > 0 && s.bodyMem.Add(d) > s.opt.MaxBodyMemory {
+		s.bodyMem.Add(-d)
+		return false
+	}
+	if d < 0 {
+		s.bodyMem.Add(d)
+	}
+	st.bodyMem = n
+	return true
 }
 
 func tooLarge(n, limit int) *apiError {
@@ -365,6 +461,11 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	if len(b) > s.opt.BodyLimit {
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
+	if int64(len(b)) > st.bodyMem && !s.holdBody(st, int64(len(b))) {
+		return s.reject(st, errBodyMemory)
+	}
+	// Decided on here: the body's bytes are not held past this message.
+	defer s.holdBody(st, 0)
 	dc := &st.dc
 	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b}, dc)
 	if dc.Bound != "" {
@@ -401,12 +502,14 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	if p.regionHdr != nil {
 		set = append(set, p.regionHdr)
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+	st.answer = &decision{}
+	st.answer.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
 		Response: &extprocv3.CommonResponse{
 			HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: removeUnset(st.remove)},
 			ClearRouteCache: true,
 		},
-	}}}
+	}}
+	return &st.answer.ProcessingResponse
 }
 
 // removeUnset drops from the strip list the headers the decision sets

@@ -27,11 +27,11 @@ func benchBody(size int) []byte {
 	return []byte(fmt.Sprintf(`{"model":"llama-3-8b","stream":true,"max_tokens":128,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":%q}]}`, sb.String()))
 }
 
-func benchServer(b *testing.B) *Server {
+func benchServer(b testing.TB) *Server {
 	return benchServerWith(b, nil, []*policyv1.ClassPolicy{{Name: "llama", Cluster: "c", Model: "llama-3-8b", RetryBudgetFraction: 0.1, MaxRetries: 1}})
 }
 
-func benchServerWith(b *testing.B, toks map[string]*hf.Tokenizer, classes []*policyv1.ClassPolicy) *Server {
+func benchServerWith(b testing.TB, toks map[string]*hf.Tokenizer, classes []*policyv1.ClassPolicy) *Server {
 	s := New(Options{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: toks})
 	err := s.SetPolicy(&policyv1.RoutingPolicy{NodeId: "n", Region: "r", Version: "1",
 		Priorities: []*policyv1.Priority{{Name: "p", Level: 0}}, DefaultPriority: "p", Classes: classes})
@@ -59,7 +59,7 @@ func twoClassServer(b *testing.B) *Server {
 // request headers, body (parse, route, admit), response headers; the body
 // message is decoded from its wire form as gRPC would.
 func BenchmarkDecision(b *testing.B) {
-	benchDecision(b, benchServer)
+	benchDecision(b, func(b *testing.B) *Server { return benchServer(b) })
 }
 
 // BenchmarkDecisionNearLimit is BenchmarkDecision where the context bound

@@ -50,6 +50,12 @@ type extprocBench struct {
 	// key is what keys the requests: "session" (an x-session-id header per
 	// request) or "prefix" (none: the prompt's prefix chain).
 	key string
+	// binary is the ext_proc child's executable ("": this one), so that
+	// two builds are measured by the same client.
+	binary string
+	// settle is how long after each cell the protocol benchmark waits
+	// before it reads the child's resident set again.
+	settle time.Duration
 }
 
 // session is request i of worker w's x-session-id ("" when keyed by prefix).
@@ -104,6 +110,9 @@ balancer's own cost. docs/extproc.md has the figures of
 			if b.key != "session" && b.key != "prefix" {
 				return fmt.Errorf("--key: want session or prefix, got %q", b.key)
 			}
+			if b.settle < 0 {
+				return fmt.Errorf("--settle must not be negative, got %v", b.settle)
+			}
 			if b.envoyWorkers < 1 {
 				return fmt.Errorf("--envoy-workers must be at least 1, got %d", b.envoyWorkers)
 			}
@@ -125,6 +134,8 @@ balancer's own cost. docs/extproc.md has the figures of
 	f.BoolVar(&protocolOnly, "protocol-only", false, "only the protocol benchmark")
 	f.StringVar(&b.childProf, "child-cpu-profile", "", "write the ext_proc child's CPU profile to this file")
 	_ = f.MarkHidden("child-cpu-profile")
+	f.DurationVar(&b.settle, "settle", 15*time.Second, "after each protocol cell, how long the service is left idle before its resident set is read again (RSS after)")
+	f.StringVar(&b.binary, "extproc-binary", "", "inferlb executable to run as the ext_proc service (default: this one), to compare two builds with the same client")
 	benchCmd.AddCommand(cmd)
 	rootCmd.AddCommand(benchCmd)
 }
@@ -176,7 +187,7 @@ type child struct {
 	done chan struct{}
 }
 
-func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPlane, cpuProfile string) (*child, error) {
+func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPlane, cpuProfile, binary, httpListen string) (*child, error) {
 	pf := filepath.Join(dir, "policy.json")
 	pj, _ := protojson.Marshal(benchPolicy())
 	if err := os.WriteFile(pf, pj, 0o644); err != nil {
@@ -190,7 +201,7 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	// The protocol benchmark plays Envoy without its access log, so no
 	// admitted request's end is ever reported: a short age keeps the
 	// service's request table small.
-	args := []string{"extproc", "--listen", addr, "--http-listen", "", "--policy-file", pf, "--log-level", "warn",
+	args := []string{"extproc", "--listen", addr, "--http-listen", httpListen, "--policy-file", pf, "--log-level", "warn",
 		"--body-limit", strconv.Itoa(bodyLimit), "--max-request-age", "10s"}
 	if controlPlane != "" {
 		args = append(args, "--control-plane", controlPlane, "--node-id", benchNode, "--insecure")
@@ -198,17 +209,20 @@ func startExtProcChild(ctx context.Context, dir string, bodyLimit int, controlPl
 	if cpuProfile != "" {
 		args = append(args, "--cpu-profile", cpuProfile)
 	}
-	return startChild(ctx, addr, args...)
+	return startChild(ctx, binary, addr, args...)
 }
 
-// startChild runs this executable with args as a child process serving on
-// addr, and waits until addr accepts connections.
-func startChild(ctx context.Context, addr string, args ...string) (*child, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
+// startChild runs binary ("": this executable) with args as a child
+// process serving on addr, and waits until addr accepts connections.
+func startChild(ctx context.Context, binary, addr string, args ...string) (*child, error) {
+	if binary == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		binary = self
 	}
-	cmd := exec.Command(self, args...)
+	cmd := exec.Command(binary, args...)
 	cmd.Stderr = os.Stderr
 	c, err := startProc(ctx, cmd, addr)
 	if err != nil {
@@ -417,11 +431,17 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 }
 
 func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
-	ch, err := startExtProcChild(ctx, dir, bodyLimit, "", b.childProf)
+	hport, err := envoyrun.FreePort()
+	if err != nil {
+		return err
+	}
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", hport)
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, "", b.childProf, b.binary, httpAddr)
 	if err != nil {
 		return err
 	}
 	defer ch.stop()
+	pid := ch.cmd.Process.Pid
 	var clients []extprocv3.ExternalProcessorClient
 	for i := 0; i < max(1, b.conns); i++ {
 		conn, err := grpc.NewClient(ch.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -432,10 +452,10 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 		defer conn.Close()
 		clients = append(clients, extprocv3.NewExternalProcessorClient(conn))
 	}
-	fmt.Fprintf(out, "ext_proc service alone (child pid %d), client playing Envoy over gRPC (%d connections), %v per cell\n",
-		ch.cmd.Process.Pid, len(clients), b.duration)
+	fmt.Fprintf(out, "ext_proc service alone (child pid %d), client playing Envoy over gRPC (%d connections), %v per cell; RSS after: %v idle after the cell\n",
+		pid, len(clients), b.duration, b.settle)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "body\tconcurrency\tdecisions/s\tp50 ms\tp99 ms\tCPU ms/decision\tservice cores\terrors\t")
+	fmt.Fprintln(tw, "body\tconcurrency\tdecisions/s\tp50 ms\tp99 ms\tCPU ms/decision\tservice cores\tpeak RSS MB\tRSS after MB\theap MB\talloc KB/decision\terrors\t")
 	for _, size := range b.sizes {
 		bodies := chatBodies(size, 64)
 		// Warm up (connections, allocator, JIT-free but caches).
@@ -444,13 +464,20 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 		})
 		for _, c := range b.concurrency {
 			var cr cpuReader
-			cpu0 := cr.seconds(ch.cmd.Process.Pid)
+			if err := resetPeakRSS(pid); err != nil {
+				return fmt.Errorf("ext_proc child's peak RSS: %w", err)
+			}
+			m0, err := scrapeGoMemory(ctx, httpAddr)
+			if err != nil {
+				return err
+			}
+			cpu0 := cr.seconds(pid)
 			t0 := time.Now()
 			ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
 				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], b.session(w, i))
 			})
 			el := time.Since(t0).Seconds()
-			cpu1 := cr.seconds(ch.cmd.Process.Pid)
+			cpu1 := cr.seconds(pid)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -460,14 +487,47 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 			if ok == 0 {
 				return fmt.Errorf("no decision succeeded: %v", ferr)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.3f\t%.3f\t%.4f\t%.2f\t%d\t\n", sizeName(size), c, float64(ok)/el,
-				ms(lat.pct(0.5)), ms(lat.pct(0.99)), (cpu1-cpu0)*1000/float64(ok), (cpu1-cpu0)/el, bad)
+			mem, err := b.cellMemory(ctx, pid, httpAddr, m0, ok)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.3f\t%.3f\t%.4f\t%.2f\t%.0f\t%.0f\t%.0f\t%.1f\t%d\t\n", sizeName(size), c, float64(ok)/el,
+				ms(lat.pct(0.5)), ms(lat.pct(0.99)), (cpu1-cpu0)*1000/float64(ok), (cpu1-cpu0)/el,
+				mb(mem.peakRSS), mb(mem.afterRSS), mb(mem.heap), mem.allocPerDecision/1024, bad)
 			if ferr != nil {
 				fmt.Fprintf(out, "  first error: %v\n", ferr)
 			}
 		}
 	}
 	return tw.Flush()
+}
+
+// cellMemory reads the child's memory after a cell of ok decisions that
+// began with the Go figures m0: the peak resident set during the cell, the
+// heap in use at its end, the bytes allocated per decision, and the
+// resident set once the child has been idle for b.settle.
+func (b *extprocBench) cellMemory(ctx context.Context, pid int, httpAddr string, m0 goMemory, ok int64) (cellMemory, error) {
+	var out cellMemory
+	peak, err := procStatusKB(pid, "VmHWM")
+	if err != nil {
+		return out, err
+	}
+	m1, err := scrapeGoMemory(ctx, httpAddr)
+	if err != nil {
+		return out, err
+	}
+	select {
+	case <-ctx.Done():
+		return out, ctx.Err()
+	case <-time.After(b.settle):
+	}
+	after, err := procStatusKB(pid, "VmRSS")
+	if err != nil {
+		return out, err
+	}
+	out.peakRSS, out.afterRSS, out.heap = peak<<10, after<<10, int64(m1.heapInuse)
+	out.allocPerDecision = (m1.allocTotal - m0.allocTotal) / float64(ok)
+	return out, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

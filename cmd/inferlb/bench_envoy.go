@@ -182,7 +182,7 @@ func (b *extprocBench) startRig(ctx context.Context, rig *benchRig, dir string, 
 	if !b.protocol {
 		prof = b.childProf // the profile is of one run only
 	}
-	ch, err := startExtProcChild(ctx, dir, bodyLimit, xdsAddr, prof)
+	ch, err := startExtProcChild(ctx, dir, bodyLimit, xdsAddr, prof, b.binary, "")
 	if err != nil {
 		return err
 	}
@@ -192,7 +192,7 @@ func (b *extprocBench) startRig(ctx context.Context, rig *benchRig, dir string, 
 		return err
 	}
 	nullAddr := fmt.Sprintf("127.0.0.1:%d", nullPort)
-	nullCh, err := startChild(ctx, nullAddr, "bench", "null-extproc", "--listen", nullAddr, "--cluster", benchCluster,
+	nullCh, err := startChild(ctx, "", nullAddr, "bench", "null-extproc", "--listen", nullAddr, "--cluster", benchCluster,
 		"--body-limit", strconv.Itoa(bodyLimit))
 	if err != nil {
 		return err

@@ -46,7 +46,7 @@ func TestBenchExtProcSmoke(t *testing.T) {
 		cmd.SetArgs(nil)
 		cmd.SilenceUsage, cmd.SilenceErrors = silenceUsage, silenceErrors
 	})
-	cmd.SetArgs([]string{"bench", "extproc", "--duration", "300ms", "--concurrency", "4", "--sizes", "4096", "--envoy-workers", "1"})
+	cmd.SetArgs([]string{"bench", "extproc", "--duration", "300ms", "--concurrency", "4", "--sizes", "4096", "--envoy-workers", "1", "--settle", "500ms"})
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		t.Fatalf("bench extproc: %v\n%s", err, out.String())
@@ -54,6 +54,12 @@ func TestBenchExtProcSmoke(t *testing.T) {
 	// Protocol row: decisions/s, then zero errors at the end.
 	if !regexp.MustCompile(`(?m)^\s+4 KB\s+4\s+[1-9]\d*\s.*\s0$`).MatchString(out.String()) {
 		t.Errorf("no error-free protocol row for 4 KB at concurrency 4:\n%s", out.String())
+	}
+	// Memory beside CPU: peak and post-run RSS, heap in use (MB), bytes
+	// allocated per decision (KB), then the errors.
+	if !strings.Contains(out.String(), "peak RSS MB  RSS after MB  heap MB  alloc KB/decision  errors") ||
+		!regexp.MustCompile(`(?m)^\s+4 KB\s+4\s+.*\s[1-9]\d*\s+[1-9]\d*\s+\d+\s+\d+\.\d\s+0$`).MatchString(out.String()) {
+		t.Errorf("no memory figures in the protocol row:\n%s", out.String())
 	}
 	// Both ext_proc setups are child processes whose CPU is reported.
 	for _, setup := range []string{"+ null ext_proc", "+ inferlb ext_proc"} {

@@ -141,6 +141,10 @@ var docCommands = []docCmd{
 	{cmd: "inferlb control-plane --fleet " + fleet3 + " --tls-cert /etc/inferlb/cp.crt --tls-key /etc/inferlb/cp.key --tls-client-ca /etc/inferlb/clients-ca.crt", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
 	{cmd: "inferlb extproc --control-plane cp.inferlb.internal:18000 --node-id frontend-us-east --region us-east --control-plane-ca /etc/inferlb/cp-ca.crt --control-plane-cert /etc/inferlb/fe.crt --control-plane-key /etc/inferlb/fe.key --control-plane-server-name cp.inferlb.internal", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-us-east --region us-east --control-plane 127.0.0.1:18000 --insecure --client-priorities examples/auth/client-priorities.yaml --auth-filters examples/auth/envoy-jwt-auth.yaml", want: "envoy.filters.http.jwt_authn"},
+	// The endpoint picker (docs/endpoint-picker.md) and Envoy's credentials over SDS (docs/operations.md).
+	{cmd: "inferlb extproc --mode endpoint-picker", skip: "the mode's name in prose; TestRunEndpointPicker (extproc/service) runs the service in it, and extproc/picker's TestEndpointPicker* behind real gateway Envoys"},
+	{cmd: "inferlb extproc --mode endpoint-picker --listen 0.0.0.0:9002 --control-plane cp.inferlb:18000 --node-id gateway-eu-west --region eu-west --control-plane-ca /etc/inferlb/ca.crt --control-plane-cert ... --control-plane-key ...", skip: "needs a PKI and a control plane; TestRunEndpointPicker runs the mode"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id fe --region eu-west --control-plane cp.inferlb:18000 --control-plane-ca /etc/inferlb/tls/ca.crt --control-plane-cert /etc/inferlb/tls/tls.crt --control-plane-key /etc/inferlb/tls/tls.key --envoy-sds-dir /etc/envoy/sds > envoy.yaml", skip: "needs a PKI; TestPrintBootstrapSDS runs these flags, TestDrillEnvoyCredentialsRotateLive (test/drills) the bootstrap they print"},
 	// Load against one engine.
 	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace tools/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
 	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
@@ -167,8 +171,11 @@ var docCommands = []docCmd{
 	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
 	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's tables (minutes); the entry above runs the same command on one cell"},
 	{cmd: "inferlb bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
+	{cmd: "inferlb bench extproc --protocol-only --duration 3s --concurrency 1,150 --sizes 8192,225280 --extproc-binary /tmp/inferlb-base", skip: "the before/after measurement behind docs/extproc.md's memory table (a build of main as /tmp/inferlb-base, minutes); TestBenchExtProcSmoke checks the memory columns"},
 	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/extproc.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does tools/affinitybench's TestSharedPreambleThroughEnvoy"},
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
+	{cmd: "inferlb bench affinity --modes prefix --hash-balance-factor 300 --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the Mooncake trace lives in the shared data directory, outside the repository (docs/sim.md's --data-dir); a minute of a real rig"},
+	{cmd: "inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the same, with the default hash_balance_factor of the bench"},
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
 	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
@@ -14,7 +15,9 @@ import (
 	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/picker"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 // extprocOptions are ext_proc's settings: the service's config and the
@@ -24,6 +27,7 @@ type extprocOptions struct {
 	adm                                extproc.Admission
 	logLevel, printBootstrap, fallback string
 	authFilters, cpuProfile            string
+	envoySDSDir                        string
 	gcPercent, envoyPort               int
 }
 
@@ -55,9 +59,16 @@ both), or --insecure for a local demo. --control-plane may list several
 replicas, separated by commas: the policy comes from one at a time, reports
 go to all.
 
+This service's own port carries Envoy's access logs, the evidence it reports
+(errors and latencies that move engines' weights), so it takes a bearer token
+as well: --listen-token-file, by default the --control-plane-token-file
+(Envoy sends it on the ext_proc and access-log streams). Only --insecure
+leaves it open.
+
 --print-bootstrap prints a frontend Envoy bootstrap that uses this service
 and the control plane, for --node-id in --region, with the same
-control-plane credentials for Envoy's ADS connection, and exits.`,
+control-plane credentials for Envoy's ADS connection and this port's token,
+and exits.`,
 		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure
   inferlb extproc --config examples/config/extproc.yaml
   inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
@@ -74,6 +85,15 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 			cfg.Logger = log
 			if cfg.BodyLimit <= 0 {
 				return fmt.Errorf("%s must be positive, got %d", name("body-limit"), cfg.BodyLimit)
+			}
+			if cfg.MaxBodyMemory < int64(cfg.BodyLimit) {
+				return fmt.Errorf("%s must be at least %s (%d), got %d", name("max-body-memory"), name("body-limit"), cfg.BodyLimit, cfg.MaxBodyMemory)
+			}
+			if cfg.MaxMessages == 0 || cfg.MaxMessages < -1 {
+				return fmt.Errorf("%s must be positive, or -1 for no bound, got %d", name("max-messages"), cfg.MaxMessages)
+			}
+			if cfg.IdleMemory < 0 {
+				return fmt.Errorf("%s must not be negative (0: never trim), got %d", name("idle-memory"), cfg.IdleMemory)
 			}
 			// The service reads 0 as its default (1 s, 10 s): from the
 			// command line, 0 or less would silently mean that.
@@ -92,7 +112,7 @@ control-plane credentials for Envoy's ADS connection, and exits.`,
 				}
 			}
 			if o.printBootstrap != "" {
-				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoyPort)
+				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoySDSDir, o.envoyPort)
 			}
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
@@ -133,6 +153,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:9102", "address for /metrics, /healthz and /policy (empty: off)")
 	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports), or its replicas' separated by commas; empty: none")
 	controlPlaneAuthFlags(f, &cfg.Auth)
+	f.StringVar(&cfg.ListenTokenFile, "listen-token-file", "", "bearer tokens (one a line) Envoy must send on --listen (ext_proc and access-log streams); default with a control plane: --control-plane-token-file; needed with mutual TLS alone")
 	f.StringVar(&cfg.ClientPriorities, "client-priorities", "", "YAML file of the priorities each client may use, by a header your authentication layer sets (docs/operations.md)")
 	f.StringVar(&o.authFilters, "auth-filters", "", "with --print-bootstrap: YAML list of HTTP filters (your authentication) put before ext_proc; they set the --client-priorities header")
 	f.DurationVar(&cfg.MaxRequestAge, "max-request-age", extproc.DefaultMaxRequestAge, "an admitted request whose end Envoy's access log never reports gives back its in-flight slot after this long")
@@ -141,16 +162,22 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&cfg.Instance, "instance", "", "instance name in reports (default host-pid)")
 	f.StringVar(&cfg.PolicyFile, "policy-file", "", "RoutingPolicy in protobuf JSON, in force until the control plane sends one")
 	f.IntVar(&cfg.BodyLimit, "body-limit", extproc.DefaultBodyLimit, "largest request body in bytes (413 beyond); give Envoy the same buffer limit")
+	f.IntVar(&cfg.MaxMessages, "max-messages", extproc.DefaultMaxMessages, "most messages in a chat request: the parser stops at the next one and answers 400 too_many_messages (a request with more messages than the policy's largest context has tokens gets 400 context_length_exceeded the same way); -1: no bound but the context's")
+	f.Int64Var(&cfg.MaxBodyMemory, "max-body-memory", extproc.DefaultMaxBodyMemory, "most request-body bytes in flight (counted from content-length on): a request that would take them past it is answered 503 with Retry-After; at least --body-limit")
+	f.Int64Var(&cfg.IdleMemory, "idle-memory", extproc.DefaultIdleMemory, "resident bytes the service returns to after a burst, beside twice the request bodies in flight: above it, free memory goes back to the OS (at most every 5 s); 0: never")
 	f.StringArrayVar(&cfg.Tokenizers, "tokenizer", nil, "a model's tokenizer.json (or .json.gz), repeatable; the policy names each class's by SHA-256 (fleet spec models[].tokenizer) and context limits near a class's are then judged by exact counts, else by the bytes bound")
 	f.DurationVar(&cfg.ReportInterval, "report-interval", time.Second, "interval between reports to the control plane")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 10*time.Second, "how long open streams may finish on shutdown")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
 	f.IntVar(&o.envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
+	f.StringVar(&o.envoySDSDir, "envoy-sds-dir", "", "with --print-bootstrap and TLS credentials: write SDS resource files for Envoy's certificate, key and CA into this directory and have the bootstrap read them from there, so Envoy takes rotated files live (empty: static file names, read once at start)")
 	f.StringVar(&o.fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
 	f.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
 	f.Float64Var(&o.adm.LocalReserve, "local-reserve", o.adm.LocalReserve, "share of a class's in-flight limit kept for more important traffic: the least important priority is refused at (1 - this) of the limit, the most important only at the limit, in [0, 1)")
 	f.Float64Var(&o.adm.RetryBurst, "retry-burst", o.adm.RetryBurst, "most retries a class's retry budget holds (and starts with), >= 1")
+	f.StringVar(&cfg.Mode, "mode", service.ModeExtProc, "ext_proc (beside inferlb's frontend Envoys) or endpoint-picker (behind a gateway's Envoy: the Gateway API Inference Extension's endpoint picker protocol, docs/endpoint-picker.md)")
+	f.IntVar(&cfg.PickerFallbacks, "picker-fallbacks", picker.DefaultFallbacks, "with --mode endpoint-picker: fallback endpoints listed after the primary (the next distinct hosts on the table), >= 0; only for gateways on the override_host policy (an ORIGINAL_DST cluster takes one address)")
 	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
 	_ = f.MarkHidden("cpu-profile")
 	for _, name := range []string{"client-priorities", "auth-filters", "policy-file", "tokenizer"} {
@@ -159,7 +186,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	cliconfig.Add(cmd)
 }
 
-func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters string, envoyPort int) error {
+func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters, sdsDir string, envoyPort int) error {
 	if variant != envoyconfigs.FailClosed && variant != envoyconfigs.FailOpen {
 		// The template's direct variant (no ext_proc) is for measurements
 		// and tests, not for a frontend of this service.
@@ -189,6 +216,16 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	if err != nil {
 		return err
 	}
+	// Envoy's credential for this service's port (its access logs are
+	// evidence that moves weights).
+	extToken := ""
+	if tf, err := cfg.ListenToken(); err != nil {
+		return err
+	} else if tf != "" {
+		if extToken, err = (auth.Client{TokenFile: tf}).Token(); err != nil {
+			return err
+		}
+	}
 	var clientHeader, filters string
 	if cfg.ClientPriorities != "" {
 		cp, err := extproc.LoadClientPriorities(cfg.ClientPriorities)
@@ -207,15 +244,38 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 		}
 		filters = string(b)
 	}
+	xa := envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
+		ServerName: cfg.Auth.ServerName}
+	if sdsDir != "" {
+		if xa.CAFile == "" {
+			return fmt.Errorf("--envoy-sds-dir serves Envoy's TLS credentials: give them (--control-plane-ca, and --control-plane-cert/--control-plane-key for mutual TLS)")
+		}
+		// Envoy resolves the SDS files' names from its own working
+		// directory: make every name absolute.
+		for _, f := range []*string{&xa.CAFile, &xa.CertFile, &xa.KeyFile, &sdsDir} {
+			if *f == "" {
+				continue
+			}
+			a, err := filepath.Abs(*f)
+			if err != nil {
+				return err
+			}
+			*f = a
+		}
+		xa.SDSDir = sdsDir
+	}
 	y, err := envoyconfigs.Render(envoyconfigs.Params{
 		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
 		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
-		XDSAuth: envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
-			ServerName: cfg.Auth.ServerName},
-		ClientHeader: clientHeader, AuthFilters: filters,
+		XDSAuth: xa, ExtProcToken: extToken, ClientHeader: clientHeader, AuthFilters: filters,
 	})
 	if err != nil {
 		return err
+	}
+	if sdsDir != "" {
+		if err := envoyconfigs.WriteSDS(xa); err != nil {
+			return fmt.Errorf("--envoy-sds-dir: %w", err)
+		}
 	}
 	_, err = fmt.Fprint(cmd.OutOrStdout(), y)
 	return err

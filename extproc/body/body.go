@@ -76,6 +76,48 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return fmt.Sprintf("field %q: %s", e.Field, e.Msg) }
 
+// Limits stop a parse at the first element that proves the request over a
+// bound, without reading the rest of the body: a hostile body (a hundred
+// thousand tiny messages) then costs what its first bytes do. Zero fields
+// are no bound.
+type Limits struct {
+	// MaxMessages bounds the number of chat messages.
+	MaxMessages int
+	// MaxContext is the largest context, in tokens, any engine the
+	// request may reach accepts. Every chat message costs at least one
+	// token of the rendered prompt (a chat template's role header costs
+	// 3–5), as does every token id of a completion prompt, so a request
+	// with more of them than MaxContext cannot fit.
+	MaxContext int
+}
+
+// LimitError is a request proved over one of the Limits.
+type LimitError struct {
+	Field string
+	// Context: over Limits.MaxContext (else Limits.MaxMessages).
+	Context bool
+	Limit   int
+}
+
+func (e *LimitError) Error() string {
+	if e.Context {
+		return fmt.Sprintf("field %q: more than %d elements, each at least one token: the prompt exceeds the largest context served here (%d tokens)", e.Field, e.Limit, e.Limit)
+	}
+	return fmt.Sprintf("field %q: more than %d messages", e.Field, e.Limit)
+}
+
+// over returns the LimitError for n elements of field, nil if n is within
+// the limits.
+func (l *Limits) over(field string, n int, messages bool) error {
+	switch {
+	case messages && l.MaxMessages > 0 && n > l.MaxMessages:
+		return &LimitError{Field: field, Limit: l.MaxMessages}
+	case l.MaxContext > 0 && n > l.MaxContext:
+		return &LimitError{Field: field, Context: true, Limit: l.MaxContext}
+	}
+	return nil
+}
+
 // IsSyntax reports whether err is a *SyntaxError.
 func IsSyntax(err error) bool {
 	var s *SyntaxError
@@ -90,11 +132,15 @@ const (
 )
 
 // Parse reads a body of the given kind into r (which it resets first).
-func Parse(b []byte, kind Kind, r *Request) error {
+func Parse(b []byte, kind Kind, r *Request) error { return ParseWithin(b, kind, Limits{}, r) }
+
+// ParseWithin is Parse that stops with a *LimitError at the first message
+// (or token id) that proves the request over lim.
+func ParseWithin(b []byte, kind Kind, lim Limits, r *Request) error {
 	*r = Request{MaxTokens: -1}
 	var cw chainWriter
 	cw.reset(&r.Chain)
-	p := parser{b: b, chain: &cw}
+	p := parser{b: b, chain: &cw, lim: lim}
 	if err := p.top(kind, r); err != nil {
 		return err
 	}
@@ -120,6 +166,7 @@ type parser struct {
 	esc bool
 	// tools is the raw span of the "tools" value, if any.
 	tools           [2]int
+	lim             Limits
 	maxTok, maxComp int
 	hasMaxTok       bool
 	hasMaxComp      bool

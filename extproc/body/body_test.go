@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -446,5 +447,129 @@ func FuzzTokenString(f *testing.F) {
 		b := append(bytes.Repeat([]byte{'x'}, int(pad%16)), '"')
 		b = append(b, raw...)
 		checkTokenString(t, b, int(pad%16))
+	})
+}
+
+// ParseWithin stops at the first message (or token id) past its limits
+// without reading further: a body whose tail is garbage after its
+// 1,001st message gets the LimitError, not a SyntaxError, in about the time
+// of its first thousand messages.
+func TestParseWithinStopsAtTheLimit(t *testing.T) {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"m","messages":[`)
+	for i := 0; i < 100_000; i++ {
+		b.WriteString(`{"role":"user","content":"a"},`)
+	}
+	garbage := append(b.Bytes()[:len(b.Bytes()):len(b.Bytes())], "\x00not json"...)
+	valid := append(b.Bytes()[:b.Len()-1:b.Len()-1], "]}"...)
+	for _, c := range []struct {
+		lim     Limits
+		context bool
+		limit   int
+	}{
+		{Limits{MaxMessages: 1000}, false, 1000},
+		{Limits{MaxContext: 1000}, true, 1000},
+		{Limits{MaxMessages: 5000, MaxContext: 1000}, true, 1000},
+		{Limits{MaxMessages: 1000, MaxContext: 5000}, false, 1000},
+	} {
+		for _, body := range [][]byte{garbage, valid} {
+			var r Request
+			err := ParseWithin(body, Chat, c.lim, &r)
+			var le *LimitError
+			if !errors.As(err, &le) || le.Context != c.context || le.Limit != c.limit || le.Field != "messages" {
+				t.Fatalf("%+v: got %v, want a LimitError at %d (context %v)", c.lim, err, c.limit, c.context)
+			}
+		}
+	}
+	var r Request
+	if err := ParseWithin(valid, Chat, Limits{MaxMessages: 100_000, MaxContext: 100_000}, &r); err != nil || r.Messages != 100_000 {
+		t.Fatalf("at the limits: %v, %d messages", err, r.Messages)
+	}
+	// Token ids of a completion prompt count against the context.
+	ids := []byte(`{"model":"m","prompt":[1,2,3,4,5,6]}`)
+	if err := ParseWithin(ids, Completion, Limits{MaxContext: 5}, &r); !errors.As(err, new(*LimitError)) {
+		t.Fatalf("6 token ids, context 5: %v", err)
+	}
+	if err := ParseWithin(ids, Completion, Limits{MaxContext: 6, MaxMessages: 1}, &r); err != nil {
+		t.Fatalf("6 token ids, context 6: %v", err)
+	}
+}
+
+// BenchmarkParseHostile is a body of 100,000 tiny messages, read whole and
+// stopped at a 16,384-message limit.
+func BenchmarkParseHostile(b *testing.B) {
+	var buf bytes.Buffer
+	buf.WriteString(`{"model":"m","messages":[`)
+	for i := 0; i < 100_000; i++ {
+		buf.WriteString(`{"role":"user","content":"a"},`)
+	}
+	body := append(buf.Bytes()[:buf.Len()-1], "]}"...)
+	for _, lim := range []Limits{{}, {MaxMessages: 16384}} {
+		b.Run(fmt.Sprintf("max%d", lim.MaxMessages), func(b *testing.B) {
+			b.ReportAllocs()
+			var r Request
+			for b.Loop() {
+				_ = ParseWithin(body, Chat, lim, &r)
+			}
+		})
+	}
+}
+
+// FuzzParseWithin holds the limits to what they promise: a body within
+// them parses exactly as without them, and a LimitError names a bound the
+// body really exceeds (more messages, or token ids, than the limit) or a
+// body Parse refuses too (the limit was met before the fault).
+func FuzzParseWithin(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add([]byte(s), true, uint8(1), uint8(2))
+		f.Add([]byte(s), false, uint8(0), uint8(1))
+	}
+	f.Add([]byte(`{"model":"m","prompt":[1,2,3]}`), false, uint8(0), uint8(2))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"user","content":"c"}]}`), true, uint8(2), uint8(0))
+	f.Fuzz(func(t *testing.T, b []byte, chat bool, maxMsgs, maxCtx uint8) {
+		kind := Chat
+		if !chat {
+			kind = Completion
+		}
+		lim := Limits{MaxMessages: int(maxMsgs), MaxContext: int(maxCtx)}
+		var free, limited Request
+		errFree := Parse(b, kind, &free)
+		errLim := ParseWithin(b, kind, lim, &limited)
+		// n: the elements the limits count (messages, or token ids).
+		n := 0
+		if errFree == nil {
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatalf("accepted but encoding/json fails: %v", err)
+			}
+			if chat {
+				n = free.Messages
+			} else if arr, ok := m["prompt"].([]any); ok {
+				for _, v := range arr {
+					if _, ok := v.(float64); ok {
+						n++
+					}
+				}
+			}
+		}
+		var le *LimitError
+		if !errors.As(errLim, &le) {
+			if (errFree == nil) != (errLim == nil) || errFree != nil && errFree.Error() != errLim.Error() {
+				t.Fatalf("limits %+v changed the outcome: %v, without %v", lim, errLim, errFree)
+			}
+			if errFree == nil && !reflect.DeepEqual(free, limited) {
+				t.Fatalf("limits %+v changed the result:\n%+v\n%+v", lim, limited, free)
+			}
+			if errFree == nil && (lim.MaxContext > 0 && n > lim.MaxContext || chat && lim.MaxMessages > 0 && n > lim.MaxMessages) {
+				t.Fatalf("%d elements passed the limits %+v", n, lim)
+			}
+			return
+		}
+		if errFree != nil {
+			return // the limit came first in a body refused anyway
+		}
+		if n <= le.Limit || le.Context && le.Limit != lim.MaxContext || !le.Context && le.Limit != lim.MaxMessages {
+			t.Fatalf("LimitError %v for %d elements under %+v", le, n, lim)
+		}
 	})
 }

@@ -278,6 +278,9 @@ func (p *parser) messages(r *Request) error {
 			return err
 		}
 		r.Messages++
+		if err := p.lim.over("messages", r.Messages, true); err != nil {
+			return err
+		}
 		r.PromptTokens += 1 + tok
 		anchor := firstUser && m.role == "user"
 		firstUser = firstUser && !anchor
@@ -328,7 +331,7 @@ func (p *parser) message(idx int) (m msgRec, tokens int, err error) {
 		p.ws()
 		switch name {
 		case "role":
-			s, err := p.stringField(fieldIdx(idx, "role"))
+			s, err := p.roleField(idx)
 			if err != nil {
 				return m, 0, err
 			}
@@ -357,6 +360,34 @@ func (p *parser) message(idx int) (m msgRec, tokens int, err error) {
 		return m, 0, &FieldError{Field: fieldIdx(idx, "role"), Msg: "missing"}
 	}
 	return m, tokens, nil
+}
+
+// roleField reads a message's role; the usual roles are not allocated per
+// message (a body of many tiny messages would allocate once each).
+func (p *parser) roleField(idx int) (string, error) {
+	if p.peek() == '"' {
+		start := p.i
+		span, esc, err := p.stringSpan()
+		if err != nil {
+			return "", err
+		}
+		if !esc {
+			switch raw := p.b[span[0]:span[1]]; string(raw) {
+			case "user":
+				return "user", nil
+			case "assistant":
+				return "assistant", nil
+			case "system":
+				return "system", nil
+			case "tool":
+				return "tool", nil
+			case "developer":
+				return "developer", nil
+			}
+		}
+		p.i = start
+	}
+	return p.stringField(fieldIdx(idx, "role"))
 }
 
 func fieldIdx(idx int, f string) string {
@@ -483,6 +514,7 @@ func (p *parser) prompt(r *Request) error {
 			p.i++
 			return &FieldError{Field: "prompt", Msg: "must not be empty"}
 		}
+		ids := 0 // token ids: one token each
 		for first := true; ; first = false {
 			p.ws()
 			switch c := p.peek(); {
@@ -500,6 +532,10 @@ func (p *parser) prompt(r *Request) error {
 					return err
 				}
 				r.PromptTokens++
+				ids++
+				if err := p.lim.over("prompt", ids, false); err != nil {
+					return err
+				}
 			case c == '[':
 				if err := p.skip(1); err != nil {
 					return err

@@ -29,6 +29,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/picker"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/xds/auth"
 )
@@ -61,6 +62,17 @@ func ServerOptions(bodyLimit int) []grpc.ServerOption {
 	}
 }
 
+// The service's modes.
+const (
+	// ModeExtProc serves inferlb's own frontend Envoys (bootstrapped from
+	// envoy-configs/): the decision goes to Envoy's Maglev cluster as a
+	// cluster header and an affinity key.
+	ModeExtProc = "ext_proc"
+	// ModeEndpointPicker serves a gateway's Envoy as the Inference
+	// Extension's endpoint picker: the picker names the engine itself.
+	ModeEndpointPicker = "endpoint-picker"
+)
+
 // Config is the service's configuration (the command's flags).
 type Config struct {
 	// Listen is the ext_proc gRPC address Envoy connects to.
@@ -75,6 +87,14 @@ type Config struct {
 	// Auth is this instance's credential for the control plane's port. It
 	// must be set, or say Insecure explicitly.
 	Auth auth.Client
+	// ListenTokenFile holds the bearer tokens Envoy must send on this
+	// service's own port (the ext_proc and access-log streams; the
+	// bootstrap's initial_metadata). The access logs are evidence that
+	// moves engines' weights, so with a control plane the port is as
+	// closed as the control plane's: without this file it takes Auth's
+	// token file (Envoy holds the same token for ADS), and with neither it
+	// is open only under Insecure.
+	ListenTokenFile string
 	// MaxRequestAge bounds how long an admitted request holds its in-flight
 	// slot without Envoy's access log reporting its end (0: the default).
 	MaxRequestAge time.Duration
@@ -90,6 +110,16 @@ type Config struct {
 	PolicyFile string
 	// BodyLimit is the request body limit in bytes (0: extproc.DefaultBodyLimit).
 	BodyLimit int
+	// MaxMessages bounds a chat request's messages (0:
+	// extproc.DefaultMaxMessages; negative: none but the context's).
+	MaxMessages int
+	// MaxBodyMemory bounds the request-body bytes in flight; beyond it
+	// requests are answered 503 (0: extproc.DefaultMaxBodyMemory).
+	MaxBodyMemory int64
+	// IdleMemory is the resident memory the process returns to after a
+	// burst, beside twice the body bytes in flight (extproc.MemoryTrim;
+	// 0: no trimming).
+	IdleMemory int64
 	// Tokenizers are paths of models' tokenizer.json files (--tokenizer).
 	Tokenizers []string
 	// ReportInterval between Reports (default 1 s).
@@ -99,7 +129,14 @@ type Config struct {
 	// Admission tunes local admission and the retry budget (nil:
 	// extproc.DefaultAdmission).
 	Admission *extproc.Admission
-	Logger    *slog.Logger
+	// Mode is ModeExtProc (beside inferlb's own frontend Envoys, "" too)
+	// or ModeEndpointPicker (behind a gateway's Envoy, the Inference
+	// Extension's endpoint picker protocol: extproc/picker).
+	Mode string
+	// PickerFallbacks is how many fallback endpoints the endpoint picker
+	// lists after the primary (0: none).
+	PickerFallbacks int
+	Logger          *slog.Logger
 	// Ready, if set, receives the bound addresses once serving.
 	Ready func(grpcAddr, httpAddr string)
 }
@@ -160,7 +197,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cp, err := cfg.dialControlPlane(reg, log)
+	reloads, err := auth.NewReloads(reg, log)
+	if err != nil {
+		return err
+	}
+	cp, err := cfg.dialControlPlane(reloads, log)
 	if err != nil {
 		return err
 	}
@@ -169,13 +210,31 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	listenAuth, err := cfg.listenAuth(reg, reloads, log)
+	if err != nil {
+		return err
+	}
 
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen (--listen) %q: %w", cfg.Listen, err)
 	}
-	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
-	srv.Register(g)
+	g := grpc.NewServer(append(ServerOptions(cfg.BodyLimit), listenAuth...)...)
+	apply := srv.SetPolicy
+	var pk *picker.Picker
+	if cfg.Mode == ModeEndpointPicker {
+		pk = picker.New(srv, picker.Options{Fallbacks: cfg.PickerFallbacks, Logger: log})
+		pk.Register(g)
+		// Readiness follows the policy: a gateway's health check keeps
+		// requests away from a picker that would answer them all 503.
+		apply = func(rp *policyv1.RoutingPolicy) error {
+			err := srv.SetPolicy(rp)
+			pk.UpdateReadiness()
+			return err
+		}
+	} else {
+		srv.Register(g)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -189,9 +248,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 
+	wg.Add(1)
+	go func() { defer wg.Done(); srv.RunMemoryTrim(ctx, cfg.IdleMemory) }()
+
 	var sub *cpclient.Subscriber
 	if cp.policy != nil {
-		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
+		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: apply, Logger: log}
 		rep := &cpclient.Reporter{Conns: cp.reports, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
 			Flush: srv.Observer().Flush, Logger: log}
 		wg.Add(2)
@@ -230,6 +292,9 @@ func Run(ctx context.Context, cfg Config) error {
 	case runErr = <-errc:
 	}
 	cancel()
+	if pk != nil {
+		pk.Shutdown() // gateways stop sending new requests while streams drain
+	}
 	stopServing(g, hs, cfg.ShutdownGrace, log)
 	wg.Wait()
 	log.Info("ext_proc stopped")
@@ -258,8 +323,25 @@ func (cfg *Config) normalize() error {
 		return fmt.Errorf("negative report interval %v or shutdown grace %v", cfg.ReportInterval, cfg.ShutdownGrace)
 	case cfg.BodyLimit < 0:
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
+	case cfg.MaxBodyMemory < 0 || cfg.IdleMemory < 0:
+		return fmt.Errorf("negative body memory bound %d or idle memory %d bytes", cfg.MaxBodyMemory, cfg.IdleMemory)
 	case cfg.BodyLimit == 0:
 		cfg.BodyLimit = extproc.DefaultBodyLimit
+	}
+	if cfg.MaxBodyMemory == 0 {
+		cfg.MaxBodyMemory = extproc.DefaultMaxBodyMemory
+	}
+	// A bound below one body of the limit would answer every such body 503.
+	if cfg.MaxBodyMemory < int64(cfg.BodyLimit) {
+		return fmt.Errorf("max body memory %d bytes (--max-body-memory) is below the body limit %d bytes (--body-limit)", cfg.MaxBodyMemory, cfg.BodyLimit)
+	}
+	switch cfg.Mode {
+	case "", ModeExtProc, ModeEndpointPicker:
+	default:
+		return fmt.Errorf("mode (--mode) %q: want %s or %s", cfg.Mode, ModeExtProc, ModeEndpointPicker)
+	}
+	if cfg.PickerFallbacks < 0 {
+		return fmt.Errorf("picker fallbacks (--picker-fallbacks) %d is negative", cfg.PickerFallbacks)
 	}
 	if cfg.ControlPlane != "" && cfg.NodeID == "" {
 		return errors.New("--node-id is required with --control-plane")
@@ -270,6 +352,51 @@ func (cfg *Config) normalize() error {
 		}
 	}
 	return nil
+}
+
+// ListenToken is the token file Envoy's streams to this service must carry
+// ("" = none): ListenTokenFile, else, with a control plane, Auth's token
+// file. With a control plane that takes credentials and no token for this
+// port it is an error: whoever reached the port could forge the access-log
+// evidence this instance reports under its own credentials.
+func (cfg *Config) ListenToken() (string, error) {
+	switch {
+	case cfg.ListenTokenFile != "":
+		return cfg.ListenTokenFile, nil
+	case cfg.ControlPlane == "" || cfg.Auth.Insecure:
+		return "", nil
+	case cfg.Auth.TokenFile != "":
+		return cfg.Auth.TokenFile, nil
+	}
+	return "", errors.New("ext_proc's port (--listen) carries Envoy's access logs, evidence that moves engines' weights: " +
+		"give --listen-token-file (the token Envoy sends), or a --control-plane-token-file it can share with Envoy")
+}
+
+// listenAuth is the token check of the service's gRPC port (no option
+// without a token); refused calls are counted and logged.
+func (cfg *Config) listenAuth(reg *prometheus.Registry, reloads *auth.Reloads, log *slog.Logger) ([]grpc.ServerOption, error) {
+	tf, err := cfg.ListenToken()
+	if err != nil || tf == "" {
+		if err == nil && cfg.ControlPlane != "" {
+			log.Warn("ext_proc's port is open (--insecure): anyone who reaches it can send access-log evidence")
+		}
+		return nil, err
+	}
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_auth_failures_total",
+		Help: "Calls to ext_proc's gRPC port (ext_proc and access-log streams) refused for a missing or wrong token, by method."}, []string{"method"})
+	if err := reg.Register(refused); err != nil {
+		return nil, err
+	}
+	flag := "--listen-token-file"
+	if cfg.ListenTokenFile == "" {
+		flag = "--control-plane-token-file"
+	}
+	// Health checks (the endpoint picker's liveness and readiness) come
+	// from kubelet and gateways without a token.
+	return auth.Server{TokenFile: tf, TokenFlag: flag, Open: []string{"/grpc.health.v1.Health/"}, Reloads: reloads, Reject: func(peer, method, reason string) {
+		refused.WithLabelValues(method).Inc()
+		log.Warn("ext_proc: unauthenticated call refused", "peer", peer, "method", method, "reason", reason)
+	}}.Options()
 }
 
 // newServer builds the ext_proc server with its client priorities,
@@ -286,7 +413,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extpr
 	if err != nil {
 		return nil, err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
@@ -319,7 +446,7 @@ func (c *cpConns) close() {
 // per replica. gRPC connects lazily: nothing here waits for a replica.
 // Each new connection takes the credential files as they are then (they
 // rotate without a restart); refused new content is counted in reg.
-func (cfg *Config) dialControlPlane(reg *prometheus.Registry, log *slog.Logger) (*cpConns, error) {
+func (cfg *Config) dialControlPlane(reloads *auth.Reloads, log *slog.Logger) (*cpConns, error) {
 	c := &cpConns{}
 	if cfg.ControlPlane == "" {
 		return c, nil
@@ -329,13 +456,15 @@ func (cfg *Config) dialControlPlane(reg *prometheus.Registry, log *slog.Logger) 
 		return nil, err
 	}
 	creds := cfg.Auth
-	if creds.Reloads, err = auth.NewReloads(reg, log); err != nil {
-		return nil, err
-	}
+	creds.Reloads = reloads
 	dial, err := creds.DialOptions()
 	if err != nil {
 		return nil, err
 	}
+	// A hung replica (stopped, wedged) keeps the TCP connection open:
+	// pings find it (gRPC's shortest client interval, 10 s), and the
+	// policy subscription moves to the next replica.
+	dial = append(dial, grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}))
 	if cfg.Auth.TokenFile != "" && !cfg.Auth.TLS() {
 		log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
 	}

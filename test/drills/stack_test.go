@@ -22,6 +22,7 @@ import (
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/llamacpp"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
@@ -53,8 +54,12 @@ type stackOptions struct {
 	timeScale float64
 	// envoy edits the bootstrap parameters.
 	envoy func(*envoyconfigs.Params)
+	// onAuth sees the credentials (mtls: the PKI) before anything starts.
+	onAuth func(*authtest.PKI)
 	// noWait skips waiting for a first successful request.
 	noWait bool
+	// envoyWorkers is Envoy's worker count (default 1).
+	envoyWorkers int
 	// llama, if set, puts llama.cpp servers behind the stack instead of
 	// simulated engines (llamacpp_test.go).
 	llama *llamaOptions
@@ -148,6 +153,9 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	s.auth = newAuthFiles(t, s.dir, o.auth)
+	if o.onAuth != nil {
+		o.onAuth(s.auth.pki)
+	}
 
 	// Control plane replicas on fixed (free) ports, so that a killed one
 	// comes back where Envoy and ext_proc look for it.
@@ -178,7 +186,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	listen := envoytest.FreePort(t)
 	p := envoyconfigs.Params{Variant: o.variant, NodeID: nodeID, Region: "east", ListenPort: listen,
 		ExtProcPort: port(t, s.extGRPC), XDSPort: port(t, s.cpXDS[0]), XDSAddresses: s.cpXDS,
-		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(),
+		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(), ExtProcToken: s.auth.extToken,
 		// No drill is about ext_proc's round-trip bound (ExtProcDeath
 		// kills it: refused at once). With the 1-s default, one decision
 		// of a starved race-built ext_proc is a 504, which every drill's
@@ -190,7 +198,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	if s.bootstrap, err = envoyconfigs.Render(p); err != nil {
 		t.Fatal(err)
 	}
-	s.envoy = envoytest.Start(t, envoytest.Options{Bootstrap: s.bootstrap})
+	s.envoy = envoytest.Start(t, envoytest.Options{Bootstrap: s.bootstrap, Concurrency: o.envoyWorkers})
 	s.url = fmt.Sprintf("http://127.0.0.1:%d", listen)
 	if !o.noWait {
 		s.waitServing()

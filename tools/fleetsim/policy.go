@@ -7,8 +7,8 @@ import (
 	"strconv"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/tools/enginesim/model"
-	"github.com/inferlb/inferlb/tools/envoylb"
 )
 
 // Policy decides where requests go. The simulator calls Admit once per

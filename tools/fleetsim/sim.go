@@ -12,7 +12,7 @@
 // controlplane.Controller.Step fed by controlplane/signals' Tracker (scrapes with
 // smoothing and staleness) and Intake (ext_proc's reports); the resources it
 // returns (RoutingPolicy and EDS) are applied to the deciders and to a
-// model of Envoy's host selection (tools/envoylb, checked against a real
+// model of Envoy's host selection (internal/envoylb, checked against a real
 // Envoy). Rival policies are plug-ins (Policy).
 package fleetsim
 
@@ -54,6 +54,10 @@ type Options struct {
 	// BalanceFactor, when set, overrides the control plane's
 	// BalanceFactor for the inferlb policies (nil: its default).
 	BalanceFactor *float64
+	// Keys, if set, is told the affinity key ext_proc's decision gave each
+	// request the inferlb policies admit, in arrival order (tests compare
+	// keys request by request).
+	Keys func(key uint64)
 }
 
 // lead is how long the control plane runs before traffic starts: its

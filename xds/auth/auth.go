@@ -61,6 +61,13 @@ type Server struct {
 	// Reloads, if set, logs and counts the reloads of the credential files
 	// (and looks at them when scraped).
 	Reloads *Reloads
+	// TokenFlag names TokenFile in errors and metrics (default
+	// "--token-file", the control plane's flag).
+	TokenFlag string
+	// Open lists full-method prefixes served without a token, for calls
+	// that reveal and move nothing (gRPC health checks, which kubelet's
+	// probes and gateways make without credentials). TLS still applies.
+	Open []string
 }
 
 // Validate checks that the configuration says something coherent. The
@@ -117,11 +124,20 @@ func (c Server) Options() ([]grpc.ServerOption, error) {
 		opts = append(opts, grpc.Creds(rejectingCreds{TransportCredentials: credentials.NewTLS(cfg), reject: c.Reject}))
 	}
 	if c.TokenFile != "" {
-		tf, err := newTokenFile(c.TokenFile, "--token-file", c.Reloads)
+		flag := c.TokenFlag
+		if flag == "" {
+			flag = "--token-file"
+		}
+		tf, err := newTokenFile(c.TokenFile, flag, c.Reloads)
 		if err != nil {
 			return nil, err
 		}
 		check := func(ctx context.Context, method string) error {
+			for _, p := range c.Open {
+				if strings.HasPrefix(method, p) {
+					return nil
+				}
+			}
 			if err := tf.check(ctx); err != nil {
 				if c.Reject != nil {
 					addr := ""
