@@ -33,6 +33,13 @@ type ScenarioResult struct {
 	// cache (the fleet's whole KV capacity as one LRU cache; see docs/sim.md).
 	BestHitRate float64         `json:"best_achievable_hit_rate"`
 	Policies    []*PolicyResult `json:"policies"`
+	// StrongestRival is the rival policy (any but inferlb and random_key)
+	// with the lowest TTFT p99, then least shed (regional.go); a
+	// comparison counts only against it.
+	StrongestRival string `json:"strongest_rival,omitempty"`
+	// StrongerVariant names, for each rival run both globally and per
+	// region, the stronger deployment.
+	StrongerVariant []string `json:"stronger_variant,omitempty"`
 }
 
 // RunOptions configure RunScenario.
@@ -150,6 +157,7 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 		out.Policies[i] = medianResult(runs[i*n:i*n+n], out.Seeds)
 	}
 	out.BestHitRate = median(best)
+	markStrongest(out)
 	return out, nil
 }
 
@@ -198,6 +206,7 @@ func WriteTable(w io.Writer, r *ScenarioResult) {
 		fmt.Fprintf(w, "\nMedians over %d seeds (%d–%d); counts (retries) are totals.\n", len(r.Seeds), r.Seeds[0], r.Seeds[len(r.Seeds)-1])
 	}
 	fmt.Fprintf(w, "\nBest achievable hit rate with the fleet's caches pooled (reference): %.1f%%.\n", 100*r.BestHitRate)
+	writeStrongest(w, r)
 	for _, p := range r.Policies {
 		if p.Shed == 0 || len(p.ShedPctByPriority) == 0 {
 			continue
