@@ -20,6 +20,7 @@ func newBenchSimRealCmd() *cobra.Command {
 	var (
 		duration time.Duration
 		seed     uint64
+		scale    float64
 		jsonOut  string
 	)
 	cmd := &cobra.Command{
@@ -48,7 +49,7 @@ tripled for 30 s).
 			if err != nil {
 				return err
 			}
-			rep, err := simreal.Run(cmd.Context(), simreal.Options{Scenario: sc, Duration: duration, Seed: seed, Progress: cmd.ErrOrStderr()})
+			rep, err := simreal.Run(cmd.Context(), simreal.Options{Scenario: sc, Duration: duration, Seed: seed, TimeScale: scale, Progress: cmd.ErrOrStderr()})
 			if err != nil {
 				return err
 			}
@@ -66,18 +67,30 @@ tripled for 30 s).
 	f := cmd.Flags()
 	f.DurationVar(&duration, "duration", 0, "traffic time instead of the scenario's")
 	f.Uint64Var(&seed, "seed", 0, "seed instead of the scenario's")
+	f.Float64Var(&scale, "time-scale", 1, "real seconds per simulated second on the real side (engine-sim --time-scale): above 1 divides the machine's own delays by it")
 	f.StringVar(&jsonOut, "json-out", "", "also write the report as JSON to this file")
 	return cmd
 }
 
 func printSimReal(w io.Writer, r *simreal.Report) {
-	fmt.Fprintf(w, "scenario %s, seed %d, %.0f s of traffic\n\n", r.Scenario, r.Seed, r.Duration)
+	fmt.Fprintf(w, "scenario %s, seed %d, %.0f s of traffic, real side at time scale %g\n\n", r.Scenario, r.Seed, r.Duration, r.TimeScale)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tsim\treal\tgap\t")
 	fmt.Fprintf(tw, "requests served\t%d\t%d\t\t\n", r.Sim.Requests, r.Real.Requests)
 	fmt.Fprintf(tw, "shed or failed\t%d\t%d\t\t\n", r.Sim.Errors, r.Real.Errors)
 	fmt.Fprintf(tw, "TTFT p50 (ms)\t%.1f\t%.1f\t%+.1f%%\t\n", r.Sim.TTFTP50, r.Real.TTFTP50, 100*r.GapP50)
+	fmt.Fprintf(tw, "TTFT p90 (ms)\t%.1f\t%.1f\t%+.1f%%\t\n", r.Sim.TTFTP90, r.Real.TTFTP90, 100*simreal.Gap(r.Sim.TTFTP90, r.Real.TTFTP90))
 	fmt.Fprintf(tw, "TTFT p99 (ms)\t%.1f\t%.1f\t%+.1f%%\t\n", r.Sim.TTFTP99, r.Real.TTFTP99, 100*r.GapP99)
 	fmt.Fprintf(tw, "hit rate\t%.1f%%\t%.1f%%\t%+.1f%%\t\n", 100*r.Sim.HitRate, 100*r.Real.HitRate, 100*r.GapHit)
 	_ = tw.Flush()
+	if len(r.Sim.Engines) == len(r.Real.Engines) && len(r.Sim.Engines) > 0 {
+		fmt.Fprintln(w, "\nper engine (sim: at the client; real: the engine's own TTFT histogram + the round trip):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "engine\tsim served\treal served\tsim p50\treal p50\tsim p99\treal p99\t")
+		for i, s := range r.Sim.Engines {
+			x := r.Real.Engines[i]
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t\n", s.ID, s.Served, x.Served, s.TTFTP50, x.TTFTP50, s.TTFTP99, x.TTFTP99)
+		}
+		_ = tw.Flush()
+	}
 }

@@ -61,6 +61,14 @@ type Options struct {
 	Duration time.Duration
 	// Seed, if not 0, replaces the scenario's seed.
 	Seed uint64
+	// TimeScale is real seconds per simulated second on the real side
+	// (engine-sim --time-scale; 0 means 1): the engines, the round trips,
+	// the load generator and the control plane's periods run that much
+	// slower, and every figure is read back in simulated time. Above 1 it
+	// divides what the machine adds (Envoy's and ext_proc's own time,
+	// timers firing late on a busy machine) by it; the simulator's figures
+	// do not depend on it.
+	TimeScale float64
 	// Dir holds Envoy's files (a temporary directory if "").
 	Dir    string
 	Logger *slog.Logger
@@ -72,10 +80,26 @@ type Options struct {
 type Side struct {
 	Requests int     `json:"requests"`
 	TTFTP50  float64 `json:"ttft_p50_ms"`
+	TTFTP90  float64 `json:"ttft_p90_ms"`
 	TTFTP99  float64 `json:"ttft_p99_ms"`
 	HitRate  float64 `json:"hit_rate"`
 	// Errors are requests that failed or were shed.
 	Errors int `json:"errors"`
+	// Engines are per-engine figures, in the fleet's order.
+	Engines []Engine `json:"engines"`
+}
+
+// Engine is one engine's requests and TTFT. The simulator's is measured at
+// the client; the real side's is the engine's own histogram
+// (vllm:time_to_first_token_seconds, interpolated within its buckets) plus
+// the round trip from the frontend: the client's view without Envoy's and
+// ext_proc's own time, so a gap here is the engines' or the routing's, and a
+// gap only in the client figures is the request path's.
+type Engine struct {
+	ID      string  `json:"id"`
+	Served  int     `json:"served"`
+	TTFTP50 float64 `json:"ttft_p50_ms"`
+	TTFTP99 float64 `json:"ttft_p99_ms"`
 }
 
 // Report is both sides and their relative gaps ((real − sim) / sim).
@@ -83,6 +107,8 @@ type Report struct {
 	Scenario string  `json:"scenario"`
 	Seed     uint64  `json:"seed"`
 	Duration float64 `json:"duration_s"`
+	// TimeScale is the real side's (Options.TimeScale).
+	TimeScale float64 `json:"time_scale"`
 	Sim      Side    `json:"sim"`
 	Real     Side    `json:"real"`
 	GapP50   float64 `json:"gap_ttft_p50"`
@@ -107,14 +133,23 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	rep := &Report{Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration.Seconds()}
+	if o.TimeScale == 0 {
+		o.TimeScale = 1
+	}
+	if !(o.TimeScale > 0) {
+		return nil, fmt.Errorf("simreal: time scale must be > 0, got %v", o.TimeScale)
+	}
+	rep := &Report{Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration.Seconds(), TimeScale: o.TimeScale}
 	o.progressf("sim: %s, %v of traffic, seed %d", sc.Name, sc.Duration, sc.Seed)
 	res, err := fleetsim.RunScenario(ctx, sc, fleetsim.RunOptions{Policies: []string{fleetsim.PolicyInferlb}, Seed: sc.Seed, Seeds: 1, Parallel: 1})
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	p := res.Policies[0]
-	rep.Sim = Side{Requests: p.Served, TTFTP50: p.TTFT.P50, TTFTP99: p.TTFT.P99, HitRate: p.HitRate, Errors: p.Shed + p.Failed + p.Rejected}
+	rep.Sim = Side{Requests: p.Served, TTFTP50: p.TTFT.P50, TTFTP90: p.TTFT.P90, TTFTP99: p.TTFT.P99, HitRate: p.HitRate, Errors: p.Shed + p.Failed + p.Rejected}
+	for _, e := range p.Engines {
+		rep.Sim.Engines = append(rep.Sim.Engines, Engine{ID: e.ID, Served: e.Served, TTFTP50: e.TTFTP50Ms, TTFTP99: e.TTFTP99Ms})
+	}
 	o.progressf("sim: %d served, TTFT p50 %.1f ms p99 %.1f ms, hit rate %.3f", rep.Sim.Requests, rep.Sim.TTFTP50, rep.Sim.TTFTP99, rep.Sim.HitRate)
 	if rep.Real, err = runReal(ctx, o, sc); err != nil {
 		return nil, fmt.Errorf("real stack: %w", err)
@@ -203,6 +238,9 @@ func (g *group) close() {
 	g.wg.Wait()
 }
 
+// wall is a simulated duration in real time.
+func (o *Options) wall(d time.Duration) time.Duration { return time.Duration(float64(d) * o.TimeScale) }
+
 func (o *Options) progressf(format string, args ...any) {
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, format+"\n", args...)
@@ -226,22 +264,34 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 
 	// Engines on the fleet's addresses, each holding a request for the
 	// round trip from the frontend's region (the header ext_proc sets).
+	var sims []*enginesim.Server
 	for i, e := range spec.Engines {
 		prof, ok := spec.ProfileOf(e)
 		if !ok {
 			return Side{}, fmt.Errorf("engine %s: no profile", e.ID)
 		}
 		srv, err := enginesim.Start(ctx, enginesim.Options{Listen: e.Address, ID: e.ID, Model: e.Model, Replicas: e.Replicas,
-			Region: e.Region, Fleet: spec, Profile: prof, MaxContextTokens: prof.MaxContextTokens, Logger: o.Logger, Seed: uint64(i + 1)})
+			Region: e.Region, Fleet: spec, Profile: prof, MaxContextTokens: prof.MaxContextTokens, TimeScale: o.TimeScale, Logger: o.Logger, Seed: uint64(i + 1)})
 		if err != nil {
 			return Side{}, fmt.Errorf("engine %s on %s: %w", e.ID, e.Address, err)
 		}
 		g.stop = append(g.stop, func() { _ = srv.Close() })
+		sims = append(sims, srv)
 	}
 
-	// The control plane at its production periods, as the simulator runs it.
+	// The control plane at its production periods, as the simulator runs
+	// it, in the engines' time: the fleet in real time (profiles and round
+	// trips scaled) and every period × the time scale.
+	realSpec, err := spec.InRealTime(o.TimeScale)
+	if err != nil {
+		return Side{}, err
+	}
 	cfg := controlplane.DefaultRunConfig()
-	cfg.Fleet, cfg.XDSListen, cfg.AdminListen, cfg.Logger = spec, "127.0.0.1:0", "127.0.0.1:0", o.Logger
+	cfg.Fleet, cfg.XDSListen, cfg.AdminListen, cfg.Logger = realSpec, "127.0.0.1:0", "127.0.0.1:0", o.Logger
+	cfg.Interval, cfg.ScrapeInterval = sc.Control.Interval, sc.Control.ScrapeInterval
+	for _, d := range []*time.Duration{&cfg.Interval, &cfg.ScrapeInterval, &cfg.ScrapeTimeout, &cfg.StaleAfter, &cfg.Smoothing, &cfg.DemandWindow, &cfg.Warmup} {
+		*d = o.wall(*d)
+	}
 	runner, err := controlplane.NewRunner(cfg)
 	if err != nil {
 		return Side{}, err
@@ -255,7 +305,7 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	}
 
 	fe := spec.Frontends[0]
-	ext, extPort, err := startExtProc(ctx, g, xdsAddr, fe, o.Logger)
+	ext, extPort, err := startExtProc(ctx, g, xdsAddr, fe, o.wall(sc.Control.ReportInterval), o.Logger)
 	if err != nil {
 		return Side{}, err
 	}
@@ -315,18 +365,31 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	defer client.CloseIdleConnections()
 	src := &scheduled{MultiTurn: mt, starts: fleetsim.SessionStarts(sc, sc.Seed)}
 	lg, err := loadgen.Run(ctx, loadgen.Config{Client: client, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Trace, Speedup: 1},
-		Duration: sc.Duration, Seed: sc.Seed})
+		Duration: sc.Duration, Seed: sc.Seed, TimeScale: o.TimeScale})
 	if err != nil {
 		return Side{}, err
 	}
+	side := Side{}
+	for i, srv := range sims {
+		e := spec.Engines[i]
+		rtt, _ := spec.RTTMs(spec.Frontends[0].Region, e.Region)
+		n, p50, p99, err := engineFigures(srv)
+		if err != nil {
+			return Side{}, err
+		}
+		// The histogram is in real seconds (engine-sim's metrics are).
+		side.Engines = append(side.Engines, Engine{ID: e.ID, Served: n, TTFTP50: p50/o.TimeScale + rtt, TTFTP99: p99/o.TimeScale + rtt})
+	}
 	c := lg.Requests
 	o.progressf("real: %d sent, %d ok, %d shed, %d errors, %d timeouts; send lag p99 %.1f ms", c.Sent, c.OK, c.Rejected, c.Errors, c.Timeouts, lg.SendLag.P99)
-	return Side{Requests: c.OK, TTFTP50: lg.TTFT.P50, TTFTP99: lg.TTFT.P99, HitRate: lg.CachedShare, Errors: c.Rejected + c.Errors + c.Timeouts}, nil
+	side.Requests, side.TTFTP50, side.TTFTP90, side.TTFTP99 = c.OK, lg.TTFT.P50, lg.TTFT.P90, lg.TTFT.P99
+	side.HitRate, side.Errors = lg.CachedShare, c.Rejected+c.Errors+c.Timeouts
+	return side, nil
 }
 
 // startExtProc runs an ext_proc server for the frontend, subscribed to the
 // control plane and reporting to it; it returns the server and its port.
-func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Frontend, log *slog.Logger) (*extproc.Server, int, error) {
+func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Frontend, report time.Duration, log *slog.Logger) (*extproc.Server, int, error) {
 	ext := extproc.New(extproc.Options{Logger: log})
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -334,7 +397,7 @@ func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Fronte
 	}
 	g.stop = append(g.stop, func() { conn.Close() })
 	sub := &cpclient.Subscriber{Conn: conn, NodeID: fe.NodeID, Region: fe.Region, Apply: ext.SetPolicy, Logger: log, MinBackoff: 20 * time.Millisecond}
-	repo := &cpclient.Reporter{Conn: conn, NodeID: fe.NodeID, Instance: "simreal", Interval: time.Second, Flush: ext.Observer().Flush, Logger: log}
+	repo := &cpclient.Reporter{Conn: conn, NodeID: fe.NodeID, Instance: "simreal", Interval: report, Flush: ext.Observer().Flush, Logger: log}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, 0, err
@@ -347,4 +410,53 @@ func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Fronte
 	g.goRun(func() { _ = gs.Serve(lis) })
 	g.stop = append(g.stop, gs.Stop, epCancel)
 	return ext, lis.Addr().(*net.TCPAddr).Port, nil
+}
+
+// engineFigures reads an engine's requests served and its TTFT histogram's
+// p50 and p99 in milliseconds (Prometheus' histogram_quantile: linear within
+// the bucket).
+func engineFigures(srv *enginesim.Server) (served int, p50, p99 float64, err error) {
+	mfs, err := srv.Registry().Gather()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var bounds []float64
+	var cum []uint64
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "vllm:request_success_total":
+			for _, m := range mf.GetMetric() {
+				served += int(m.GetCounter().GetValue())
+			}
+		case "vllm:time_to_first_token_seconds":
+			for _, m := range mf.GetMetric() {
+				for i, b := range m.GetHistogram().GetBucket() {
+					if len(bounds) <= i {
+						bounds = append(bounds, b.GetUpperBound())
+						cum = append(cum, 0)
+					}
+					cum[i] += b.GetCumulativeCount()
+				}
+			}
+		}
+	}
+	q := func(f float64) float64 {
+		if len(cum) == 0 || cum[len(cum)-1] == 0 {
+			return 0
+		}
+		rank := f * float64(cum[len(cum)-1])
+		lo, below := 0.0, 0.0
+		for i, c := range cum {
+			if float64(c) >= rank {
+				in := float64(c) - below
+				if in <= 0 {
+					return 1000 * bounds[i]
+				}
+				return 1000 * (lo + (bounds[i]-lo)*(rank-below)/in)
+			}
+			lo, below = bounds[i], float64(c)
+		}
+		return 1000 * lo
+	}
+	return served, q(0.5), q(0.99), nil
 }
