@@ -3,6 +3,9 @@ package fleetsim
 import (
 	"math/rand/v2"
 	"time"
+
+	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 )
 
 // SessionStarts returns when an open-loop sessions scenario's sessions
@@ -46,4 +49,12 @@ func SessionStarts(sc *Scenario, seed uint64) []time.Duration {
 		t += time.Duration(arr.ExpFloat64() / r * float64(time.Second))
 	}
 	return out
+}
+
+// WithSimTokenizer is spec with every model naming the tokenizer the
+// simulated ext_procs count with, and that tokenizer: a real ext_proc given
+// both (extproc.Options.Tokenizers) counts tokens as the simulator's do,
+// which is what a comparison with the real stack needs (tools/simreal).
+func WithSimTokenizer(spec *fleet.Spec) (*fleet.Spec, *hf.Tokenizer, error) {
+	return withSimTokenizer(spec)
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/internal/envoyrun"
+	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/fleetsim"
 	"github.com/inferlb/inferlb/tools/loadgen"
@@ -282,7 +283,14 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	// The control plane at its production periods, as the simulator runs
 	// it, in the engines' time: the fleet in real time (profiles and round
 	// trips scaled) and every period × the time scale.
-	realSpec, err := spec.InRealTime(o.TimeScale)
+	// The simulator's ext_procs count tokens with its word tokenizer (the
+	// engines' rule); the real one gets the same, or it would bound
+	// prompts by their bytes and report other demand to the plan.
+	tokSpec, tok, err := fleetsim.WithSimTokenizer(spec)
+	if err != nil {
+		return Side{}, err
+	}
+	realSpec, err := tokSpec.InRealTime(o.TimeScale)
 	if err != nil {
 		return Side{}, err
 	}
@@ -305,7 +313,7 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	}
 
 	fe := spec.Frontends[0]
-	ext, extPort, err := startExtProc(ctx, g, xdsAddr, fe, o.wall(sc.Control.ReportInterval), o.Logger)
+	ext, extPort, err := startExtProc(ctx, g, xdsAddr, fe, o.wall(sc.Control.ReportInterval), tok, o.Logger)
 	if err != nil {
 		return Side{}, err
 	}
@@ -363,6 +371,10 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(512), BaseURL: fmt.Sprintf("http://127.0.0.1:%d", listen), Model: spec.Classes[0].Model,
 		Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 120 * time.Second}
 	defer client.CloseIdleConnections()
+	if o.Progress != nil {
+		stop := watchWeights(ctx, o, envoy, "inferlb_"+class, spec)
+		defer stop()
+	}
 	src := &scheduled{MultiTurn: mt, starts: fleetsim.SessionStarts(sc, sc.Seed)}
 	lg, err := loadgen.Run(ctx, loadgen.Config{Client: client, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Trace, Speedup: 1},
 		Duration: sc.Duration, Seed: sc.Seed, TimeScale: o.TimeScale})
@@ -389,8 +401,8 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 
 // startExtProc runs an ext_proc server for the frontend, subscribed to the
 // control plane and reporting to it; it returns the server and its port.
-func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Frontend, report time.Duration, log *slog.Logger) (*extproc.Server, int, error) {
-	ext := extproc.New(extproc.Options{Logger: log})
+func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Frontend, report time.Duration, tok *hf.Tokenizer, log *slog.Logger) (*extproc.Server, int, error) {
+	ext := extproc.New(extproc.Options{Logger: log, Tokenizers: map[string]*hf.Tokenizer{tok.SHA256(): tok}})
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, 0, err
@@ -459,4 +471,38 @@ func engineFigures(srv *enginesim.Server) (served int, p50, p99 float64, err err
 		return 1000 * lo
 	}
 	return served, q(0.5), q(0.99), nil
+}
+
+// watchWeights prints the class cluster's EDS priorities and weights as
+// Envoy holds them, every control interval, until stop is called.
+func watchWeights(ctx context.Context, o Options, envoy *envoyrun.Envoy, cluster string, spec *fleet.Spec) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	addr := map[string]string{}
+	for _, e := range spec.Engines {
+		addr[e.Address] = e.ID
+	}
+	start := time.Now()
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(o.wall(5 * time.Second)):
+			}
+			cs, err := envoy.Clusters()
+			if err != nil {
+				continue
+			}
+			line := fmt.Sprintf("real: t=%.0fs", time.Since(start).Seconds()/o.TimeScale)
+			for _, e := range spec.Engines {
+				if h, ok := cs[cluster][e.Address]; ok {
+					line += fmt.Sprintf(" %s p%d w%d", addr[e.Address], h.Priority, h.Weight)
+				}
+			}
+			o.progressf("%s", line)
+		}
+	}()
+	return func() { cancel(); <-done }
 }
