@@ -84,6 +84,9 @@ type Side struct {
 	TTFTP90  float64 `json:"ttft_p90_ms"`
 	TTFTP99  float64 `json:"ttft_p99_ms"`
 	HitRate  float64 `json:"hit_rate"`
+	// TPOTP50 is the median time per output token: the engines' decode
+	// steps alone, so a gap here is the machine slowing engine-sim down.
+	TPOTP50 float64 `json:"tpot_p50_ms"`
 	// Errors are requests that failed or were shed.
 	Errors int `json:"errors"`
 	// Engines are per-engine figures, in the fleet's order.
@@ -147,7 +150,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	p := res.Policies[0]
-	rep.Sim = Side{Requests: p.Served, TTFTP50: p.TTFT.P50, TTFTP90: p.TTFT.P90, TTFTP99: p.TTFT.P99, HitRate: p.HitRate, Errors: p.Shed + p.Failed + p.Rejected}
+	rep.Sim = Side{Requests: p.Served, TTFTP50: p.TTFT.P50, TTFTP90: p.TTFT.P90, TTFTP99: p.TTFT.P99, HitRate: p.HitRate, TPOTP50: p.TPOTP50Ms, Errors: p.Shed + p.Failed + p.Rejected}
 	for _, e := range p.Engines {
 		rep.Sim.Engines = append(rep.Sim.Engines, Engine{ID: e.ID, Served: e.Served, TTFTP50: e.TTFTP50Ms, TTFTP99: e.TTFTP99Ms})
 	}
@@ -395,7 +398,7 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	c := lg.Requests
 	o.progressf("real: %d sent, %d ok, %d shed, %d errors, %d timeouts; send lag p99 %.1f ms", c.Sent, c.OK, c.Rejected, c.Errors, c.Timeouts, lg.SendLag.P99)
 	side.Requests, side.TTFTP50, side.TTFTP90, side.TTFTP99 = c.OK, lg.TTFT.P50, lg.TTFT.P90, lg.TTFT.P99
-	side.HitRate, side.Errors = lg.CachedShare, c.Rejected+c.Errors+c.Timeouts
+	side.HitRate, side.Errors, side.TPOTP50 = lg.CachedShare, c.Rejected+c.Errors+c.Timeouts, lg.TPOT.P50
 	return side, nil
 }
 
