@@ -31,6 +31,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -202,6 +203,22 @@ func prepare(o Options) (*fleetsim.Scenario, error) {
 		sc.Seed = o.Seed
 	}
 	sc.Warmup = 0
+	// Free ports for the engines, on both sides: the simulator's Maglev
+	// tables are built from the same addresses as Envoy's.
+	f := *sc.Fleet
+	f.Engines = slices.Clone(f.Engines)
+	for i := range f.Engines {
+		port, err := envoyrun.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		f.Engines[i].Address = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	}
+	spec, err := fleet.New(f)
+	if err != nil {
+		return nil, err
+	}
+	sc.Fleet = spec
 	return sc, nil
 }
 
