@@ -58,3 +58,10 @@ func SessionStarts(sc *Scenario, seed uint64) []time.Duration {
 func WithSimTokenizer(spec *fleet.Spec) (*fleet.Spec, *hf.Tokenizer, error) {
 	return withSimTokenizer(spec)
 }
+
+// Lead is how long the simulated control plane runs before traffic starts:
+// its cycles fall at Lead + warm-up + k × interval, i.e. at fixed phases of
+// the traffic. A real run that starts its traffic Lead after its control
+// plane sees the same phases (tools/simreal), which matters: the first
+// cycle to see traffic anchors the class's cached-share estimate.
+const Lead = lead

@@ -325,6 +325,7 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 		return Side{}, err
 	}
 	cpCtx, cpCancel := context.WithCancel(ctx)
+	cpStart := time.Now()
 	g.goRun(func() { _ = runner.Run(cpCtx) })
 	g.stop = append(g.stop, cpCancel)
 	xdsAddr, _, err := runner.Addrs(ctx)
@@ -380,7 +381,19 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	}); err != nil {
 		return Side{}, fmt.Errorf("rig not ready: %w", err)
 	}
-	o.progressf("real: rig ready (%d engines, Envoy %s); %v of traffic", len(spec.Engines), envoy.AdminURL, sc.Duration)
+	// Traffic starts fleetsim.Lead after the control plane, as in the
+	// simulator, so that its cycles fall at the same phases of the traffic:
+	// the first cycle that sees traffic anchors the class's cached-share
+	// estimate (controlplane's shape), and the deadband then holds the plan
+	// made from it. Started at another phase the two sides plan with
+	// different cached shares (0.13 in the simulator, 0.44 in a real run
+	// whose first cycle came 5 s into the traffic) and route differently.
+	o.progressf("real: rig ready (%d engines, Envoy %s) after %v; traffic starts %v after the control plane", len(spec.Engines), envoy.AdminURL, time.Since(cpStart).Round(time.Millisecond), o.wall(fleetsim.Lead))
+	select {
+	case <-ctx.Done():
+		return Side{}, ctx.Err()
+	case <-time.After(time.Until(cpStart.Add(o.wall(fleetsim.Lead)))):
+	}
 
 	mtOpt := sc.Workload.MultiTurn
 	mtOpt.Seed = sc.Seed
