@@ -114,11 +114,11 @@ type Report struct {
 	Duration float64 `json:"duration_s"`
 	// TimeScale is the real side's (Options.TimeScale).
 	TimeScale float64 `json:"time_scale"`
-	Sim      Side    `json:"sim"`
-	Real     Side    `json:"real"`
-	GapP50   float64 `json:"gap_ttft_p50"`
-	GapP99   float64 `json:"gap_ttft_p99"`
-	GapHit   float64 `json:"gap_hit_rate"`
+	Sim       Side    `json:"sim"`
+	Real      Side    `json:"real"`
+	GapP50    float64 `json:"gap_ttft_p50"`
+	GapP99    float64 `json:"gap_ttft_p99"`
+	GapHit    float64 `json:"gap_hit_rate"`
 }
 
 // Gap is (real − sim) / sim.
