@@ -43,11 +43,14 @@ policies: [inferlb]
 // real within 20% of the simulator's TTFT p50 and 5 points of its hit rate.
 // The tail is the machine's as much as the model's — the load generator's
 // own send lag reaches tens of milliseconds at p99 beside other builds —
-// so p99 is held to within a factor of 2 either way.
+// so p99 is held to within a factor of 2 either way. The routing is the
+// model's too: each engine's share of the requests within 5 points (the
+// same plan and the same Maglev tables give the same split).
 const (
-	tolP50    = 0.20
-	tolHitPts = 0.05
-	tolP99    = 2.0
+	tolP50      = 0.20
+	tolHitPts   = 0.05
+	tolP99      = 2.0
+	tolSharePts = 0.05
 )
 
 // The simulator agrees with the real stack (Envoy, the control plane,
@@ -80,6 +83,16 @@ func TestSimAgainstReal(t *testing.T) {
 	}
 	if d := math.Abs(float64(rep.Real.Requests-rep.Sim.Requests)) / float64(rep.Sim.Requests); d > 0.05 {
 		t.Errorf("served: sim %d, real %d (%.1f%% apart): the two sides did not send the same sessions", rep.Sim.Requests, rep.Real.Requests, 100*d)
+	}
+	if len(rep.Sim.Engines) != len(rep.Real.Engines) {
+		t.Fatalf("engines: sim %d, real %d", len(rep.Sim.Engines), len(rep.Real.Engines))
+	}
+	for i, se := range rep.Sim.Engines {
+		re := rep.Real.Engines[i]
+		ss, rs := float64(se.Served)/float64(rep.Sim.Requests), float64(re.Served)/float64(rep.Real.Requests)
+		if math.Abs(ss-rs) > tolSharePts {
+			t.Errorf("engine %s served %.1f%% of the requests in the simulator, %.1f%% in the real stack, want within %.0f points", se.ID, 100*ss, 100*rs, 100*tolSharePts)
+		}
 	}
 	if math.Abs(rep.GapP50) > tolP50 {
 		t.Errorf("TTFT p50: sim %.1f ms, real %.1f ms (%+.1f%%), want within %.0f%%", rep.Sim.TTFTP50, rep.Real.TTFTP50, 100*rep.GapP50, 100*tolP50)
