@@ -31,7 +31,7 @@ build:
 # full-length simulations take minutes; the last run has it without (about
 # 40 s). The sim-vs-real comparison (TestSimAgainstReal) also runs alone and
 # without the race detector, which would slow the real request path it
-# measures several-fold (about a minute).
+# measures several-fold (about two minutes).
 test:
 	@scripts/setup.sh --browser
 	$(GO) vet ./...

@@ -39,11 +39,14 @@ policies: [inferlb]
 `
 
 // Tolerances of the short comparison on a loaded 2-core machine (docs/sim.md
-// reports the full-size gap). The median and the hit rate are the model's:
-// real within 20% of the simulator's TTFT p50 and 5 points of its hit rate.
-// The tail is the machine's as much as the model's — the load generator's
-// own send lag reaches tens of milliseconds at p99 beside other builds —
-// so p99 is held to within a factor of 2 either way. The routing is the
+// reports the full-size gap). The real side runs at time scale 2, which
+// halves what the machine adds in the engines' time (at time scale 1 beside
+// other builds the load generator's own send lag reached 150-280 ms at p99
+// and the real p99 twice the simulator's; at 2, full size, 3.8% apart). The
+// median and the hit rate are the model's: real within 20% of the
+// simulator's TTFT p50 and 5 points of its hit rate. The tail of 370
+// requests is a handful of them, on a machine we share: p99 within a factor
+// of 2 either way. The routing is the
 // model's too: each engine's share of the requests within 5 points (the
 // same plan and the same Maglev tables give the same split).
 const (
@@ -63,7 +66,7 @@ const (
 func TestSimAgainstReal(t *testing.T) {
 	defer leaktest.AfterTest(t)()
 	if testing.Short() {
-		t.Skip("runs the whole request path for about a minute")
+		t.Skip("runs the whole request path for about two minutes")
 	}
 	if raceEnabled {
 		t.Skip("the race detector slows the real request path several-fold; make test runs this without it")
@@ -72,7 +75,7 @@ func TestSimAgainstReal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Run(context.Background(), Options{Scenario: sc, Dir: t.TempDir(), Progress: testWriter{t}})
+	rep, err := Run(context.Background(), Options{Scenario: sc, TimeScale: 2, Dir: t.TempDir(), Progress: testWriter{t}})
 	if err != nil {
 		t.Fatal(err)
 	}
