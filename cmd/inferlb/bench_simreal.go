@@ -87,6 +87,7 @@ func printSimReal(w io.Writer, r *simreal.Report) {
 	fmt.Fprintf(tw, "TTFT p90 (ms)\t%.1f\t%.1f\t%+.1f%%\t\n", r.Sim.TTFTP90, r.Real.TTFTP90, 100*simreal.Gap(r.Sim.TTFTP90, r.Real.TTFTP90))
 	fmt.Fprintf(tw, "TTFT p99 (ms)\t%.1f\t%.1f\t%+.1f%%\t\n", r.Sim.TTFTP99, r.Real.TTFTP99, 100*r.GapP99)
 	fmt.Fprintf(tw, "TPOT p50 (ms)\t%.2f\t%.2f\t%+.1f%%\t\n", r.Sim.TPOTP50, r.Real.TPOTP50, 100*simreal.Gap(r.Sim.TPOTP50, r.Real.TPOTP50))
+	fmt.Fprintf(tw, "request path, mean (ms)\t%.1f\t%.1f\t%+.1f\t\n", r.Sim.PathMs, r.Real.PathMs, r.Real.PathMs-r.Sim.PathMs)
 	fmt.Fprintf(tw, "hit rate\t%.1f%%\t%.1f%%\t%+.1f%%\t\n", 100*r.Sim.HitRate, 100*r.Real.HitRate, 100*r.GapHit)
 	_ = tw.Flush()
 	if len(r.Sim.Engines) == len(r.Real.Engines) && len(r.Sim.Engines) > 0 {

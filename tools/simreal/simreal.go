@@ -90,6 +90,13 @@ type Side struct {
 	TPOTP50 float64 `json:"tpot_p50_ms"`
 	// Errors are requests that failed or were shed.
 	Errors int `json:"errors"`
+	// PathMs is what the request path adds to the engines' own TTFT, on
+	// average: in the simulator the round trip (the requests' mean RTT
+	// to the engines that served them: all it models); in the real stack
+	// the client's mean TTFT minus the engines' (their histograms' sums
+	// over counts, exact): the emulated round trip plus Envoy, ext_proc
+	// and the machine.
+	PathMs float64 `json:"path_ms"`
 	// Engines are per-engine figures, in the fleet's order.
 	Engines []Engine `json:"engines"`
 }
@@ -152,8 +159,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	p := res.Policies[0]
 	rep.Sim = Side{Requests: p.Served, TTFTP50: p.TTFT.P50, TTFTP90: p.TTFT.P90, TTFTP99: p.TTFT.P99, HitRate: p.HitRate, TPOTP50: p.TPOTP50Ms, Errors: p.Shed + p.Failed + p.Rejected}
-	for _, e := range p.Engines {
+	rttSum := 0.0
+	for i, e := range p.Engines {
 		rep.Sim.Engines = append(rep.Sim.Engines, Engine{ID: e.ID, Served: e.Served, TTFTP50: e.TTFTP50Ms, TTFTP99: e.TTFTP99Ms})
+		rtt, _ := sc.Fleet.RTTMs(sc.Fleet.Frontends[0].Region, sc.Fleet.Engines[i].Region)
+		rttSum += float64(e.Served) * rtt
+	}
+	if p.Served > 0 {
+		rep.Sim.PathMs = rttSum / float64(p.Served)
 	}
 	o.progressf("sim: %d served, TTFT p50 %.1f ms p99 %.1f ms, hit rate %.3f", rep.Sim.Requests, rep.Sim.TTFTP50, rep.Sim.TTFTP99, rep.Sim.HitRate)
 	if rep.Real, err = runReal(ctx, o, sc); err != nil {
@@ -421,13 +434,16 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 		return Side{}, err
 	}
 	side := Side{}
+	engSum, engN := 0.0, 0
 	for i, srv := range sims {
 		e := spec.Engines[i]
 		rtt, _ := spec.RTTMs(spec.Frontends[0].Region, e.Region)
-		n, p50, p99, err := engineFigures(srv)
+		n, p50, p99, sum, err := engineFigures(srv)
 		if err != nil {
 			return Side{}, err
 		}
+		engSum += 1000 * sum / o.TimeScale
+		engN += n
 		// The histogram is in real seconds (engine-sim's metrics are).
 		side.Engines = append(side.Engines, Engine{ID: e.ID, Served: n, TTFTP50: p50/o.TimeScale + rtt, TTFTP99: p99/o.TimeScale + rtt})
 	}
@@ -435,6 +451,9 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 	o.progressf("real: %d sent, %d ok, %d shed, %d errors, %d timeouts; send lag p99 %.1f ms", c.Sent, c.OK, c.Rejected, c.Errors, c.Timeouts, lg.SendLag.P99)
 	side.Requests, side.TTFTP50, side.TTFTP90, side.TTFTP99 = c.OK, lg.TTFT.P50, lg.TTFT.P90, lg.TTFT.P99
 	side.HitRate, side.Errors, side.TPOTP50 = lg.CachedShare, c.Rejected+c.Errors+c.Timeouts, lg.TPOT.P50
+	if engN > 0 {
+		side.PathMs = lg.TTFT.Mean - engSum/float64(engN)
+	}
 	return side, nil
 }
 
@@ -463,13 +482,13 @@ func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Fronte
 	return ext, lis.Addr().(*net.TCPAddr).Port, nil
 }
 
-// engineFigures reads an engine's requests served and its TTFT histogram's
+// engineFigures reads an engine's requests served, its TTFT histogram's
 // p50 and p99 in milliseconds (Prometheus' histogram_quantile: linear within
-// the bucket).
-func engineFigures(srv *enginesim.Server) (served int, p50, p99 float64, err error) {
+// the bucket) and the histogram's sum in seconds (real time).
+func engineFigures(srv *enginesim.Server) (served int, p50, p99, sum float64, err error) {
 	mfs, err := srv.Registry().Gather()
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	var bounds []float64
 	var cum []uint64
@@ -481,6 +500,7 @@ func engineFigures(srv *enginesim.Server) (served int, p50, p99 float64, err err
 			}
 		case "vllm:time_to_first_token_seconds":
 			for _, m := range mf.GetMetric() {
+				sum += m.GetHistogram().GetSampleSum()
 				for i, b := range m.GetHistogram().GetBucket() {
 					if len(bounds) <= i {
 						bounds = append(bounds, b.GetUpperBound())
@@ -509,7 +529,7 @@ func engineFigures(srv *enginesim.Server) (served int, p50, p99 float64, err err
 		}
 		return 1000 * lo
 	}
-	return served, q(0.5), q(0.99), nil
+	return served, q(0.5), q(0.99), sum, nil
 }
 
 // watchWeights prints the class cluster's EDS priorities and weights as

@@ -54,6 +54,11 @@ const (
 	tolHitPts   = 0.05
 	tolP99      = 2.0
 	tolSharePts = 0.05
+	// tolPathMs bounds what the real request path adds on average beyond
+	// the round trips the simulator models (Envoy, ext_proc, the load
+	// generator, in the engines' time at time scale 2), and how far below
+	// them it may be (timer granularity).
+	tolPathMs = 25
 )
 
 // The simulator agrees with the real stack (Envoy, the control plane,
@@ -96,6 +101,13 @@ func TestSimAgainstReal(t *testing.T) {
 		if math.Abs(ss-rs) > tolSharePts {
 			t.Errorf("engine %s served %.1f%% of the requests in the simulator, %.1f%% in the real stack, want within %.0f points", se.ID, 100*ss, 100*rs, 100*tolSharePts)
 		}
+	}
+	// The network: the real path's mean (client TTFT − the engines' own)
+	// is the emulated round trips plus Envoy's and ext_proc's time; the
+	// simulator's is the round trips. Without the emulation, or with the
+	// round trips modelled wrong on either side, this is what moves.
+	if d := rep.Real.PathMs - rep.Sim.PathMs; d < -5 || d > tolPathMs {
+		t.Errorf("request path, mean: sim %.1f ms (round trips), real %.1f ms: %+.1f ms, want within −5…+%d ms", rep.Sim.PathMs, rep.Real.PathMs, d, tolPathMs)
 	}
 	if math.Abs(rep.GapP50) > tolP50 {
 		t.Errorf("TTFT p50: sim %.1f ms, real %.1f ms (%+.1f%%), want within %.0f%%", rep.Sim.TTFTP50, rep.Real.TTFTP50, 100*rep.GapP50, 100*tolP50)
