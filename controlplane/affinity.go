@@ -37,6 +37,26 @@ import (
 //     group_min_prefix_tokens long. It is the divergence point: the deepest
 //     prefix its conversations share.
 //
+//   - The shared-prefix depth: when different conversations (different
+//     anchors) are seen to share a cold prefix of at least
+//     group_min_prefix_tokens before their anchors, the table carries the
+//     byte depth of the shallowest such point, and ext_proc keys every
+//     request on its first point before the anchor that deep (no hot rule)
+//     as a GROUP: requests sharing a prompt prefix, without message
+//     boundaries to tell them apart (one long user message each), land
+//     together from the first, not after a rule learned from two of them.
+//     The depth stands while such a point is seen; it goes when none is.
+//     Traffic without shared prefixes never has a point with two
+//     conversations before their anchors, so its table has no depth and no
+//     GROUP rule, and its keys are the conversations' own.
+//
+// With a shared-prefix depth, a point before the anchor at least that
+// deep is also hot on its load alone, however many continuations it has
+// (the inside of a busy preamble, identical prompts, one busy
+// conversation): the walk must pass it rather than key every request
+// through it as one group. Without a depth the table is what it would be
+// without the rule.
+//
 // R is ceil(2·share/threshold), so each of its keys carries at most half
 // the hot threshold; it changes only by more than rHysteresis (ext_proc
 // picks a conversation's key with jump consistent hashing, so a change of
@@ -89,12 +109,17 @@ type AffinityView struct {
 	Rules    []PrefixRuleView `json:"rules"`
 	// Changed counts the rules added or removed (or changed) this cycle.
 	Changed int `json:"rules_changed"`
-	rules   []translate.PrefixRule
+	// SharedDepthBytes is the table's shared-prefix depth (0: none), and
+	// SharedWhy why.
+	SharedDepthBytes uint32 `json:"shared_depth_bytes,omitempty"`
+	SharedWhy        string `json:"shared_why,omitempty"`
+	rules            []translate.PrefixRule
 }
 
-// splitTable computes a class's rules from its prefix view, with n engines
-// in the class and the previous rules (for hysteresis).
-func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []translate.PrefixRule) *AffinityView {
+// splitTable computes a class's rules and shared-prefix depth from its
+// prefix view, with n engines in the class and the previous rules and depth
+// (for hysteresis).
+func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []translate.PrefixRule, prevDepth uint32) *AffinityView {
 	a := cl.Affinity
 	out := &AffinityView{Class: cl.Name, Mode: a.Mode, Engines: n, Requests: view.Requests, Points: len(view.Points)}
 	if n < 1 || a.Mode == fleet.AffinityOff {
@@ -103,11 +128,11 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 	thr := a.HotShare / float64(n)
 	out.HotShare = thr
 	if view.Requests < minViewRequests {
-		out.rules, out.Held = prev, true
+		out.rules, out.Held, out.SharedDepthBytes = prev, true, prevDepth
 		out.Rules = ruleViews(prev, "held: too little traffic to judge")
 		return out
 	}
-	t := &tableBuild{a: a, view: view, n: n, thr: thr, before: map[uint64]translate.PrefixRule{},
+	t := &tableBuild{a: a, view: view, n: n, thr: thr, prevDepth: prevDepth, before: map[uint64]translate.PrefixRule{},
 		byHash: make(map[uint64]*signals.PrefixPoint, len(view.Points))}
 	for _, r := range prev {
 		t.before[r.Prefix] = r
@@ -116,6 +141,8 @@ func splitTable(cl fleet.Class, view signals.ClassPrefixes, n int, prev []transl
 		t.byHash[view.Points[i].Prefix] = &view.Points[i]
 	}
 	t.markHot()
+	out.SharedDepthBytes, out.SharedWhy = t.sharedDepth()
+	t.markHeavy(out.SharedDepthBytes)
 	t.hotRules()
 	t.groupRules()
 	t.finish(out)
@@ -134,21 +161,23 @@ func (c *Controller) splitTables(prefixes map[string]signals.ClassPrefixes, eng 
 				n++
 			}
 		}
-		out[cl.Name] = splitTable(cl, prefixes[cl.Name], n, c.tables[cl.Name])
+		out[cl.Name] = splitTable(cl, prefixes[cl.Name], n, c.tables[cl.Name], c.depths[cl.Name])
 	}
 	return out
 }
 
 // tableBuild is one split-table computation (splitTable's steps).
 type tableBuild struct {
-	a      fleet.Affinity
-	view   signals.ClassPrefixes
-	n      int
-	thr    float64                         // hot threshold: hot_share / n
-	before map[uint64]translate.PrefixRule // the previous table by prefix
-	byHash map[uint64]*signals.PrefixPoint // the view's points by prefix
-	hot    map[uint64]bool                 // markHot's verdicts
-	cands  []ruleCand                      // candidate rules, with why
+	a    fleet.Affinity
+	view signals.ClassPrefixes
+	n    int
+	thr  float64 // hot threshold: hot_share / n
+	// prevDepth is the previous shared-prefix depth.
+	prevDepth uint32
+	before    map[uint64]translate.PrefixRule // the previous table by prefix
+	byHash    map[uint64]*signals.PrefixPoint // the view's points by prefix
+	hot       map[uint64]bool                 // markHot's verdicts
+	cands     []ruleCand                      // candidate rules, with why
 }
 
 type ruleCand struct {
@@ -191,6 +220,26 @@ func (t *tableBuild) markHot() {
 		}
 		for q := parentOf(t.byHash, p); q != nil && !preAnchor(q) && !t.hot[q.Prefix]; q = parentOf(t.byHash, q) {
 			t.hot[q.Prefix] = true
+		}
+	}
+}
+
+// markHeavy: with a shared-prefix depth, a point before the anchor at
+// least that deep is hot on its load alone (over the threshold, or over
+// hotHysteresis of it if it was hot).
+func (t *tableBuild) markHeavy(depth uint32) {
+	if depth == 0 {
+		return
+	}
+	for i := range t.view.Points {
+		p := &t.view.Points[i]
+		if t.hot[p.Prefix] || !preAnchor(p) || p.DepthBytes < depth {
+			continue
+		}
+		r, was := t.before[p.Prefix]
+		wasHot := was && r.Action != translate.Group
+		if s := t.share(p); s > t.thr || (wasHot && s > hotHysteresis*t.thr) {
+			t.hot[p.Prefix] = true
 		}
 	}
 }
@@ -259,6 +308,35 @@ func (t *tableBuild) groupRules() {
 		t.add(p, translate.PrefixRule{Prefix: p.Prefix, Action: translate.Group},
 			fmt.Sprintf("shared: %.0f continuations, %.1f%% of the class (under %.1f%%): the conversations that diverge here keyed together", p.Continuations, 100*t.share(p), 100*t.thr))
 	}
+}
+
+// sharedDepth is the class's shared-prefix depth: the depth of the
+// shallowest cold point (under the hot threshold, whatever its
+// continuations) before the anchors that two conversations or more share
+// and that is at least group_min_prefix_tokens long; the previous depth
+// stands while there is one.
+func (t *tableBuild) sharedDepth() (uint32, string) {
+	var best *signals.PrefixPoint
+	n := 0
+	for i := range t.view.Points {
+		p := &t.view.Points[i]
+		if t.hot[p.Prefix] || !preAnchor(p) || int(p.DepthTokens) < t.a.GroupMinPrefixTokens || p.Conversations < minGroupContinuations ||
+			t.share(p) > t.thr {
+			continue
+		}
+		n++
+		if best == nil || p.DepthBytes < best.DepthBytes {
+			best = p
+		}
+	}
+	switch {
+	case best == nil:
+		return 0, ""
+	case t.prevDepth > 0:
+		return t.prevDepth, fmt.Sprintf("%d cold points before the anchors shared by two conversations or more: the depth stands", n)
+	}
+	return best.DepthBytes, fmt.Sprintf("%d cold points before the anchors shared by two conversations or more; the shallowest is %d bytes (~%d tokens, %.0f conversations)",
+		n, best.DepthBytes, best.DepthTokens, best.Conversations)
 }
 
 // finish keeps the maxTableRules candidates of the largest share, one rule

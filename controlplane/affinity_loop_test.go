@@ -157,3 +157,104 @@ func TestLearnedSplitTableRoundTrip(t *testing.T) {
 		t.Fatalf("the table moved at steady traffic: %+v", r.Affinity["chat"])
 	}
 }
+
+// The shared-prefix depth learned in the loop, with the real parts: ext_proc
+// keys Mooncake-shaped prompts (one user message each, no boundary where
+// they diverge) on their anchors, reports them, and the cycle publishes a
+// depth once pairs of them are seen sharing ~1,700 tokens; from then on, a
+// new prompt family that nobody has seen lands on one key from its first
+// request, and prompts that share nothing keep keys of their own.
+func TestLearnedSharedDepthRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	in, err := signals.NewIntake(signals.IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe-east", "fe-west"},
+		Classes: []string{"chat"}, Priorities: []string{"high", "low"}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewController(testFleet(t), DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := extproc.NewDecider(now)
+	step := func() *Result {
+		t.Helper()
+		dem, ev := in.Snapshot(now)
+		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, nil), Demand: dem, Evidence: ev, Prefixes: in.Prefixes(now)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := dec.SetPolicy(r.Nodes["fe-east"].Resources.Policy); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	step()
+	words := func(seed, n int) string {
+		var sb strings.Builder
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&sb, "w%d ", (seed*7919+i*104729)%100003)
+		}
+		return sb.String()
+	}
+	key := func(text string) extproc.KeyDecision {
+		t.Helper()
+		var dc extproc.Decision
+		b := fmt.Sprintf(`{"model":"m","max_tokens":20,"messages":[{"role":"user","content":%q}]}`, text)
+		if rej := dec.Decide(extproc.Input{Kind: body.Chat, Priority: "high", Body: []byte(b)}, &dc); rej != nil {
+			t.Fatal(rej)
+		}
+		dec.Release(&dc)
+		return dc.Key
+	}
+	// 10 families of 2 rows sharing 1,700 words (the second extends the
+	// first, as a Mooncake row extends an earlier one), 20 rows alone.
+	for f := 0; f < 10; f++ {
+		base := words(1000+f, 1700)
+		if k := key(base + words(2000+f, 200)); k.Kind != "conversation" {
+			t.Fatalf("before the table: %+v", k)
+		}
+		key(base + words(3000+f, 600))
+	}
+	for i := 0; i < 20; i++ {
+		key(words(4000+i, 2000))
+	}
+	now = now.Add(time.Second)
+	rep := dec.Observer().Flush(now)
+	rep.NodeId, rep.Instance = "fe-east", "t"
+	if err := in.Report(ctx, rep); err != nil {
+		t.Fatal(err)
+	}
+	r := step()
+	av := r.Affinity["chat"]
+	t.Logf("depth %d: %s", av.SharedDepthBytes, av.SharedWhy)
+	if av.SharedDepthBytes == 0 {
+		t.Fatalf("no shared-prefix depth learned: %+v", av)
+	}
+	east := r.Nodes["fe-east"].Resources.Policy.GetClasses()[0].GetAffinity().GetTable()
+	west := r.Nodes["fe-west"].Resources.Policy.GetClasses()[0].GetAffinity().GetTable()
+	if east.GetSharedDepthBytes() != av.SharedDepthBytes || west.GetSharedDepthBytes() != av.SharedDepthBytes || east.GetVersion() != west.GetVersion() {
+		t.Fatalf("published tables: east %v, west %v", east, west)
+	}
+	// A family never seen: one key from its first row.
+	base := words(9000, 1700)
+	var fam []uint64
+	for i := 0; i < 3; i++ {
+		k := key(base + words(9100+i, 300*(i+1)))
+		if k.Kind != "group" || !k.Shared {
+			t.Fatalf("new family row %d: %+v", i, k)
+		}
+		fam = append(fam, k.Key)
+	}
+	if fam[0] != fam[1] || fam[1] != fam[2] {
+		t.Fatalf("a new family's rows got keys %x", fam)
+	}
+	seen := map[uint64]bool{fam[0]: true}
+	for i := 0; i < 20; i++ {
+		k := key(words(5000+i, 2000))
+		if seen[k.Key] {
+			t.Fatalf("unshared row %d shares a key", i)
+		}
+		seen[k.Key] = true
+	}
+}

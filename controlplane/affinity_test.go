@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +46,7 @@ func rulesOf(av *AffinityView) map[uint64]translate.PrefixRule {
 
 func TestSplitTableSharedPreamble(t *testing.T) {
 	cl := testFleet(t).Classes[0] // 4 engines: hot above 0.5/4 = 12.5% of the class
-	av := splitTable(cl, preambleView(4000), 4, nil)
+	av := splitTable(cl, preambleView(4000), 4, nil, 0)
 	rs := rulesOf(av)
 	// Only the divergence point gets a rule: the conversations' anchors
 	// are cold (1% each) and keep keying every conversation apart.
@@ -57,7 +58,7 @@ func TestSplitTableSharedPreamble(t *testing.T) {
 	}
 	// A preamble longer than spread_min_prefix_tokens (45,000: a tenth of
 	// the 450,000-token KV cache) is spread over R keys instead.
-	av = splitTable(cl, preambleView(60000), 4, nil)
+	av = splitTable(cl, preambleView(60000), 4, nil, 0)
 	if rs := rulesOf(av); len(rs) != 1 || rs[3].Action != translate.Spread || rs[3].Spread != 16 {
 		t.Fatalf("long preamble: %+v", av.rules)
 	}
@@ -78,19 +79,19 @@ func TestSplitTableHotAnchor(t *testing.T) {
 	for i := uint64(0); i < 50; i++ {
 		pts = append(pts, pt(10+i, 3, 150, signals.PointMessageEnd|signals.PointAfterAnchor, 20, 2))
 	}
-	rs := rulesOf(splitTable(cl, prefixView(pts...), 4, nil))
+	rs := rulesOf(splitTable(cl, prefixView(pts...), 4, nil, 0))
 	if len(rs) != 2 || rs[2].Action != translate.Deeper || rs[3].Action != translate.Deeper {
 		t.Fatalf("rules %+v", rs)
 	}
 	// One busy conversation (a fifth of the class) never makes its own
 	// points hot: all its turns continue alike.
 	busy := prefixView(pt(1, 0, 50, signals.PointMessageEnd|signals.PointAnchor, 200, 2), pt(2, 1, 90, signals.PointMessageEnd|signals.PointAfterAnchor, 190, 1))
-	if av := splitTable(cl, busy, 4, nil); len(av.rules) != 0 {
+	if av := splitTable(cl, busy, 4, nil, 0); len(av.rules) != 0 {
 		t.Fatalf("one conversation split: %+v", av.Rules)
 	}
 	// Identical prompts: many requests end at the anchor.
 	same := prefixView(pt(1, 0, 50, signals.PointMessageEnd|signals.PointAnchor, 600, 40))
-	if rs := rulesOf(splitTable(cl, same, 4, nil)); len(rs) != 1 || rs[1].Action != translate.Deeper || rs[1].Spread != 10 {
+	if rs := rulesOf(splitTable(cl, same, 4, nil, 0)); len(rs) != 1 || rs[1].Action != translate.Deeper || rs[1].Spread != 10 {
 		t.Fatalf("identical prompts: %+v", rs)
 	}
 }
@@ -113,7 +114,7 @@ func TestSplitTableGroups(t *testing.T) {
 			pts = append(pts, pt(base+10+c, base+1, depth+100, signals.PointMessageEnd|signals.PointAnchor, 10, 2))
 		}
 	}
-	av := splitTable(cl, prefixView(pts...), 4, nil)
+	av := splitTable(cl, prefixView(pts...), 4, nil, 0)
 	rs := rulesOf(av)
 	if len(rs) != 4 {
 		t.Fatalf("rules %+v", av.Rules)
@@ -126,11 +127,11 @@ func TestSplitTableGroups(t *testing.T) {
 	// A group stands while seen and cold, even when its conversations thin
 	// out to one (they keep their key).
 	thin := prefixView(pt(1001, 1000, 3000, 0, 20, 1), pt(1000, 0, 1500, 0, 20, 1))
-	if rs := rulesOf(splitTable(cl, thin, 4, av.rules)); len(rs) != 1 || rs[1001].Action != translate.Group {
+	if rs := rulesOf(splitTable(cl, thin, 4, av.rules, 0)); len(rs) != 1 || rs[1001].Action != translate.Group {
 		t.Fatalf("thinned group: %+v", rs)
 	}
 	// A single conversation's own prefix (one continuation) is not a group.
-	av = splitTable(cl, prefixView(pt(1, 0, 2000, 0, 60, 1), pt(2, 1, 2100, signals.PointAnchor, 60, 2)), 4, nil)
+	av = splitTable(cl, prefixView(pt(1, 0, 2000, 0, 60, 1), pt(2, 1, 2100, signals.PointAnchor, 60, 2)), 4, nil, 0)
 	if len(av.rules) != 0 {
 		t.Fatalf("one conversation grouped: %+v", av.Rules)
 	}
@@ -143,33 +144,33 @@ func TestSplitTableHysteresis(t *testing.T) {
 	at := func(share float64) signals.ClassPrefixes {
 		return prefixView(pt(1, 0, 100, 0, 1000*share, 50), pt(2, 1, 200, signals.PointAnchor, 5, 2))
 	}
-	av := splitTable(cl, at(0.2), 4, nil) // 0.2 > 0.125: hot, R = ceil(2·0.2/0.125) = 4
+	av := splitTable(cl, at(0.2), 4, nil, 0) // 0.2 > 0.125: hot, R = ceil(2·0.2/0.125) = 4
 	if rs := rulesOf(av); rs[1].Action != translate.Deeper || rs[1].Spread != 4 {
 		t.Fatalf("hot: %+v", av.rules)
 	}
 	prev := av.rules
-	av = splitTable(cl, at(0.1), 4, prev) // under the threshold but over 0.7 of it: still hot
+	av = splitTable(cl, at(0.1), 4, prev, 0) // under the threshold but over 0.7 of it: still hot
 	if rs := rulesOf(av); rs[1].Action != translate.Deeper {
 		t.Fatalf("within hysteresis: %+v", av.rules)
 	}
-	av = splitTable(cl, at(0.22), 4, prev) // R would be 4 (ceil 3.52): same
+	av = splitTable(cl, at(0.22), 4, prev, 0) // R would be 4 (ceil 3.52): same
 	if rs := rulesOf(av); rs[1].Spread != 4 || av.Changed != 0 {
 		t.Fatalf("R moved within hysteresis: %+v (changed %d)", av.rules, av.Changed)
 	}
-	av = splitTable(cl, at(0.08), 4, prev)
+	av = splitTable(cl, at(0.08), 4, prev, 0)
 	if len(av.rules) != 0 || av.Changed != 1 {
 		t.Fatalf("below 0.7 of the threshold: %+v (changed %d)", av.rules, av.Changed)
 	}
 	// Too little traffic: the previous table stands.
 	quiet := at(0.2)
 	quiet.Requests = 2
-	if av := splitTable(cl, quiet, 4, prev); !av.Held || len(av.rules) != 1 {
+	if av := splitTable(cl, quiet, 4, prev, 0); !av.Held || len(av.rules) != 1 {
 		t.Fatalf("quiet view: %+v", av)
 	}
 	// Affinity off: no table.
 	off := cl
 	off.Affinity.Mode = "off"
-	if av := splitTable(off, at(0.5), 4, nil); len(av.rules) != 0 {
+	if av := splitTable(off, at(0.5), 4, nil, 0); len(av.rules) != 0 {
 		t.Fatalf("off: %+v", av.rules)
 	}
 }
@@ -214,5 +215,71 @@ func TestCyclePublishesTheSplitTable(t *testing.T) {
 	}
 	if len(r.Publish) != 0 {
 		t.Fatalf("an unchanged table was republished: %s", fmt.Sprint(r.Affinity["chat"].Rules))
+	}
+}
+
+// conv sets a view point's conversations.
+func conv(p signals.PrefixPoint, n float64) signals.PrefixPoint {
+	p.Conversations = n
+	return p
+}
+
+// The shared-prefix depth: two conversations through a cold point before
+// their anchors, at least group_min_prefix_tokens deep, set it (the
+// shallowest such point's depth); one conversation's turns, a shorter
+// shared point, or a point over the hot threshold do not. With a depth, a
+// heavy point that deep becomes DEEPER (the walk must pass it); without,
+// the table is what it was. The depth stands while a shared point is seen
+// and goes when none is.
+func TestSplitTableSharedDepth(t *testing.T) {
+	cl := testFleet(t).Classes[0]
+	anchor := uint32(signals.PointMessageEnd | signals.PointAnchor)
+	// Single-message prompts: rows 1 and 2 share points 10 (600 tokens)
+	// and 11 (1,500 tokens) and 12 (3,000 tokens), then end at their own
+	// anchors; row 3 is alone.
+	shared := []signals.PrefixPoint{
+		conv(pt(10, 0, 600, 0, 2, 1), 2), conv(pt(11, 10, 1500, 0, 2, 1), 2), conv(pt(12, 11, 3000, 0, 2, 2), 2),
+		conv(pt(13, 12, 3500, anchor, 1, 1), 1), conv(pt(14, 12, 4000, anchor, 1, 1), 1),
+	}
+	alone := []signals.PrefixPoint{conv(pt(20, 0, 600, 0, 1, 1), 1), conv(pt(21, 20, 1500, 0, 1, 1), 1), conv(pt(22, 21, 2000, anchor, 1, 1), 1)}
+	// A busy conversation's long first message: many turns, one anchor.
+	busy := []signals.PrefixPoint{conv(pt(30, 0, 1500, 0, 300, 1), 1), conv(pt(31, 30, 2000, anchor, 300, 2), 1)}
+
+	av := splitTable(cl, prefixView(append(slices.Clone(alone), busy...)...), 4, nil, 0)
+	if av.SharedDepthBytes != 0 || len(av.rules) != 0 {
+		t.Fatalf("no shared prefix: depth %d, rules %+v", av.SharedDepthBytes, av.Rules)
+	}
+	av = splitTable(cl, prefixView(append(append(slices.Clone(shared), alone...), busy...)...), 4, nil, 0)
+	if av.SharedDepthBytes != 1500*5 {
+		t.Fatalf("depth %d (%s), want point 11's %d bytes", av.SharedDepthBytes, av.SharedWhy, 1500*5)
+	}
+	// The busy conversation's point that deep is over the threshold: DEEPER,
+	// so its requests keep their conversation key.
+	if rs := rulesOf(av); rs[30].Action != translate.Deeper || len(rs) != 2 || rs[12].Action != translate.Group {
+		t.Fatalf("rules with a depth: %+v", av.Rules)
+	}
+	// A point over the threshold never sets the depth.
+	heavyShared := []signals.PrefixPoint{conv(pt(40, 0, 1500, 0, 400, 1), 5), conv(pt(41, 40, 2000, anchor, 400, 2), 5)}
+	if av := splitTable(cl, prefixView(heavyShared...), 4, nil, 0); av.SharedDepthBytes != 0 {
+		t.Fatalf("a heavy shared point set depth %d", av.SharedDepthBytes)
+	}
+	// The depth stands while a shared point is seen, even a deeper one.
+	deeper := []signals.PrefixPoint{conv(pt(50, 0, 3000, 0, 2, 1), 2), conv(pt(51, 50, 3500, anchor, 1, 1), 1)}
+	if av := splitTable(cl, prefixView(deeper...), 4, nil, 7500); av.SharedDepthBytes != 7500 {
+		t.Fatalf("depth %d, want 7500 to stand", av.SharedDepthBytes)
+	}
+	if av := splitTable(cl, prefixView(alone...), 4, nil, 7500); av.SharedDepthBytes != 0 {
+		t.Fatalf("depth %d with no shared point, want 0", av.SharedDepthBytes)
+	}
+	if av := splitTable(cl, signals.ClassPrefixes{Requests: 1}, 4, nil, 7500); !av.Held || av.SharedDepthBytes != 7500 {
+		t.Fatalf("held view: %+v", av)
+	}
+	// An old ext_proc reports no conversations: no depth.
+	old := slices.Clone(shared)
+	for i := range old {
+		old[i].Conversations = 0
+	}
+	if av := splitTable(cl, prefixView(old...), 4, nil, 0); av.SharedDepthBytes != 0 {
+		t.Fatalf("depth %d from a view without conversations", av.SharedDepthBytes)
 	}
 }

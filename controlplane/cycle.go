@@ -393,6 +393,8 @@ type Controller struct {
 	version    int64
 	// tables holds each class's published split-table rules.
 	tables map[string][]translate.PrefixRule
+	// depths holds each class's published shared-prefix depth.
+	depths map[string]uint32
 	// smoothed is the demand the optimizer planned with, at smoothedAt
 	// (demand.go).
 	smoothed   map[signals.DemandKey]smoothedDemand
@@ -432,7 +434,7 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 	}
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
 		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, cause: map[string]string{}, impaired: map[string]bool{},
-		published: map[string]*NodeDecision{}, planned: map[string]float64{}, tables: map[string][]translate.PrefixRule{},
+		published: map[string]*NodeDecision{}, planned: map[string]float64{}, tables: map[string][]translate.PrefixRule{}, depths: map[string]uint32{},
 		shapes: map[string]*shapeState{}}
 	f := &c.problem
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
@@ -629,7 +631,7 @@ func (c *Controller) decideNode(fe fleet.Frontend, sol *optimizer.Solution, eng 
 		util = c.hold(fe.NodeID, cl, flow != nil, prevCD, cd, util, db, eng)
 		cd.Utilization = util
 		nd.Classes[cl.Name] = cd
-		classes = append(classes, c.classPolicy(cl, cd, util, res.Affinity[cl.Name].rules))
+		classes = append(classes, c.classPolicy(cl, cd, util, res.Affinity[cl.Name]))
 	}
 	if err := c.translateNode(fe, nd, classes, eng.health, prev, now, nextVersion); err != nil {
 		return nil, err
@@ -651,6 +653,7 @@ func (c *Controller) commit(res *Result, dem map[signals.DemandKey]signals.Deman
 	c.planned, c.plannedReq = c.plannedFromPublished(dem)
 	for cl, av := range res.Affinity {
 		c.tables[cl] = av.rules
+		c.depths[cl] = av.SharedDepthBytes
 	}
 }
 
@@ -706,7 +709,10 @@ func (c *Controller) InflightLimit(class string) int {
 func (c *Controller) IntakeOptions() signals.IntakeOptions {
 	spec := c.spec
 	o := signals.IntakeOptions{MaxRequestsPerS: map[string]float64{}, MaxInflight: map[string]float64{},
-		MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
+		CapacityBound: map[string]bool{}, Engines: map[string]string{}, MaxAttempts: 1 + float64(c.cfg.MaxRetries)}
+	for _, e := range spec.Engines {
+		o.Engines[e.Address] = e.ID
+	}
 	for _, f := range spec.Frontends {
 		o.Nodes = append(o.Nodes, f.NodeID)
 	}
@@ -721,7 +727,8 @@ func (c *Controller) IntakeOptions() signals.IntakeOptions {
 	for _, f := range spec.Frontends {
 		b := f.MaxRequestsPerS
 		if b <= 0 {
-			b = 2 * c.CapacityRPS()
+			b = signals.CapacityBoundFactor * c.CapacityRPS()
+			o.CapacityBound[f.NodeID] = true
 		}
 		o.MaxRequestsPerS[f.NodeID], o.MaxInflight[f.NodeID] = b, inflight
 	}

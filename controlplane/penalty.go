@@ -39,10 +39,13 @@ import (
 // finds every engine slow: the common cause is on the frontend's side (its
 // CPU, its network), not in the engines.
 //
-// A penalty rises at once to its target. It decays (half-life) only on
-// evidence that the engine is doing well again; without evidence it is
-// held — an engine that gets no traffic proves nothing, and forgetting let
-// slow engines back in. To get that evidence, a penalized engine that is up
+// A penalty rises at once to its target. It decays (half-life) on evidence
+// that the engine is doing well again; without evidence it decays
+// heldSlowdown times slower — an engine that gets no traffic proves
+// nothing, and forgetting fast let slow engines back in, but one old piece
+// of evidence must not keep an engine out for good. A target from
+// ext_proc's evidence (errors, request times) is worth the requests behind
+// it (reportWorth): a report of a few responses cannot set a large penalty. To get that evidence, a penalized engine that is up
 // keeps a probe share of each of its classes (enough for ProbeRPS, between
 // MinProbeShare and MaxProbeShare), so its recovery is decided by traffic.
 
@@ -310,17 +313,39 @@ func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence
 	if v.E2EResidual > 0 {
 		a.hasE2E = true
 		a.e2eTarget, a.e2eWhy = target(v.E2EResidual, "request time (ext_proc)")
+		a.e2eTarget *= reportWorth(ev.Completed, po.MinSamples)
 	}
 	if ev.Responses >= po.MinSamples {
 		a.hasError = true
 		v.ErrorRate = ev.ErrorRate()
 		if t := (v.ErrorRate - po.ErrorTolerance) / po.ErrorScale; t > 0 {
-			a.errTarget = t
+			a.errTarget = t * reportWorth(ev.Responses, po.MinSamples)
 			a.errWhy = fmt.Sprintf("%.0f%% errors over %.0f responses", 100*v.ErrorRate, ev.Responses)
 		}
 	}
 	return a
 }
+
+// fullEvidence is how many times MinSamples of ext_proc's evidence (reported
+// responses, timed requests) a penalty from it needs to reach its full
+// target.
+const fullEvidence = 10
+
+// reportWorth scales a penalty target from reported evidence by the
+// requests behind it: n samples are worth n/(fullEvidence·MinSamples) of
+// it, at most all. The engines' own metrics are scraped by the control
+// plane; reports come from whoever holds a reporter's credential, and one
+// report of 3 errors of 3 responses set the largest penalty (issue 27).
+// A real fault keeps failing the engine's traffic, so its evidence grows
+// within a window or two; a single report's stays small.
+func reportWorth(n, minSamples float64) float64 {
+	full := fullEvidence * math.Max(minSamples, 1)
+	return math.Min(1, n/full)
+}
+
+// heldSlowdown: without evidence a penalty decays this many times slower
+// than with evidence that the engine is well (its half-life times this).
+const heldSlowdown = 6
 
 // notFaults drops fleet-wide latency targets: from the engines' metrics
 // when every engine with such evidence would get one and all of them are
@@ -400,8 +425,11 @@ func (c *Controller) nextPenalty(id string, prev float64, a assessment, decay fl
 			why = "recovering: its traffic looks normal (decaying)"
 		}
 	default:
-		pen = prev
-		why = "held: no traffic to judge its recovery yet (probing)"
+		// Without evidence the penalty decays slowly: an engine its probe
+		// share cannot judge (too little traffic, reports refused) must
+		// not stay out for good on one old piece of evidence.
+		pen = math.Max(target, prev*math.Pow(decay, 1.0/heldSlowdown))
+		why = "held: no traffic to judge its recovery yet (probing; decaying slowly)"
 	}
 	if pen < minPenalty {
 		pen = 0

@@ -13,7 +13,10 @@ import (
 // weights and shed fractions, the utilization to publish, the retry
 // policy, the local in-flight limit, the context bounds and the affinity
 // configuration with the class's split table.
-func (c *Controller) classPolicy(cl fleet.Class, cd *ClassDecision, util float64, rules []translate.PrefixRule) translate.Class {
+func (c *Controller) classPolicy(cl fleet.Class, cd *ClassDecision, util float64, av *AffinityView) translate.Class {
+	if av == nil {
+		av = &AffinityView{}
+	}
 	budget, retries := c.retryPolicy()
 	tc := translate.Class{Name: cl.Name, Model: cl.Model, Residency: cl.Residency,
 		MinContextTokens: uint32(cl.MinContextTokens), MaxContextTokens: uint32(c.maxContext(cl)),
@@ -21,7 +24,7 @@ func (c *Controller) classPolicy(cl fleet.Class, cd *ClassDecision, util float64
 		MaxRetries: retries, LocalInflightLimit: uint32(c.InflightLimit(cl.Name)), Utilization: util,
 		MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens)),
 		Affinity: translate.Affinity{Keys: cl.Affinity.Keys, Off: cl.Affinity.Mode == fleet.AffinityOff,
-			Rules: rules}}
+			Rules: av.rules, SharedDepthBytes: av.SharedDepthBytes}}
 	if m, ok := c.spec.ModelByName(cl.Model); ok {
 		tc.TokenizerSHA256, tc.ChatTemplateTokens = m.TokenizerSHA256, uint32(m.ChatTemplateTokens)
 	}

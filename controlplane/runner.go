@@ -112,6 +112,7 @@ type Runner struct {
 		up           *prometheus.GaugeVec
 		age          *prometheus.GaugeVec
 		held         prometheus.Counter
+		adjusted     *prometheus.CounterVec
 	}
 }
 
@@ -168,7 +169,11 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		ids = append(ids, e.ID)
 		r.targets = append(r.targets, signals.Target{ID: e.ID, Address: e.Address, Server: e.Server, HealthPath: e.HealthPath})
 	}
-	if r.intake, err = signals.NewIntake(r.intakeOptions()); err != nil {
+	r.m.adjusted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_reports_adjusted_total",
+		Help: "Parts of accepted reports clipped or dropped, by reason: rate_clipped (demand above the frontend's bound, clipped to it), unknown_engine (evidence for an address that is no engine of the fleet, dropped)."}, []string{"reason"})
+	iopt := r.intakeOptions()
+	iopt.OnAdjust = func(reason string) { r.m.adjusted.WithLabelValues(reason).Inc() }
+	if r.intake, err = signals.NewIntake(iopt); err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
 	r.tracker = signals.NewTracker(signals.TrackerOptions{Smoothing: cfg.Smoothing, StaleAfter: cfg.StaleAfter,
@@ -188,7 +193,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	r.m.up = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_state", Help: "1 for the engine's current state (up, down, stale, new)."}, []string{"engine", "state"})
 	r.m.age = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_signal_age_seconds", Help: "Age of the engine's last good metrics scrape."}, []string{"engine"})
 	r.m.held = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_deadband_holds_total", Help: "(frontend, class) weight changes held back by the deadband."})
-	r.reg.MustRegister(r.m.cycles, r.m.cycleSeconds, r.m.penalty, r.m.up, r.m.age, r.m.held)
+	r.reg.MustRegister(r.m.cycles, r.m.cycleSeconds, r.m.penalty, r.m.up, r.m.age, r.m.held, r.m.adjusted)
 	if cfg.StateFile != "" {
 		if err := r.loadState(); err != nil {
 			return nil, err
@@ -382,10 +387,20 @@ func (r *Runner) awaitCycle(ctx context.Context, period <-chan time.Time) bool {
 // inputs are a cycle's observations now.
 func (r *Runner) inputs() Inputs {
 	now := r.cfg.Now()
-	dem, ev := r.intake.Snapshot(now)
 	r.mu.Lock()
 	engines := r.tracker.Engines(now)
 	r.mu.Unlock()
+	// The capacity the engines show (requests completed per second over
+	// the evidence window, saturated ones at their real rate): a bound on
+	// reported demand derived from the profiles' capacity follows it.
+	served := 0.0
+	for _, e := range engines {
+		if e.Status() == signals.Up && e.Window.CompletionsPerS > 0 {
+			served += e.Window.CompletionsPerS
+		}
+	}
+	r.intake.SetMeasuredRPS(served)
+	dem, ev := r.intake.Snapshot(now)
 	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, DemandWindow: r.cfg.DemandWindow}
 }
 

@@ -76,6 +76,10 @@ type Params struct {
 	// XDSDelta selects incremental ADS (DELTA_GRPC) instead of state of
 	// the world.
 	XDSDelta bool
+	// ExtProcToken is sent as "authorization: Bearer <ExtProcToken>" on the
+	// ext_proc and access-log streams (ext_proc's --listen-token-file; ""
+	// = none, for an ext_proc whose port is open).
+	ExtProcToken string
 	// XDSAuth is how Envoy authenticates to the control plane's ADS port
 	// (zero: plaintext without a token, for a control plane run with
 	// --insecure).
@@ -96,7 +100,26 @@ type Params struct {
 	// items at column 0), e.g. envoy.filters.http.jwt_authn setting
 	// ClientHeader.
 	AuthFilters string
+	// ReadOnlyAdmin, if set, gives the bootstrap an admin interface that
+	// changes nothing (nil: no admin section; the caller may add one).
+	ReadOnlyAdmin *ReadOnlyAdmin
 }
+
+// ReadOnlyAdmin is an Envoy admin interface for dashboards and operators
+// that cannot change Envoy: the real admin listens on a unix socket only
+// its user can open (mode 0600), and a listener on 127.0.0.1:Port passes
+// it GET requests of ReadOnlyAdminPaths alone; anything else is answered
+// 403. Envoy's admin has no authentication, and a POST /healthcheck/fail,
+// /quitquitquit or /runtime_modify from anyone who reaches it takes the
+// frontend out (issue 27).
+type ReadOnlyAdmin struct {
+	Port   int
+	Socket string
+}
+
+// ReadOnlyAdminPaths are the admin paths the read-only listener passes
+// (GET only). /config_dump is not one: it holds the bootstrap's tokens.
+var ReadOnlyAdminPaths = []string{"/clusters", "/stats", "/ready", "/server_info"}
 
 // XDSAuth is Envoy's credential for the control plane's ADS port.
 type XDSAuth struct {
@@ -121,9 +144,12 @@ type data struct {
 	XDSEndpoints []hostPort
 	// SelectAttempts is HostSelectionRetryMaxAttempts.
 	SelectAttempts int
+	// AdminPaths is ReadOnlyAdminPaths.
+	AdminPaths []string
 }
 
-// Render returns the bootstrap YAML (without an admin section).
+// Render returns the bootstrap YAML (without an admin section unless
+// ReadOnlyAdmin is set).
 func Render(p Params) (string, error) {
 	if p.Variant != FailClosed && p.Variant != FailOpen && p.Variant != Direct {
 		return "", fmt.Errorf("envoyconfigs: variant %q: want %q, %q or %q", p.Variant, FailClosed, FailOpen, Direct)
@@ -181,10 +207,13 @@ func Render(p Params) (string, error) {
 	if err := p.XDSAuth.check(); err != nil {
 		return "", err
 	}
+	if a := p.ReadOnlyAdmin; a != nil && (a.Port <= 0 || a.Port > 65535 || a.Socket == "" || len(a.Socket) > 100) {
+		return "", fmt.Errorf("envoyconfigs: ReadOnlyAdmin: a port (1–65535) and a unix socket path (at most 100 bytes) are required, got %d and %q", a.Port, a.Socket)
+	}
 	if p.AuthFilters != "" && p.ClientHeader == "" {
 		return "", fmt.Errorf("envoyconfigs: AuthFilters without a ClientHeader: name the header the filters set")
 	}
-	d := data{Params: p, SelectAttempts: HostSelectionRetryMaxAttempts}
+	d := data{Params: p, SelectAttempts: HostSelectionRetryMaxAttempts, AdminPaths: ReadOnlyAdminPaths}
 	addrs := p.XDSAddresses
 	if len(addrs) == 0 {
 		addrs = []string{net.JoinHostPort(p.XDSHost, strconv.Itoa(p.XDSPort))}

@@ -3,6 +3,7 @@ package extproc
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/inferlb/inferlb/internal/hashmix"
 )
@@ -11,6 +12,11 @@ import (
 // survives policy swaps.
 type classState struct {
 	inflight atomic.Int64
+	// closedBelow and closedUntil are the strict-priority latch: until
+	// closedUntil (monotonic ns) no level less important than closedBelow
+	// is admitted (admit). Read without a lock; written under mu.
+	closedBelow atomic.Uint32
+	closedUntil atomic.Int64
 
 	mu     sync.Mutex
 	tokens float64 // retry budget, in retries
@@ -37,7 +43,17 @@ const (
 	// retryKnee, none from retryCeiling on, linear between.
 	retryKnee    = 0.7
 	retryCeiling = 0.95
+	// strictHold is how long a local refusal at one level closes the
+	// class to every less important level: the reserve alone let a
+	// less important level take the slots that freed up between two
+	// refusals of a more important one (under overload the guardrail
+	// refused 14 critical requests while admitting half of the standard
+	// ones, issue 27). A second is a few generations' turnover.
+	strictHold = time.Second
 )
+
+// monoBase anchors the monotonic clock of the strict-priority latch.
+var monoBase = time.Now()
 
 // shedUnit maps an affinity-key hash to [0,1) with a finalizer independent
 // of the hash Envoy's Maglev uses, so shedding does not correlate with the
@@ -67,21 +83,47 @@ func (r shedReason) String() string {
 // admit decides admission and, when admitted, counts the request in flight
 // (the caller must call release once).
 func (p *Policy) admit(c *Class, level uint32, keyHash uint64) shedReason {
+	return p.admitAt(c, level, keyHash, int64(time.Since(monoBase)))
+}
+
+// admitAt is admit at monotonic time now (ns).
+//
+// The local guardrail is in strict priority order: a request refused at
+// level ℓ closes the class to every level less important than ℓ for
+// strictHold, so the slots that free up go to ℓ and above.
+func (p *Policy) admitAt(c *Class, level uint32, keyHash uint64, now int64) shedReason {
 	if f := c.ShedFraction(level); f > 0 && shedUnit(keyHash) < f {
 		return shedPolicy
 	}
-	n := c.state.inflight.Add(1)
+	st := c.state
+	if now < st.closedUntil.Load() && level > st.closedBelow.Load() {
+		return shedLocal
+	}
+	n := st.inflight.Add(1)
 	if c.InflightLimit > 0 {
 		limit := float64(c.InflightLimit)
 		if p.maxLevel > 0 {
 			limit *= 1 - p.adm.LocalReserve*float64(level)/float64(p.maxLevel)
 		}
 		if float64(n) > limit {
-			c.state.inflight.Add(-1)
+			st.inflight.Add(-1)
+			st.close(level, now)
 			return shedLocal
 		}
 	}
 	return admitted
+}
+
+// close latches the class shut to levels less important than level for
+// strictHold from now (a latch already closed at a more important level
+// keeps it).
+func (s *classState) close(level uint32, now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now >= s.closedUntil.Load() || level <= s.closedBelow.Load() {
+		s.closedBelow.Store(level)
+		s.closedUntil.Store(now + int64(strictHold))
+	}
 }
 
 func (c *Class) release() { c.state.inflight.Add(-1) }

@@ -22,6 +22,11 @@ import (
 //     the key: conversations sharing it land together;
 //   - a DEEPER or SPREAD point is hot (more load than one engine's share)
 //     and never the key; the walk goes on, remembering the deepest;
+//   - with a shared-prefix depth in the table (the control plane saw
+//     different conversations share prefixes inside their first message),
+//     the first other point before the anchor at least that deep is the
+//     key, as a GROUP: requests sharing the prefix up to it land together
+//     from their first request, before any rule names the prefix;
 //   - any other point at or past the anchor (the end of the first user
 //     message) is the conversation's point, and the key: points before the
 //     anchor are skipped, so without a table every conversation is keyed
@@ -34,6 +39,10 @@ import (
 // (identical prompts), the key is the deepest hot point and a fresh number
 // modulo R. The table is the control plane's, identical at every replica,
 // so replicas agree on every key.
+//
+// Without shared prefixes the table has no GROUP rule and no shared-prefix
+// depth (both need two conversations through one point before their
+// anchors), so every key is the conversation's, as without a table.
 
 // keySource is a key source of a class.
 type keySource uint8
@@ -70,6 +79,8 @@ type affinity struct {
 	// table maps chain point hashes to rules; nil when empty.
 	table   map[uint64]prefixRule
 	version string
+	// sharedDepth is the table's shared-prefix depth in bytes (0: none).
+	sharedDepth uint32
 }
 
 // maxSpread bounds a rule's spread; maxRules a table's size.
@@ -79,7 +90,7 @@ const (
 )
 
 func compileAffinity(a *policyv1.Affinity) (affinity, error) {
-	out := affinity{off: a.GetOff(), version: a.GetTable().GetVersion()}
+	out := affinity{off: a.GetOff(), version: a.GetTable().GetVersion(), sharedDepth: a.GetTable().GetSharedDepthBytes()}
 	seen := map[keySource]bool{}
 	for i, k := range a.GetKeys() {
 		s := keySource(0)
@@ -147,6 +158,9 @@ type KeyDecision struct {
 	Source, Kind string
 	// Off: affinity is off for the class; Key is then fresh per request.
 	Off bool
+	// Shared: the group point is the table's shared-prefix depth's (no
+	// GROUP rule names it).
+	Shared bool
 	// Point is the chain point keyed on (-1 if none); Hot the deepest hot
 	// point of the walk (-1 if none); Spread its R when Kind is "spread".
 	Point, Hot int
@@ -221,6 +235,11 @@ walk:
 			d.Hot, hot = i, r
 			continue
 		}
+		if a.sharedDepth > 0 && i < c.Anchor && pts[i].Depth >= a.sharedDepth {
+			d.Point, group, d.Shared = i, true, true
+			d.Walked = i + 1
+			break
+		}
 		if i >= c.Anchor {
 			d.Point = i
 			d.Walked = i + 1
@@ -291,3 +310,6 @@ func mix(h uint64) uint64 {
 
 // TableRules returns the size and version of the class's split table.
 func (c *Class) TableRules() (rules int, version string) { return len(c.aff.table), c.aff.version }
+
+// SharedDepthBytes returns the class's shared-prefix depth (0: none).
+func (c *Class) SharedDepthBytes() uint32 { return c.aff.sharedDepth }

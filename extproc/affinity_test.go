@@ -381,7 +381,7 @@ func TestPrefixSketch(t *testing.T) {
 			h = 1000 + n // unique noise
 		}
 		truth[h]++
-		sk.add(&body.Point{Hash: h, Depth: uint32(h)}, 0, 10, bitOf(uint64(i)))
+		sk.add(&body.Point{Hash: h, Depth: uint32(h)}, 0, 10, bitOf(uint64(i)), bitOf(uint64(i)))
 	}
 	if len(sk.heap) != 16 {
 		t.Fatalf("%d entries, want 16", len(sk.heap))
@@ -440,6 +440,95 @@ func TestPrefixReport(t *testing.T) {
 		bits := popcount(c.Continuations)
 		if last := i == len(shared)-1; last && bits < 15 || !last && bits != 1 {
 			t.Fatalf("preamble point %d: %d continuation bits for 30 conversations", i, bits)
+		}
+		// Every preamble point is on 30 conversations' way (their
+		// anchors differ), however it continues.
+		if bits := popcount(c.Conversations); bits < 15 {
+			t.Fatalf("preamble point %d: %d conversation bits for 30 conversations", i, bits)
+		}
+	}
+	// A conversation's own points past the preamble: its two turns share
+	// its anchor, one conversation bit.
+	for _, c := range rep.Prefixes[0].Counts {
+		if c.DepthBytes > uint32(len(testPreamble)) && c.Requests == 2 && popcount(c.Conversations) != 1 {
+			t.Fatalf("a conversation's own point %x: %d conversation bits, want 1", c.Prefix, popcount(c.Conversations))
+		}
+	}
+}
+
+// mooncakePrompt is a single-message prompt (no chat structure to split
+// on): a shared opening of shared bytes, then text of its own.
+func mooncakePrompt(shared, own string) string {
+	return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, shared+own)
+}
+
+// The table's shared-prefix depth keys single-message prompts that share
+// an opening on their first point before the anchor that deep, from the
+// first request; a hot rule there sends the walk deeper; without the depth
+// (or for a prompt whose anchor comes first) every prompt keeps its own
+// conversation key, exactly as without a table.
+func TestSharedDepthKeysSharedOpenings(t *testing.T) {
+	doc := strings.Repeat("a long retrieved document that many prompts open with, ", 200) // ~11 KB
+	rows := []string{
+		mooncakePrompt(doc, "first question"),
+		mooncakePrompt(doc, "second question, a different one"),
+		mooncakePrompt(doc+strings.Repeat("more context ", 800), "a third, longer"),
+	}
+	none := compiled(t, table())
+	depth := compiled(t, &policyv1.Affinity{Table: &policyv1.PrefixTable{Version: "d", SharedDepthBytes: 8192}})
+	var keys []uint64
+	for i, b := range rows {
+		r := parse(t, b)
+		own := none.key("", r, nil)
+		if own.Kind != "conversation" || own.Point != r.Chain.Anchor {
+			t.Fatalf("row %d without a depth: %+v, want its anchor", i, own)
+		}
+		d := depth.key("", r, nil)
+		pt := r.Chain.Points[d.Point]
+		if d.Kind != "group" || !d.Shared || pt.Depth != 8192 || d.Point >= r.Chain.Anchor || d.Walked != d.Point+1 {
+			t.Fatalf("row %d with depth 8192: %+v (point at %d bytes)", i, d, pt.Depth)
+		}
+		keys = append(keys, d.Key)
+		if i > 0 && own.Key == keys[0] {
+			t.Fatal("the conversation key is the group key")
+		}
+	}
+	if keys[0] != keys[1] || keys[1] != keys[2] {
+		t.Fatalf("rows sharing 11 KB got keys %x", keys)
+	}
+	// The same key a GROUP rule at that point gives: a rule learned later
+	// does not move them.
+	r := parse(t, rows[0])
+	g := compiled(t, table(&policyv1.PrefixRule{Prefix: r.Chain.Points[depth.key("", r, nil).Point].Hash, Action: policyv1.PrefixRule_ACTION_GROUP}))
+	if k := g.key("", r, nil).Key; k != keys[0] {
+		t.Fatalf("GROUP rule key %x, depth key %x", k, keys[0])
+	}
+	// A hot point at the depth: the walk passes it, to the next point that
+	// deep before the anchor (the third row's 16 KB point), or the anchor.
+	hot := compiled(t, &policyv1.Affinity{Table: &policyv1.PrefixTable{Version: "h", SharedDepthBytes: 8192,
+		Rules: []*policyv1.PrefixRule{{Prefix: r.Chain.Points[depth.key("", r, nil).Point].Hash, Action: policyv1.PrefixRule_ACTION_DEEPER, Spread: 4}}}})
+	if d := hot.key("", parse(t, rows[0]), nil); d.Kind != "conversation" || d.Point != parse(t, rows[0]).Chain.Anchor {
+		t.Fatalf("row 0 past a hot depth point: %+v", d)
+	}
+	if d, r2 := hot.key("", parse(t, rows[2]), nil), parse(t, rows[2]); d.Kind != "group" || r2.Chain.Points[d.Point].Depth != 16384 {
+		t.Fatalf("row 2 past a hot depth point: %+v", d)
+	}
+	// A prompt whose anchor comes before the depth keeps its own key.
+	short := parse(t, mooncakePrompt("a short prompt ", "of its own"))
+	if d, o := depth.key("", short, nil), none.key("", short, nil); d.Kind != "conversation" || d.Key != o.Key {
+		t.Fatalf("a short prompt: %+v, without the depth %+v", d, o)
+	}
+	// A chat conversation with a long first message: every turn keeps the
+	// one key (the depth point is inside the first message, which every
+	// turn repeats).
+	var first uint64
+	for i, b := range conversation(doc, 3, 4) {
+		d := depth.key("", parse(t, b), nil)
+		if i == 0 {
+			first = d.Key
+		}
+		if d.Key != first {
+			t.Fatalf("turn %d moved", i)
 		}
 	}
 }

@@ -35,7 +35,9 @@ const RequestLogName = "inferlb_requests"
 //     slot and counts the final answer when it was a success, with its
 //     timing.
 //
-// Each attempt is so counted once.
+// Each attempt is so counted once, and only for a request this process
+// admitted (requestTable.failure): an entry with an id it did not issue is
+// counted in inferlb_extproc_unknown_request_logs_total and moves nothing.
 type attemptLog struct {
 	accesslogv3.UnimplementedAccessLogServiceServer
 	s *Server
@@ -79,10 +81,14 @@ func (s *Server) attemptFailed(e *accesslogdatav3.HTTPAccessLogEntry) {
 	if code != 0 && code < 500 && !cut {
 		return // not a failure (the bootstrap's filter sends only failures)
 	}
-	if !cut || code == 0 {
-		// Envoy retries only before response headers: a stream cut after
-		// them uses no retry.
-		s.reqs.useRetry(s.dec, e.GetRequest().GetRequestHeaders()[headers.RequestID])
+	// Envoy retries only before response headers: a stream cut after them
+	// uses no retry.
+	retry := !cut || code == 0
+	if !s.reqs.failure(s.dec, e.GetRequest().GetRequestHeaders()[headers.RequestID], retry, s.opt.Now()) {
+		// Not a request this process admitted, or one of its failures
+		// already counted: no evidence (a forged or replayed entry).
+		s.m.unknownLogs.WithLabelValues("upstream").Inc()
+		return
 	}
 	id := s.dec.Failed(addr)
 	cc := "5xx"
@@ -95,9 +101,9 @@ func (s *Server) attemptFailed(e *accesslogdatav3.HTTPAccessLogEntry) {
 // requestEnded handles one entry of the request log: an admitted request
 // ended.
 func (s *Server) requestEnded(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) {
-	r := s.reqs.take(e.GetRequest().GetRequestHeaders()[headers.RequestID])
+	r := s.reqs.take(e.GetRequest().GetRequestHeaders()[headers.RequestID], s.opt.Now())
 	if r == nil {
-		s.m.unknownLogs.Inc()
+		s.m.unknownLogs.WithLabelValues("request").Inc()
 		return
 	}
 	s.release(r)

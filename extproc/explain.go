@@ -18,6 +18,10 @@ type KeyExplanation struct {
 	// TableVersion and TableRules describe the class's split table.
 	TableVersion string `json:"table_version,omitempty"`
 	TableRules   int    `json:"table_rules"`
+	// SharedDepthBytes is the table's shared-prefix depth (0: none);
+	// Shared says the key is the group point it chose.
+	SharedDepthBytes uint32 `json:"shared_depth_bytes,omitempty"`
+	Shared           bool   `json:"shared,omitempty"`
 	// Header is the x-inferlb-affinity-key value ("" when it is fresh per
 	// request: affinity off, or nothing to key on).
 	Header string `json:"header"`
@@ -71,7 +75,8 @@ func (p *Policy) ExplainKey(path, session, residency string, b []byte) (*KeyExpl
 	a := &c.aff
 	d := a.key(session, &br, nil)
 	x := &KeyExplanation{Class: c.Name, Off: a.off, TableVersion: a.version, TableRules: len(a.table),
-		Source: d.Source, Kind: d.Kind, Point: d.Point, Hot: d.Hot, Spread: d.Spread}
+		Source: d.Source, Kind: d.Kind, Point: d.Point, Hot: d.Hot, Spread: d.Spread,
+		SharedDepthBytes: a.sharedDepth, Shared: d.Shared}
 	for _, s := range a.sources {
 		x.Sources = append(x.Sources, s.String())
 	}
@@ -125,6 +130,8 @@ func explainWhy(x *KeyExplanation, session string, br *body.Request) string {
 		why = append(why, "nothing to key on: a fresh key per request")
 	case x.Source != "prefix":
 		why = append(why, "keyed on the "+x.Source)
+	case x.Kind == "group" && x.Shared:
+		why = append(why, fmt.Sprintf("the class's conversations share prefixes inside their first message (shared-prefix depth %d bytes): %s, the first point before the anchor that deep, is the key, with every request that shares the prompt up to it", x.SharedDepthBytes, point(x.Point)))
 	case x.Kind == "group":
 		why = append(why, point(x.Point)+" is a shared prefix whose load one engine can serve: keyed on it, with every conversation that shares it")
 	case x.Kind == "spread" && x.Point >= 0:

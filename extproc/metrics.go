@@ -23,7 +23,7 @@ type metrics struct {
 	// table without an access-log entry; unknownLogs access-log entries for
 	// requests this instance does not know.
 	requestsExpired prometheus.Counter
-	unknownLogs     prometheus.Counter
+	unknownLogs     *prometheus.CounterVec // log: request or upstream
 	completion      prometheus.Histogram
 	contextBounds   *prometheus.CounterVec // method
 }
@@ -90,8 +90,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.requestsExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_requests_expired_total",
 		Help: "Admitted requests whose end Envoy's access log never reported; their in-flight slot was taken back after --max-request-age."})
-	m.unknownLogs = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_unknown_request_logs_total",
-		Help: "Request access-log entries with an id this instance did not issue (a previous process's, or expired)."})
+	m.unknownLogs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_unknown_request_logs_total",
+		Help: "Access-log entries not counted: an id this instance did not issue (a previous process's, expired, forged) or, in the upstream log (log=upstream), a failure of the request already counted."}, []string{"log"})
 	m.completion = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_upstream_completion_seconds",
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion)

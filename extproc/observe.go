@@ -149,7 +149,8 @@ func (o *Observer) Flush(now time.Time) *policyv1.ReportRequest {
 // output) and, when its key came from its prefix chain, the chain points
 // the key's walk visited, in the class's prefix sketch, each with its
 // continuation: the next point of the chain, or own (a value of this
-// request's) for the chain's last point.
+// request's) for the chain's last point, and its conversation: the
+// anchor's hash (own without an anchor).
 func (o *Observer) Prefixes(class string, c *body.Chain, kd *KeyDecision, tokens int, own uint64) {
 	o.pmu.Lock()
 	defer o.pmu.Unlock()
@@ -172,12 +173,17 @@ func (o *Observer) Prefixes(class string, c *body.Chain, kd *KeyDecision, tokens
 		return
 	}
 	parent := uint64(0)
+	conv := own
+	if c.Anchor >= 0 {
+		conv = c.Points[c.Anchor].Hash
+	}
+	convBit := bitOf(conv)
 	for i := 0; i < kd.Walked; i++ {
 		next := own
 		if i+1 < c.N {
 			next = c.Points[i+1].Hash
 		}
-		sk.add(&c.Points[i], parent, t, bitOf(next))
+		sk.add(&c.Points[i], parent, t, bitOf(next), convBit)
 		parent = c.Points[i].Hash
 	}
 }

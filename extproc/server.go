@@ -229,7 +229,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 
 // abandon forgets an admitted request whose end will not be logged.
 func (s *Server) abandon(id string) {
-	if r := s.reqs.take(id); r != nil {
+	if r := s.reqs.take(id, s.opt.Now()); r != nil {
 		s.release(r)
 	}
 }

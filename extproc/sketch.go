@@ -32,6 +32,7 @@ type ssEntry struct {
 	flags                uint8
 	count, err, tokens   uint64
 	cont                 uint64 // continuations bitmap
+	convs                uint64 // conversations bitmap
 }
 
 func newPrefixSketch(size int) *prefixSketch {
@@ -39,14 +40,16 @@ func newPrefixSketch(size int) *prefixSketch {
 }
 
 // add counts one request (of tokens tokens) through point pt, whose parent
-// is the chain point before it; cont is the linear-counting bit of the
-// request's continuation after pt.
-func (s *prefixSketch) add(pt *body.Point, parent uint64, tokens uint64, cont uint64) {
+// is the chain point before it; cont and conv are the linear-counting bits
+// of the request's continuation after pt and of its conversation (its
+// anchor).
+func (s *prefixSketch) add(pt *body.Point, parent uint64, tokens uint64, cont, conv uint64) {
 	if i, ok := s.idx[pt.Hash]; ok {
 		e := s.heap[i]
 		e.count++
 		e.tokens += tokens
 		e.cont |= cont
+		e.convs |= conv
 		s.down(i)
 		return
 	}
@@ -67,7 +70,7 @@ func (s *prefixSketch) add(pt *body.Point, parent uint64, tokens uint64, cont ui
 	}
 	e.prefix, e.parent = pt.Hash, parent
 	e.depthBytes, e.depthTok, e.flags = pt.Depth, pt.Tokens, pt.Flags
-	e.cont = cont
+	e.cont, e.convs = cont, conv
 }
 
 func (s *prefixSketch) less(i, j int) bool { return s.heap[i].count < s.heap[j].count }
@@ -119,7 +122,7 @@ func (s *prefixSketch) report(class string) *policyv1.PrefixReport {
 		}
 		r.Counts = append(r.Counts, &policyv1.PrefixCount{Prefix: e.prefix, Parent: e.parent,
 			DepthBytes: e.depthBytes, DepthTokens: e.depthTok, Flags: uint32(e.flags),
-			Requests: e.count, RequestsError: e.err, Tokens: e.tokens, Continuations: e.cont})
+			Requests: e.count, RequestsError: e.err, Tokens: e.tokens, Continuations: e.cont, Conversations: e.convs})
 	}
 	slices.SortFunc(r.Counts, func(a, b *policyv1.PrefixCount) int {
 		switch {

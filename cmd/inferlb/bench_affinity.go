@@ -18,7 +18,8 @@ func init() { benchCmd.AddCommand(newBenchAffinityCmd()) }
 
 func newBenchAffinityCmd() *cobra.Command {
 	o := affinitybench.DefaultOptions()
-	var modes, turns, user, output, jsonOut string
+	var modes, turns, user, output, jsonOut, mooncake string
+	mooncakeRows := 0
 	cmd := &cobra.Command{
 		Use:   "affinity",
 		Short: "Measure cache affinity through a real Envoy on shared-preamble conversations",
@@ -40,7 +41,13 @@ conversation's previous turn), key moves, the EDS weight changes during the
 run and the split table's size; then the ratios against random. Latencies are
 in the engines' simulated time.
 
+--mooncake FILE replays the rows of a Mooncake trace instead (prompts that
+share long prefixes inside one user message each, at the trace's own times,
+--mooncake-speedup times faster, every hash id --mooncake-block-tokens words):
+the hit rate to compare with the simulator's on the same rows (docs/sim.md).
+
   inferlb bench affinity
+  inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600
   inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -54,6 +61,19 @@ in the engines' simulated time.
 					return fmt.Errorf("%s: %w", x.flag, err)
 				}
 				*x.dst = r
+			}
+			if mooncake != "" {
+				rows, err := workload.LoadMooncake(mooncake)
+				if err != nil {
+					return fmt.Errorf("--mooncake: %w", err)
+				}
+				if mooncakeRows < 0 {
+					return fmt.Errorf("--mooncake-rows: %d is negative", mooncakeRows)
+				}
+				if mooncakeRows > 0 && mooncakeRows < len(rows) {
+					rows = rows[:mooncakeRows]
+				}
+				o.Mooncake = rows
 			}
 			o.Progress = cmd.ErrOrStderr()
 			rep, err := affinitybench.Run(cmd.Context(), o)
@@ -85,6 +105,10 @@ in the engines' simulated time.
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
 	f.Uint32Var(&o.HashBalanceFactor, "hash-balance-factor", o.HashBalanceFactor, "the class cluster's bounded-load factor in percent (>= 100, 0 = off)")
 	f.StringVar(&jsonOut, "json-out", "", "also write the report as JSON to this file")
+	f.StringVar(&mooncake, "mooncake", "", "replay this Mooncake trace (JSON Lines) instead of conversations")
+	f.IntVar(&mooncakeRows, "mooncake-rows", 0, "--mooncake: the trace's first N rows (0: all)")
+	f.IntVar(&o.MooncakeBlockTokens, "mooncake-block-tokens", 64, "--mooncake: words per hash id (the trace's blocks are 512 tokens)")
+	f.Float64Var(&o.MooncakeSpeedup, "mooncake-speedup", 4, "--mooncake: replay this many times faster than the trace's timestamps (simulated time)")
 	return cmd
 }
 

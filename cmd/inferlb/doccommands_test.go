@@ -166,6 +166,8 @@ var docCommands = []docCmd{
 	{cmd: "inferlb bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
 	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/extproc.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does tools/affinitybench's TestSharedPreambleThroughEnvoy"},
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
+	{cmd: "inferlb bench affinity --modes prefix --hash-balance-factor 300 --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the Mooncake trace lives in the shared data directory, outside the repository (docs/sim.md's --data-dir); a minute of a real rig"},
+	{cmd: "inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the same, with the default hash_balance_factor of the bench"},
 	{cmd: "inferlb bench simreal", skip: "the sim-vs-real comparison behind docs/sim.md (two minutes of traffic at time scale 2: about six minutes); tools/simreal's TestSimAgainstReal runs it short in make test"},
 	{cmd: "inferlb bench simreal --duration 60s --seed 7 --json-out simreal.json", skip: "three minutes of a real stack; tools/simreal's TestSimAgainstReal runs the same path short in make test"},
 	// Cache-affinity keys.

@@ -151,8 +151,11 @@ func printExplanation(w io.Writer, x *extproc.KeyExplanation, version string) {
 		off = ", affinity off"
 	}
 	table := "no split table"
-	if x.TableRules > 0 {
+	if x.TableRules > 0 || x.SharedDepthBytes > 0 {
 		table = fmt.Sprintf("split table %s with %d rules", x.TableVersion, x.TableRules)
+	}
+	if x.SharedDepthBytes > 0 {
+		table += fmt.Sprintf(", shared-prefix depth %d bytes", x.SharedDepthBytes)
 	}
 	fmt.Fprintf(w, "policy %s, class %s: key order %s%s; %s\n", version, x.Class, strings.Join(x.Sources, ", "), off, table)
 	if len(x.Points) > 0 {

@@ -15,6 +15,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/xds/auth"
 )
 
 // extprocOptions are ext_proc's settings: the service's config and the
@@ -55,9 +56,16 @@ both), or --insecure for a local demo. --control-plane may list several
 replicas, separated by commas: the policy comes from one at a time, reports
 go to all.
 
+This service's own port carries Envoy's access logs, the evidence it reports
+(errors and latencies that move engines' weights), so it takes a bearer token
+as well: --listen-token-file, by default the --control-plane-token-file
+(Envoy sends it on the ext_proc and access-log streams). Only --insecure
+leaves it open.
+
 --print-bootstrap prints a frontend Envoy bootstrap that uses this service
 and the control plane, for --node-id in --region, with the same
-control-plane credentials for Envoy's ADS connection, and exits.`,
+control-plane credentials for Envoy's ADS connection and this port's token,
+and exits.`,
 		Example: `  inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure
   inferlb extproc --config examples/config/extproc.yaml
   inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west
@@ -133,6 +141,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:9102", "address for /metrics, /healthz and /policy (empty: off)")
 	f.StringVar(&cfg.ControlPlane, "control-plane", "", "control plane gRPC address host:port (ADS and Reports), or its replicas' separated by commas; empty: none")
 	controlPlaneAuthFlags(f, &cfg.Auth)
+	f.StringVar(&cfg.ListenTokenFile, "listen-token-file", "", "bearer tokens (one a line) Envoy must send on --listen (ext_proc and access-log streams); default with a control plane: --control-plane-token-file; needed with mutual TLS alone")
 	f.StringVar(&cfg.ClientPriorities, "client-priorities", "", "YAML file of the priorities each client may use, by a header your authentication layer sets (docs/operations.md)")
 	f.StringVar(&o.authFilters, "auth-filters", "", "with --print-bootstrap: YAML list of HTTP filters (your authentication) put before ext_proc; they set the --client-priorities header")
 	f.DurationVar(&cfg.MaxRequestAge, "max-request-age", extproc.DefaultMaxRequestAge, "an admitted request whose end Envoy's access log never reports gives back its in-flight slot after this long")
@@ -189,6 +198,16 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	if err != nil {
 		return err
 	}
+	// Envoy's credential for this service's port (its access logs are
+	// evidence that moves weights).
+	extToken := ""
+	if tf, err := cfg.ListenToken(); err != nil {
+		return err
+	} else if tf != "" {
+		if extToken, err = (auth.Client{TokenFile: tf}).Token(); err != nil {
+			return err
+		}
+	}
 	var clientHeader, filters string
 	if cfg.ClientPriorities != "" {
 		cp, err := extproc.LoadClientPriorities(cfg.ClientPriorities)
@@ -212,7 +231,7 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
 		XDSAuth: envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
 			ServerName: cfg.Auth.ServerName},
-		ClientHeader: clientHeader, AuthFilters: filters,
+		ExtProcToken: extToken, ClientHeader: clientHeader, AuthFilters: filters,
 	})
 	if err != nil {
 		return err

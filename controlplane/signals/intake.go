@@ -34,10 +34,24 @@ type IntakeOptions struct {
 	// with a *Rejection naming the bound.
 
 	// MaxRequestsPerS is, per node, the most requests/s its frontend can
-	// carry: a report's requests over its interval (at least a second) may
-	// not exceed it, and Snapshot caps each instance's and each node's
-	// demand at it. A node without a bound has none.
+	// carry: a report's requests over its interval (at least a second)
+	// beyond it are clipped to it (and counted), beyond AbsurdRate times it
+	// refused, and Snapshot caps each instance's and each node's demand at
+	// it. A node without a bound has none.
 	MaxRequestsPerS map[string]float64
+	// CapacityBound marks the nodes whose MaxRequestsPerS is derived from
+	// the fleet's capacity (the spec sets none): their bound is raised to
+	// CapacityBoundFactor times the capacity measured (SetMeasuredRPS), so
+	// that a fleet serving more than its profiles say is not clipped.
+	CapacityBound map[string]bool
+	// Engines maps each engine's address to its id. A report's evidence
+	// for an address not in it is dropped (counted as unknown_engine); one
+	// whose engine_id names another engine than its address refuses the
+	// report (engine_mismatch). nil: no check.
+	Engines map[string]string
+	// OnAdjust, if set, is called for every part of an accepted report
+	// that was clipped or dropped ("rate_clipped", "unknown_engine").
+	OnAdjust func(reason string)
 	// MaxInflight is, per node, the most requests one instance can have in
 	// flight (its classes' local in-flight limits): the evidence a report
 	// may carry beyond its own requests. 0: 1000.
@@ -65,6 +79,20 @@ type Rejection struct {
 
 func (r *Rejection) Error() string { return r.Err.Error() }
 func (r *Rejection) Unwrap() error { return r.Err }
+
+// MergeBacklog is how long ext_proc keeps unsent reports to merge into the
+// next (cpclient.Reporter's MaxBacklog default): a report may arrive that
+// late.
+const MergeBacklog = 30 * time.Second
+
+// AbsurdRate: a report claiming more than this many times its node's
+// MaxRequestsPerS is not a burst the bound clips but a forgery or a bug,
+// and is refused whole.
+const AbsurdRate = 10
+
+// CapacityBoundFactor is a capacity-derived bound's multiple of the
+// capacity measured (the same as the default's of the profiles').
+const CapacityBoundFactor = 2
 
 // RejectReason is the metric label.
 func (r *Rejection) RejectReason() string { return r.Reason }
@@ -144,6 +172,8 @@ type Intake struct {
 	accepted, rejected uint64
 	lastRejection      string
 	lastRejectionAt    time.Time
+	// measuredRPS is the fleet's measured serving rate (SetMeasuredRPS).
+	measuredRPS float64
 }
 
 // NewIntake returns an Intake. The window must be positive: rates divide by
@@ -202,10 +232,16 @@ func (in *Intake) now() time.Time {
 //
 //   - clock: interval_end within MaxClockSkew of this clock, the interval at
 //     most MaxInterval long;
-//   - rate: its requests over its interval (at least one second) within the
-//     node's MaxRequestsPerS;
+//   - rate: its requests over its interval (at least one second) within
+//     AbsurdRate times the node's MaxRequestsPerS; between the bound and
+//     that, its demand is clipped to the bound (and counted, OnAdjust):
+//     an overload's genuine burst is not refused, which would leave the
+//     planner blind to the very demand it must shed;
 //   - tokens: prompt and output tokens within MaxTokensPerRequest per
 //     request;
+//   - engines: an engine_id that is not its address's engine refuses the
+//     report; evidence for an address that is no engine of the fleet is
+//     dropped (and counted);
 //   - evidence: responses within what the instance's requests can produce.
 //     Every admitted request makes at most MaxAttempts upstream attempts, and
 //     may end in a later interval than it arrived in, so an instance has a
@@ -222,7 +258,12 @@ func (in *Intake) now() time.Time {
 // ignored otherwise (it is a late copy of what the other holds).
 func (in *Intake) Report(_ context.Context, r *policyv1.ReportRequest) error {
 	now := in.now()
-	err := in.validate(r, now)
+	r, adjusted, err := in.validate(r, now)
+	if err == nil && in.opt.OnAdjust != nil {
+		for _, a := range adjusted {
+			in.opt.OnAdjust(a)
+		}
+	}
 	k := [2]string{r.NodeId, r.Instance}
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -329,7 +370,90 @@ func (in *Intake) spend(k [2]string, r *policyv1.ReportRequest) error {
 	return nil
 }
 
-func (in *Intake) validate(r *policyv1.ReportRequest, now time.Time) error {
+// validate checks a report and returns it as it is to be stored: its
+// demand clipped to its node's bound, its evidence for unknown engines
+// dropped (adjusted says which, for the metric).
+func (in *Intake) validate(r *policyv1.ReportRequest, now time.Time) (_ *policyv1.ReportRequest, adjusted []string, err error) {
+	if err := in.check(r, now); err != nil {
+		return r, nil, err
+	}
+	out := r
+	clone := func() {
+		if out == r {
+			out = &policyv1.ReportRequest{NodeId: r.NodeId, Instance: r.Instance, IntervalStart: r.IntervalStart, IntervalEnd: r.IntervalEnd,
+				Demand: r.Demand, Engines: r.Engines, Prefixes: r.Prefixes}
+		}
+	}
+	if k := in.clipRate(r); k < 1 {
+		clone()
+		out.Demand = make([]*policyv1.DemandSample, len(r.Demand))
+		for i, d := range r.Demand {
+			// Rounded down: the clipped report stays within the bound.
+			req := uint64(math.Floor(k * float64(d.Requests)))
+			out.Demand[i] = &policyv1.DemandSample{Class: d.Class, Priority: d.Priority, Requests: req,
+				Shed: min(req, uint64(math.Floor(k*float64(d.Shed)))), PromptTokens: uint64(k * float64(d.PromptTokens)),
+				OutputTokens: uint64(k * float64(d.OutputTokens))}
+		}
+		adjusted = append(adjusted, "rate_clipped")
+	}
+	if in.opt.Engines != nil {
+		var keep []*policyv1.EngineEvidence
+		for _, e := range r.Engines {
+			if _, ok := in.opt.Engines[e.Address]; ok {
+				keep = append(keep, e)
+				continue
+			}
+			adjusted = append(adjusted, "unknown_engine")
+		}
+		if len(keep) < len(r.Engines) {
+			clone()
+			out.Engines = keep
+		}
+	}
+	return out, adjusted, nil
+}
+
+// bound is a node's MaxRequestsPerS in force (0: none).
+func (in *Intake) bound(node string) float64 {
+	b := in.opt.MaxRequestsPerS[node]
+	if b > 0 && in.opt.CapacityBound[node] {
+		in.mu.Lock()
+		b = math.Max(b, CapacityBoundFactor*in.measuredRPS)
+		in.mu.Unlock()
+	}
+	return b
+}
+
+// SetMeasuredRPS gives the fleet's measured serving rate (requests/s the
+// engines complete): capacity-derived bounds follow it (CapacityBound).
+func (in *Intake) SetMeasuredRPS(rps float64) {
+	if math.IsNaN(rps) || rps < 0 {
+		return
+	}
+	in.mu.Lock()
+	in.measuredRPS = rps
+	in.mu.Unlock()
+}
+
+// clipRate is the factor that brings a (checked) report's requests within
+// its node's bound: 1 when they are.
+func (in *Intake) clipRate(r *policyv1.ReportRequest) float64 {
+	b := in.bound(r.NodeId)
+	if b <= 0 {
+		return 1
+	}
+	var requests float64
+	for _, d := range r.Demand {
+		requests += float64(d.Requests)
+	}
+	secs := math.Max(r.IntervalEnd.AsTime().Sub(r.IntervalStart.AsTime()).Seconds(), 1)
+	if rate := requests / secs; rate > b {
+		return b / rate
+	}
+	return 1
+}
+
+func (in *Intake) check(r *policyv1.ReportRequest, now time.Time) error {
 	if !in.nodes[r.NodeId] {
 		return reject("unknown_node", "report: node_id %q is not a frontend of the fleet", r.NodeId)
 	}
@@ -349,9 +473,14 @@ func (in *Intake) validate(r *policyv1.ReportRequest, now time.Time) error {
 	if !e.After(s) {
 		return reject("interval", "report from %s/%s: interval_end %s is not after interval_start %s", r.NodeId, r.Instance, e.Format(time.RFC3339Nano), s.Format(time.RFC3339Nano))
 	}
-	if skew := e.Sub(now); skew > in.opt.MaxClockSkew || -skew > in.opt.MaxClockSkew {
-		return reject("clock", "report from %s/%s: interval_end %s is %v from the control plane's clock (%s); at most %v is accepted",
-			r.NodeId, r.Instance, e.Format(time.RFC3339Nano), skew.Round(time.Millisecond), now.Format(time.RFC3339Nano), in.opt.MaxClockSkew)
+	// A report may arrive late: sent before this process stalled (or a
+	// network partition held it), read when it resumes. ext_proc merges
+	// unsent reports for up to MergeBacklog, and a late copy is replaced by
+	// the merged report that holds it (same interval_start): so an end up
+	// to MergeBacklog in the past, beyond the skew, is taken.
+	if skew := e.Sub(now); skew > in.opt.MaxClockSkew || -skew > in.opt.MaxClockSkew+MergeBacklog {
+		return reject("clock", "report from %s/%s: interval_end %s is %v from the control plane's clock (%s); at most %v is accepted (%v behind: a late report)",
+			r.NodeId, r.Instance, e.Format(time.RFC3339Nano), skew.Round(time.Millisecond), now.Format(time.RFC3339Nano), in.opt.MaxClockSkew, in.opt.MaxClockSkew+MergeBacklog)
 	}
 	if d := e.Sub(s); d > in.opt.MaxInterval {
 		return reject("clock", "report from %s/%s: its interval covers %v, more than the %v accepted", r.NodeId, r.Instance, d.Round(time.Millisecond), in.opt.MaxInterval)
@@ -379,16 +508,24 @@ func (in *Intake) validate(r *policyv1.ReportRequest, now time.Time) error {
 				r.NodeId, r.Instance, i, d.PromptTokens, d.OutputTokens, d.Requests, maxTok)
 		}
 	}
-	if bound, ok := in.opt.MaxRequestsPerS[r.NodeId]; ok && bound > 0 {
+	// Above the bound a report is clipped (validate): an overload's real
+	// burst must not blind the planner. Far above it, it is no burst.
+	if bound := in.bound(r.NodeId); bound > 0 {
 		secs := math.Max(e.Sub(s).Seconds(), 1)
-		if rate := float64(requests) / secs; rate > bound {
-			return reject("rate", "report from %s/%s: %d requests in %.3g s (%.4g/s) exceed the %g/s frontend %s can carry (fleet spec max_requests_per_s)",
-				r.NodeId, r.Instance, requests, e.Sub(s).Seconds(), rate, bound, r.NodeId)
+		if rate := float64(requests) / secs; rate > AbsurdRate*bound {
+			return reject("rate", "report from %s/%s: %d requests in %.3g s (%.4g/s) exceed the %g/s frontend %s can carry (fleet spec max_requests_per_s) more than %d-fold",
+				r.NodeId, r.Instance, requests, e.Sub(s).Seconds(), rate, bound, r.NodeId, AbsurdRate)
 		}
 	}
 	for i, e := range r.Engines {
 		if e.Address == "" {
 			errs = append(errs, fmt.Errorf("engines[%d].address is empty", i))
+		}
+		// ext_proc names an engine by the policy's mapping: an id that
+		// is not its address's is a forgery (or a broken reporter).
+		if id, ok := in.opt.Engines[e.Address]; ok && e.EngineId != "" && e.EngineId != id {
+			return reject("engine_mismatch", "report from %s/%s: engines[%d]: address %s is engine %s, not %q",
+				r.NodeId, r.Instance, i, e.Address, id, e.EngineId)
 		}
 		if e.Errors > e.Responses {
 			errs = append(errs, fmt.Errorf("engines[%d] (%s): errors %d > responses %d", i, e.Address, e.Errors, e.Responses))
@@ -510,6 +647,7 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 		reps := in.byInstance[k]
 		keep := reps[:0]
 		ins := &instance{node: k[0], dem: map[DemandKey]*acc{}}
+		var admitted, responses float64
 		for _, rp := range reps {
 			if rp.end.Before(from) {
 				continue
@@ -523,7 +661,26 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 				continue
 			}
 			ins.add(rp.req.NodeId, f, rp.req.Demand)
-			addEvidence(ev, latSum, rp.req.NodeId, f, rp.req.Engines)
+			a, r := totals(rp.req)
+			admitted, responses = admitted+f*a, responses+f*r
+		}
+		// Evidence is worth the requests behind it: an instance's
+		// responses over the window count at most MaxAttempts per request
+		// it admitted in the window (scaled down beyond), so a reporter
+		// with few requests cannot weigh on engines with many responses
+		// (the intake's credit lets a report carry its in-flight
+		// requests' ends; the window's sums need no such allowance).
+		worth := 1.0
+		if lim := in.opt.MaxAttempts * admitted; responses > lim {
+			worth = lim / responses
+		}
+		for _, rp := range reps {
+			if rp.end.Before(from) {
+				continue
+			}
+			if f := overlap(rp.start, rp.end, from, now); f > 0 && worth > 0 {
+				addEvidence(ev, latSum, rp.req.NodeId, worth*f, rp.req.Engines)
+			}
 		}
 		if len(keep) == 0 {
 			delete(in.byInstance, k)
@@ -548,8 +705,8 @@ func (in *Intake) Snapshot(now time.Time) (map[DemandKey]DemandRate, map[string]
 	}
 	// Cap each instance, then each node, at the node's bound.
 	capped := func(node string, total float64) float64 {
-		b, ok := in.opt.MaxRequestsPerS[node]
-		if !ok || b <= 0 || total/span(node) <= b {
+		b := in.bound(node)
+		if b <= 0 || total/span(node) <= b {
 			return 1
 		}
 		return b * span(node) / total

@@ -59,8 +59,9 @@ type classPrefixes struct {
 type pointStat struct {
 	p PrefixPoint
 	// Continuation bitmaps of the current and the previous epoch (an epoch
-	// is a half-life).
-	conv, convPrev uint64
+	// is a half-life), and conversation bitmaps alike.
+	conv, convPrev   uint64
+	convs, convsPrev uint64
 }
 
 // PrefixPoint is one chain point's recent traffic.
@@ -78,6 +79,11 @@ type PrefixPoint struct {
 	// at it) in the last one to two half-lives: 1 or 2 for one
 	// conversation's turns, more where conversations diverge.
 	Continuations float64
+	// Conversations estimates the distinct conversations (anchors) through
+	// the point over the same span: 1 for one conversation's turns, 2 or
+	// more for a prefix that different conversations share, however they
+	// continue. 0 from ext_proc versions that do not report it.
+	Conversations float64
 }
 
 // Point flags (extproc/body).
@@ -155,6 +161,7 @@ func (x *Prefixes) decay(c *classPrefixes, now time.Time) {
 	if now.Sub(c.epoch) >= x.opt.HalfLife {
 		for _, p := range c.points {
 			p.convPrev, p.conv = p.conv, 0
+			p.convsPrev, p.convs = p.convs, 0
 		}
 		c.epoch = now
 	}
@@ -187,6 +194,7 @@ func (x *Prefixes) Add(now time.Time, r *policyv1.ReportRequest) {
 				p.p.Tokens += float64(pc.Tokens) * lb / float64(pc.Requests)
 			}
 			p.conv |= pc.Continuations
+			p.convs |= pc.Conversations
 		}
 		if len(c.points) > x.opt.Capacity+x.opt.Capacity/4 {
 			x.prune(c)
@@ -224,9 +232,10 @@ func prefixesBeyond(m, old []*policyv1.PrefixReport) []*policyv1.PrefixReport {
 				continue
 			}
 			x := &policyv1.PrefixCount{Prefix: c.Prefix, Parent: c.Parent, DepthBytes: c.DepthBytes, DepthTokens: c.DepthTokens, Flags: c.Flags,
-				Requests: sub(c.Requests, w.Requests), Tokens: sub(c.Tokens, w.Tokens), Continuations: c.Continuations}
+				Requests: sub(c.Requests, w.Requests), Tokens: sub(c.Tokens, w.Tokens), Continuations: c.Continuations,
+				Conversations: c.Conversations}
 			x.RequestsError = min(sub(c.RequestsError, w.RequestsError), x.Requests)
-			if x.Requests > 0 || x.Continuations != w.Continuations {
+			if x.Requests > 0 || x.Continuations != w.Continuations || x.Conversations != w.Conversations {
 				d.Counts = append(d.Counts, x)
 			}
 		}
@@ -269,6 +278,9 @@ func (x *Prefixes) Snapshot(now time.Time) map[string]ClassPrefixes {
 			}
 			pp := p.p
 			pp.Continuations = LinearCount(p.conv | p.convPrev)
+			if b := p.convs | p.convsPrev; b != 0 {
+				pp.Conversations = LinearCount(b)
+			}
 			cp.Points = append(cp.Points, pp)
 		}
 		slices.SortFunc(cp.Points, func(a, b PrefixPoint) int {

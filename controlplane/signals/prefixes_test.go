@@ -30,7 +30,7 @@ func TestPrefixesMergeAndDecay(t *testing.T) {
 	}
 	rep := func(node string, total, n, errb uint64, conv uint64) *policyv1.ReportRequest {
 		return prefixReport(node, "i", clock, &policyv1.PrefixReport{Class: "chat", Requests: total, Tokens: 100 * total,
-			Counts: []*policyv1.PrefixCount{{Prefix: 7, Parent: 3, DepthBytes: 1024, DepthTokens: 200, Flags: 0, Requests: n, RequestsError: errb, Tokens: 100 * n, Continuations: conv}}})
+			Counts: []*policyv1.PrefixCount{{Prefix: 7, Parent: 3, DepthBytes: 1024, DepthTokens: 200, Flags: 0, Requests: n, RequestsError: errb, Tokens: 100 * n, Continuations: conv, Conversations: conv << 40}}})
 	}
 	for _, r := range []*policyv1.ReportRequest{rep("a", 100, 40, 0, 0b0011), rep("b", 100, 30, 10, 0b0110)} {
 		if err := in.Report(context.Background(), r); err != nil {
@@ -48,6 +48,9 @@ func TestPrefixesMergeAndDecay(t *testing.T) {
 	if want := LinearCount(0b0111); p.Continuations != want || want < 3 || want > 3.2 {
 		t.Fatalf("continuations %v, want %v (3 bits)", p.Continuations, want)
 	}
+	if want := LinearCount(0b0111 << 40); p.Conversations != want {
+		t.Fatalf("conversations %v, want %v (3 bits, or-ed like continuations)", p.Conversations, want)
+	}
 	// One half-life later: everything halves, the share stays.
 	clock = now.Add(10 * time.Second)
 	v = in.Prefixes(clock)["chat"]
@@ -56,8 +59,8 @@ func TestPrefixesMergeAndDecay(t *testing.T) {
 	}
 	// Continuation bitmaps age out after two epochs.
 	clock = now.Add(25 * time.Second)
-	if c := in.Prefixes(clock)["chat"].Points[0].Continuations; c != 0 {
-		t.Fatalf("continuations after two epochs: %v", c)
+	if p := in.Prefixes(clock)["chat"].Points[0]; p.Continuations != 0 || p.Conversations != 0 {
+		t.Fatalf("continuations, conversations after two epochs: %v, %v", p.Continuations, p.Conversations)
 	}
 	// Long gone points are forgotten.
 	clock = now.Add(200 * time.Second)

@@ -75,7 +75,11 @@ func (r *Reporter) Run(ctx context.Context) error {
 			r.once(fctx, targets, time.Now())
 			cancel()
 			return nil
-		case now := <-t.C:
+		case <-t.C:
+			// The clock, not the tick's time: after a stall (the process
+			// stopped, starved) the ticker holds a tick from long ago, and
+			// an interval ending then is refused as a clock error.
+			now := time.Now()
 			cctx, cancel := context.WithTimeout(ctx, r.Interval)
 			r.once(cctx, targets, now)
 			cancel()
@@ -191,10 +195,12 @@ func mergePrefixes(a, b []*policyv1.PrefixReport) []*policyv1.PrefixReport {
 				y.RequestsError += c.RequestsError
 				y.Tokens += c.Tokens
 				y.Continuations |= c.Continuations
+				y.Conversations |= c.Conversations
 				continue
 			}
 			y := &policyv1.PrefixCount{Prefix: c.Prefix, Parent: c.Parent, DepthBytes: c.DepthBytes, DepthTokens: c.DepthTokens,
-				Flags: c.Flags, Requests: c.Requests, RequestsError: c.RequestsError, Tokens: c.Tokens, Continuations: c.Continuations}
+				Flags: c.Flags, Requests: c.Requests, RequestsError: c.RequestsError, Tokens: c.Tokens, Continuations: c.Continuations,
+				Conversations: c.Conversations}
 			byPoint[r.Class][c.Prefix] = y
 			x.Counts = append(x.Counts, y)
 		}

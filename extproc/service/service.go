@@ -75,6 +75,14 @@ type Config struct {
 	// Auth is this instance's credential for the control plane's port. It
 	// must be set, or say Insecure explicitly.
 	Auth auth.Client
+	// ListenTokenFile holds the bearer tokens Envoy must send on this
+	// service's own port (the ext_proc and access-log streams; the
+	// bootstrap's initial_metadata). The access logs are evidence that
+	// moves engines' weights, so with a control plane the port is as
+	// closed as the control plane's: without this file it takes Auth's
+	// token file (Envoy holds the same token for ADS), and with neither it
+	// is open only under Insecure.
+	ListenTokenFile string
 	// MaxRequestAge bounds how long an admitted request holds its in-flight
 	// slot without Envoy's access log reporting its end (0: the default).
 	MaxRequestAge time.Duration
@@ -160,7 +168,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cp, err := cfg.dialControlPlane(reg, log)
+	reloads, err := auth.NewReloads(reg, log)
+	if err != nil {
+		return err
+	}
+	cp, err := cfg.dialControlPlane(reloads, log)
 	if err != nil {
 		return err
 	}
@@ -169,12 +181,16 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	listenAuth, err := cfg.listenAuth(reg, reloads, log)
+	if err != nil {
+		return err
+	}
 
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen (--listen) %q: %w", cfg.Listen, err)
 	}
-	g := grpc.NewServer(ServerOptions(cfg.BodyLimit)...)
+	g := grpc.NewServer(append(ServerOptions(cfg.BodyLimit), listenAuth...)...)
 	srv.Register(g)
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -272,6 +288,49 @@ func (cfg *Config) normalize() error {
 	return nil
 }
 
+// ListenToken is the token file Envoy's streams to this service must carry
+// ("" = none): ListenTokenFile, else, with a control plane, Auth's token
+// file. With a control plane that takes credentials and no token for this
+// port it is an error: whoever reached the port could forge the access-log
+// evidence this instance reports under its own credentials.
+func (cfg *Config) ListenToken() (string, error) {
+	switch {
+	case cfg.ListenTokenFile != "":
+		return cfg.ListenTokenFile, nil
+	case cfg.ControlPlane == "" || cfg.Auth.Insecure:
+		return "", nil
+	case cfg.Auth.TokenFile != "":
+		return cfg.Auth.TokenFile, nil
+	}
+	return "", errors.New("ext_proc's port (--listen) carries Envoy's access logs, evidence that moves engines' weights: " +
+		"give --listen-token-file (the token Envoy sends), or a --control-plane-token-file it can share with Envoy")
+}
+
+// listenAuth is the token check of the service's gRPC port (no option
+// without a token); refused calls are counted and logged.
+func (cfg *Config) listenAuth(reg *prometheus.Registry, reloads *auth.Reloads, log *slog.Logger) ([]grpc.ServerOption, error) {
+	tf, err := cfg.ListenToken()
+	if err != nil || tf == "" {
+		if err == nil && cfg.ControlPlane != "" {
+			log.Warn("ext_proc's port is open (--insecure): anyone who reaches it can send access-log evidence")
+		}
+		return nil, err
+	}
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_auth_failures_total",
+		Help: "Calls to ext_proc's gRPC port (ext_proc and access-log streams) refused for a missing or wrong token, by method."}, []string{"method"})
+	if err := reg.Register(refused); err != nil {
+		return nil, err
+	}
+	flag := "--listen-token-file"
+	if cfg.ListenTokenFile == "" {
+		flag = "--control-plane-token-file"
+	}
+	return auth.Server{TokenFile: tf, TokenFlag: flag, Reloads: reloads, Reject: func(peer, method, reason string) {
+		refused.WithLabelValues(method).Inc()
+		log.Warn("ext_proc: unauthenticated call refused", "peer", peer, "method", method, "reason", reason)
+	}}.Options()
+}
+
 // newServer builds the ext_proc server with its client priorities,
 // tokenizers and, if given, the policy file's policy.
 func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extproc.Server, error) {
@@ -319,7 +378,7 @@ func (c *cpConns) close() {
 // per replica. gRPC connects lazily: nothing here waits for a replica.
 // Each new connection takes the credential files as they are then (they
 // rotate without a restart); refused new content is counted in reg.
-func (cfg *Config) dialControlPlane(reg *prometheus.Registry, log *slog.Logger) (*cpConns, error) {
+func (cfg *Config) dialControlPlane(reloads *auth.Reloads, log *slog.Logger) (*cpConns, error) {
 	c := &cpConns{}
 	if cfg.ControlPlane == "" {
 		return c, nil
@@ -329,13 +388,15 @@ func (cfg *Config) dialControlPlane(reg *prometheus.Registry, log *slog.Logger) 
 		return nil, err
 	}
 	creds := cfg.Auth
-	if creds.Reloads, err = auth.NewReloads(reg, log); err != nil {
-		return nil, err
-	}
+	creds.Reloads = reloads
 	dial, err := creds.DialOptions()
 	if err != nil {
 		return nil, err
 	}
+	// A hung replica (stopped, wedged) keeps the TCP connection open:
+	// pings find it (gRPC's shortest client interval, 10 s), and the
+	// policy subscription moves to the next replica.
+	dial = append(dial, grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}))
 	if cfg.Auth.TokenFile != "" && !cfg.Auth.TLS() {
 		log.Warn("the control-plane token is sent without TLS: use it only on the same host or a trusted network (add --control-plane-ca)")
 	}

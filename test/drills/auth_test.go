@@ -13,6 +13,10 @@ type authFiles struct {
 	mode             string
 	token, tokenFile string
 	pki              *authtest.PKI
+	// extToken(File) is what Envoy sends to ext_proc's port: the shared
+	// token (token mode), or one of its own (mutual TLS: ext_proc's port
+	// takes a token).
+	extToken, extTokenFile string
 }
 
 func newAuthFiles(t *testing.T, dir, mode string) *authFiles {
@@ -22,8 +26,10 @@ func newAuthFiles(t *testing.T, dir, mode string) *authFiles {
 	case "insecure":
 	case "token":
 		a.tokenFile, a.token = authtest.TokenFile(t, dir, "xds-token")
+		a.extTokenFile, a.extToken = a.tokenFile, a.token
 	case "mtls":
 		a.pki = authtest.NewPKI(t, dir)
+		a.extTokenFile, a.extToken = authtest.TokenFile(t, dir, "extproc-token")
 	default:
 		t.Fatalf("auth mode %q", mode)
 	}
@@ -46,7 +52,7 @@ func (a *authFiles) clientFlags() []string {
 		return []string{"--control-plane-token-file", a.tokenFile}
 	case "mtls":
 		return []string{"--control-plane-ca", a.pki.CA, "--control-plane-cert", a.pki.ClientCert, "--control-plane-key", a.pki.ClientKey,
-			"--control-plane-server-name", authtest.ServerName}
+			"--control-plane-server-name", authtest.ServerName, "--listen-token-file", a.extTokenFile}
 	}
 	return []string{"--insecure"}
 }

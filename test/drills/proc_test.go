@@ -106,6 +106,17 @@ func (p *proc) start() error {
 	return nil
 }
 
+// signal sends sig to the running process (SIGSTOP, SIGCONT: a hung
+// process).
+func (p *proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return fmt.Errorf("%s is not running", p.name)
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
 // kill sends SIGKILL and waits for the process to be gone.
 func (p *proc) kill() { p.end(syscall.SIGKILL) }
 

@@ -158,7 +158,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	listen := envoytest.FreePort(t)
 	p := envoyconfigs.Params{Variant: o.variant, NodeID: nodeID, Region: "east", ListenPort: listen,
 		ExtProcPort: port(t, s.extGRPC), XDSPort: port(t, s.cpXDS[0]), XDSAddresses: s.cpXDS,
-		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(),
+		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(), ExtProcToken: s.auth.extToken,
 		// No drill is about ext_proc's round-trip bound (ExtProcDeath
 		// kills it: refused at once). With the 1-s default, one decision
 		// of a starved race-built ext_proc is a 504, which every drill's

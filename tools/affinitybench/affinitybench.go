@@ -87,6 +87,14 @@ type Options struct {
 	OutputTokens   workload.Range
 	ThinkTime      time.Duration
 	Seed           uint64
+	// Mooncake, when set, replaces the conversations: every mode replays
+	// these Mooncake rows (prompts that share long prefixes inside one user
+	// message each) at their own times, MooncakeSpeedup times faster (in
+	// simulated time), each hash id MooncakeBlockTokens words; Requests and
+	// Rate do not apply.
+	Mooncake            []workload.MooncakeRow
+	MooncakeBlockTokens int
+	MooncakeSpeedup     float64
 	// HashBalanceFactor is the class clusters' bounded-load factor (percent;
 	// 0: off).
 	HashBalanceFactor uint32
@@ -151,6 +159,9 @@ type Phase struct {
 	// its version.
 	TableRules   int    `json:"table_rules"`
 	TableVersion string `json:"table_version,omitempty"`
+	// SharedDepthBytes is the table's shared-prefix depth at the end (0:
+	// none).
+	SharedDepthBytes uint32 `json:"shared_depth_bytes,omitempty"`
 }
 
 // TTFTP50 and the others read the load generator's report (simulated ms).
@@ -225,11 +236,24 @@ func (o *Options) validate() error {
 	if !(o.TimeScale > 0) {
 		errs = append(errs, fmt.Errorf("time scale must be > 0, got %v", o.TimeScale))
 	}
-	if o.Requests < 1 {
-		errs = append(errs, fmt.Errorf("requests: at least 1, got %d", o.Requests))
-	}
-	if !(o.Rate > 0) {
-		errs = append(errs, fmt.Errorf("rate must be > 0, got %v", o.Rate))
+	switch {
+	case o.Mooncake != nil:
+		if len(o.Mooncake) == 0 {
+			errs = append(errs, errors.New("mooncake: no rows"))
+		}
+		if !(o.MooncakeSpeedup > 0) {
+			errs = append(errs, fmt.Errorf("mooncake speedup must be > 0, got %v", o.MooncakeSpeedup))
+		}
+		if o.MooncakeBlockTokens < 1 || o.MooncakeBlockTokens > workload.MooncakeBlockTokens {
+			errs = append(errs, fmt.Errorf("mooncake block tokens %d out of range [1, %d]", o.MooncakeBlockTokens, workload.MooncakeBlockTokens))
+		}
+	default:
+		if o.Requests < 1 {
+			errs = append(errs, fmt.Errorf("requests: at least 1, got %d", o.Requests))
+		}
+		if !(o.Rate > 0) {
+			errs = append(errs, fmt.Errorf("rate must be > 0, got %v", o.Rate))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -303,6 +327,15 @@ func fleetYAML(o Options, mode string, addrs []string) string {
 		affinity = "{mode: 'off'}"
 	}
 	meanPrompt := o.PreambleTokens + (o.Turns.Min+o.Turns.Max)/2*(o.UserTokens.Max+o.OutputTokens.Max)/2
+	meanOutput := (o.OutputTokens.Min + o.OutputTokens.Max) / 2
+	if len(o.Mooncake) > 0 {
+		in, out := 0, 0
+		for _, r := range o.Mooncake {
+			in += r.InputLength * o.MooncakeBlockTokens / workload.MooncakeBlockTokens
+			out += r.OutputLength
+		}
+		meanPrompt, meanOutput = max(in/len(o.Mooncake), 1), max(out/len(o.Mooncake), 1)
+	}
 	y := fmt.Sprintf(`name: affinity-bench
 regions: [{name: local}]
 network: {same_region_rtt_ms: 0.1}
@@ -314,7 +347,7 @@ classes: [{name: chat, model: %s, mean_prompt_tokens: %d, mean_output_tokens: %d
 priorities: [{name: default, level: 0, shed_cost: 1000}]
 engines:
 `, p.Model, p.MaxContextTokens, p.GPU, p.Model, p.PrefillTokensPerS, p.OverheadMs, p.DecodeStepMs, p.DecodeStepPerSeqMs,
-		p.MaxRunning, p.MaxBatchedTokens, p.KVCapacityTokens, p.BlockSize, cachedCapacityRPS, p.Model, meanPrompt, (o.OutputTokens.Min+o.OutputTokens.Max)/2, affinity)
+		p.MaxRunning, p.MaxBatchedTokens, p.KVCapacityTokens, p.BlockSize, cachedCapacityRPS, p.Model, meanPrompt, meanOutput, affinity)
 	for i, a := range addrs {
 		y += fmt.Sprintf("  - {id: e%d, address: %q, region: local, gpu: %s, model: %s}\n", i, a, p.GPU, p.Model)
 	}
@@ -417,21 +450,30 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	}); err != nil {
 		return nil, fmt.Errorf("rig not ready: %w", err)
 	}
-	o.progressf("%s: rig ready (%d engines, Envoy %s); sending %d requests", mode, o.Engines, envoy.AdminURL, o.Requests)
-
-	// The conversations.
-	mt, err := workload.NewMultiTurn(workload.MultiTurnOptions{SystemPrompts: 1, SystemPromptTokens: 40, Turns: o.Turns,
-		UserTokens: o.UserTokens, OutputTokens: o.OutputTokens, ThinkTime: o.ThinkTime, SessionIDs: mode == ModeSession, Seed: o.Seed})
-	if err != nil {
-		return nil, err
+	// The conversations, or the Mooncake rows.
+	var src workload.Source
+	arrival, maxRequests := loadgen.Arrival{Kind: loadgen.Poisson, Rate: o.Rate}, o.Requests
+	if o.Mooncake != nil {
+		mc, err := workload.NewMooncake(o.Mooncake, workload.MooncakeOptions{Format: workload.Chat, BlockTokens: o.MooncakeBlockTokens, Seed: o.Seed})
+		if err != nil {
+			return nil, err
+		}
+		src, arrival, maxRequests = mc, loadgen.Arrival{Kind: loadgen.Trace, Speedup: o.MooncakeSpeedup}, len(o.Mooncake)
+	} else {
+		mt, err := workload.NewMultiTurn(workload.MultiTurnOptions{SystemPrompts: 1, SystemPromptTokens: 40, Turns: o.Turns,
+			UserTokens: o.UserTokens, OutputTokens: o.OutputTokens, ThinkTime: o.ThinkTime, SessionIDs: mode == ModeSession, Seed: o.Seed})
+		if err != nil {
+			return nil, err
+		}
+		src = &preambled{MultiTurn: mt, preamble: workload.Words(o.Seed^0x707265616d626c65, o.PreambleTokens) + "\n\n"}
 	}
-	src := &preambled{MultiTurn: mt, preamble: workload.Words(o.Seed^0x707265616d626c65, o.PreambleTokens) + "\n\n"}
+	o.progressf("%s: rig ready (%d engines, Envoy %s); sending %d requests", mode, o.Engines, envoy.AdminURL, maxRequests)
 	client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(256), BaseURL: fmt.Sprintf("http://127.0.0.1:%d", listen), Model: o.Profile.Model,
 		Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 60 * time.Second}
 	defer client.CloseIdleConnections()
 	stopSampling := sampleWeights(ctx, envoy)
-	lg, err := loadgen.Run(ctx, loadgen.Config{Client: client, Source: src, Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: o.Rate},
-		MaxRequests: o.Requests, TimeScale: o.TimeScale, Seed: o.Seed})
+	lg, err := loadgen.Run(ctx, loadgen.Config{Client: client, Source: src, Arrival: arrival,
+		MaxRequests: maxRequests, TimeScale: o.TimeScale, Seed: o.Seed})
 	changes, moved := stopSampling()
 	if err != nil {
 		return nil, err
@@ -440,6 +482,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	if a := ext.Policy(); a != nil {
 		for _, c := range a.Classes() {
 			ph.TableRules, ph.TableVersion = c.TableRules()
+			ph.SharedDepthBytes = c.SharedDepthBytes()
 		}
 	}
 	rc.mu.Lock()

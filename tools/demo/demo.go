@@ -163,15 +163,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			"--node-id", f.NodeID, "--region", f.Region, "--instance", "demo-"+f.Name, "--insecure"); err != nil {
 			return nil, err
 		}
-		boot, err := envoyconfigs.Render(envoyconfigs.Params{
-			Variant: envoyconfigs.FailClosed, NodeID: f.NodeID, Region: f.Region,
-			ListenPort: pt.envoy[k], ExtProcPort: pt.extproc[k], XDSPort: pt.xds,
-			BodyLimit: 4 << 20,
-		})
+		boot, err := FrontendBootstrap(f.NodeID, f.Region, pt.envoy[k], pt.extproc[k], pt.xds, pt.envoyAdmin[k],
+			filepath.Join(o.OutDir, "envoy-admin-"+f.Name+".sock"))
 		if err != nil {
 			return nil, err
 		}
-		boot += fmt.Sprintf("\nadmin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: %d }\n", pt.envoyAdmin[k])
 		cfg := filepath.Join(o.OutDir, "envoy-"+f.Name+".yaml")
 		if err := os.WriteFile(cfg, []byte(boot), 0o644); err != nil {
 			return nil, err
@@ -549,6 +545,20 @@ func lastLine(path string) string {
 }
 
 type readyCheck struct{ what, url string }
+
+// FrontendBootstrap is the demo's Envoy bootstrap for a frontend: the
+// project's, fail-closed, with a read-only admin interface on
+// 127.0.0.1:adminPort (the real admin on a unix socket at adminSocket that
+// only this user can open): the dashboard reads Envoy's /clusters and
+// /stats there, and nobody can POST /healthcheck/fail or /quitquitquit.
+func FrontendBootstrap(nodeID, region string, listenPort, extprocPort, xdsPort, adminPort int, adminSocket string) (string, error) {
+	return envoyconfigs.Render(envoyconfigs.Params{
+		Variant: envoyconfigs.FailClosed, NodeID: nodeID, Region: region,
+		ListenPort: listenPort, ExtProcPort: extprocPort, XDSPort: xdsPort,
+		BodyLimit:     4 << 20,
+		ReadOnlyAdmin: &envoyconfigs.ReadOnlyAdmin{Port: adminPort, Socket: adminSocket},
+	})
+}
 
 func waitReady(ctx context.Context, sup *supervisor, checks []readyCheck, timeout time.Duration) error {
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}

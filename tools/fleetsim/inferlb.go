@@ -374,7 +374,13 @@ func edsHosts(cla *endpointv3.ClusterLoadAssignment, addr map[string]int) (js []
 	return js, w, pr, ok, nil
 }
 
-func (x *inferlb) Admit(p *request) outcome { return decide(x.dec[p.front.ix], p) }
+func (x *inferlb) Admit(p *request) outcome {
+	o := decide(x.dec[p.front.ix], p)
+	if o == outcomeAdmitted && x.s.opt.Keys != nil {
+		x.s.opt.Keys(p.key)
+	}
+	return o
+}
 
 func (x *inferlb) Pick(p *request) int {
 	st := p.state.(*decided)

@@ -46,6 +46,11 @@ type recorder struct {
 	// oracle: the fleet's KV capacity pooled as one LRU block cache.
 	oracle             *pooledLRU
 	oracleQ, oracleHit float64
+	// regional: each region's KV capacity pooled, fed the requests that
+	// come from it: the best a router that keeps requests in their region
+	// can do (regionHit over oracleQ).
+	regional  map[string]*pooledLRU
+	regionHit float64
 	// series
 	samples []float64   // sample times (s since traffic start)
 	load    [][]float32 // sample → engine in-flight
@@ -101,6 +106,14 @@ func newRecorder(s *Sim) *recorder {
 			blocks += e.cfg.KVCapacityTokens / e.cfg.BlockSize * max(e.spec.Replicas, 1)
 		}
 		r.oracle = newPooledLRU(blocks)
+		perRegion := map[string]int{}
+		for _, e := range s.engines {
+			perRegion[e.spec.Region] += e.cfg.KVCapacityTokens / e.cfg.BlockSize * max(e.spec.Replicas, 1)
+		}
+		r.regional = map[string]*pooledLRU{}
+		for reg, b := range perRegion {
+			r.regional[reg] = newPooledLRU(b)
+		}
 	}
 	return r
 }
@@ -118,9 +131,17 @@ func (r *recorder) arrived(p *request) {
 	bs := r.s.blockSize()
 	hs := r.s.blockHashes(p)
 	hit := r.oracle.lookup(hs, (len(p.prompt)-1)/bs)
+	// A region without engines of its own (or a request without a region)
+	// counts against the whole fleet's pool.
+	reg := r.regional[p.w.Region]
+	regHit := hit
+	if reg != nil {
+		regHit = reg.lookup(hs, (len(p.prompt)-1)/bs)
+	}
 	if r.measured(p.arrival) {
 		r.oracleQ += float64(len(p.prompt))
 		r.oracleHit += float64(hit * bs)
+		r.regionHit += float64(regHit * bs)
 	}
 	full := hs
 	if len(p.outTok) > 0 {
@@ -128,6 +149,9 @@ func (r *recorder) arrived(p *request) {
 		full = chainHashes(toks, bs)
 	}
 	r.oracle.insert(full)
+	if reg != nil {
+		reg.insert(full)
+	}
 }
 
 func (r *recorder) done(p *request, out outcome) {

@@ -54,6 +54,10 @@ type Options struct {
 	// BalanceFactor, when set, overrides the control plane's
 	// BalanceFactor for the inferlb policies (nil: its default).
 	BalanceFactor *float64
+	// Keys, if set, is told the affinity key ext_proc's decision gave each
+	// request the inferlb policies admit, in arrival order (tests compare
+	// keys request by request).
+	Keys func(key uint64)
 }
 
 // lead is how long the control plane runs before traffic starts: its

@@ -61,6 +61,9 @@ type Server struct {
 	// Reloads, if set, logs and counts the reloads of the credential files
 	// (and looks at them when scraped).
 	Reloads *Reloads
+	// TokenFlag names TokenFile in errors and metrics (default
+	// "--token-file", the control plane's flag).
+	TokenFlag string
 }
 
 // Validate checks that the configuration says something coherent. The
@@ -117,7 +120,11 @@ func (c Server) Options() ([]grpc.ServerOption, error) {
 		opts = append(opts, grpc.Creds(rejectingCreds{TransportCredentials: credentials.NewTLS(cfg), reject: c.Reject}))
 	}
 	if c.TokenFile != "" {
-		tf, err := newTokenFile(c.TokenFile, "--token-file", c.Reloads)
+		flag := c.TokenFlag
+		if flag == "" {
+			flag = "--token-file"
+		}
+		tf, err := newTokenFile(c.TokenFile, flag, c.Reloads)
 		if err != nil {
 			return nil, err
 		}

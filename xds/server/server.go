@@ -227,7 +227,9 @@ func New(cfg Config) (*Server, error) {
 	s.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxConcurrentStreams(1 << 20),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// Envoy's bootstrap pings its ADS connection every 2 s to find a
+		// hung replica (envoy-configs); allow a ping a second.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 	}, authOpts...)...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, s.xds)
 	clusterservice.RegisterClusterDiscoveryServiceServer(s.grpc, s.xds)

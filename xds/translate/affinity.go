@@ -18,6 +18,9 @@ type Affinity struct {
 	Keys  []string
 	Off   bool
 	Rules []PrefixRule
+	// SharedDepthBytes is the table's shared-prefix depth (0: none; see
+	// policyv1.PrefixTable.shared_depth_bytes).
+	SharedDepthBytes uint32
 }
 
 // PrefixAction is what a split-table rule does with its prefix.
@@ -95,20 +98,27 @@ func (a Affinity) check() error {
 // sorted by prefix and the table's version is a hash of them, so equal
 // tables have equal versions wherever they are translated.
 func (a Affinity) policy() *policyv1.Affinity {
-	if len(a.Keys) == 0 && !a.Off && len(a.Rules) == 0 {
+	if len(a.Keys) == 0 && !a.Off && len(a.Rules) == 0 && a.SharedDepthBytes == 0 {
 		return nil
 	}
 	out := &policyv1.Affinity{Off: a.Off}
 	for _, k := range a.Keys {
 		out.Keys = append(out.Keys, keySources[k])
 	}
-	if len(a.Rules) == 0 {
+	if len(a.Rules) == 0 && a.SharedDepthBytes == 0 {
 		return out
 	}
 	rules := slices.Clone(a.Rules)
 	slices.SortFunc(rules, func(x, y PrefixRule) int { return cmp.Compare(x.Prefix, y.Prefix) })
 	h := sha256.New()
-	t := &policyv1.PrefixTable{}
+	t := &policyv1.PrefixTable{SharedDepthBytes: a.SharedDepthBytes}
+	if a.SharedDepthBytes > 0 {
+		// Hashed first, so a table without it keeps its version.
+		var b [5]byte
+		b[0] = 'd'
+		binary.LittleEndian.PutUint32(b[1:], a.SharedDepthBytes)
+		h.Write(b[:])
+	}
 	for _, r := range rules {
 		var b [13]byte
 		binary.LittleEndian.PutUint64(b[:], r.Prefix)

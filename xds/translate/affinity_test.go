@@ -56,6 +56,29 @@ func TestTranslateAffinity(t *testing.T) {
 	if r3.PolicyHash == r2.PolicyHash {
 		t.Fatal("a changed table kept the policy hash")
 	}
+	// A shared-prefix depth: published (alone too), in the version.
+	tableOf := func(a Affinity) *policyv1.PrefixTable {
+		t.Helper()
+		n := sampleNode()
+		n.Classes[0].Affinity = a
+		r, err := Translate(n, DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range r.Policy.Classes {
+			if c.Name == "llama8b" {
+				return c.Affinity.GetTable()
+			}
+		}
+		return nil
+	}
+	withDepth := tableOf(Affinity{Keys: []string{"prefix", "session"}, Rules: rules, SharedDepthBytes: 8192})
+	if withDepth.GetSharedDepthBytes() != 8192 || withDepth.GetVersion() == got.Table.Version {
+		t.Fatalf("table with a depth: %v (version without: %s)", withDepth, got.Table.Version)
+	}
+	if alone := tableOf(Affinity{SharedDepthBytes: 4096}); alone.GetSharedDepthBytes() != 4096 || alone.GetVersion() == "" || len(alone.GetRules()) != 0 {
+		t.Fatalf("a depth alone: %v", alone)
+	}
 	for _, c := range []struct {
 		a    Affinity
 		want string

@@ -426,6 +426,12 @@ func classCluster(name, healthPath string, o Options) *clusterv3.Cluster {
 			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 		}},
 		ConnectTimeout: durationpb.New(o.ConnectTimeout),
+		// An engine the control plane no longer publishes (removed from
+		// the fleet) leaves Envoy with the EDS update. By default Envoy
+		// keeps a removed host that still passes its active health check
+		// (pending_dynamic_removal) at its old weight, and it kept
+		// getting traffic indefinitely (issue 27).
+		IgnoreHealthOnHostRemoval: true,
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
 			// Apply every EDS update at once: weights are already batched
 			// per control cycle.

@@ -630,10 +630,19 @@ func (x *Affinity) GetTable() *PrefixTable {
 type PrefixTable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Content version: equal rules, equal version.
-	Version       string        `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	Rules         []*PrefixRule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version string        `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Rules   []*PrefixRule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
+	// Shared-prefix depth: 0 (the default) unless the control plane has seen
+	// different conversations (different anchors) share a prefix at least
+	// group_min_prefix_tokens long inside their first message. Then a request
+	// whose walk meets no GROUP rule is keyed, like a GROUP, on the first
+	// point before its anchor at least this many canonical bytes deep that
+	// has no hot rule (hot points are passed as usual); a request without
+	// such a point keeps its anchor. Bytes, not tokens: equal prefixes have
+	// equal byte depths, whatever follows them.
+	SharedDepthBytes uint32 `protobuf:"varint,3,opt,name=shared_depth_bytes,json=sharedDepthBytes,proto3" json:"shared_depth_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PrefixTable) Reset() {
@@ -678,6 +687,13 @@ func (x *PrefixTable) GetRules() []*PrefixRule {
 		return x.Rules
 	}
 	return nil
+}
+
+func (x *PrefixTable) GetSharedDepthBytes() uint32 {
+	if x != nil {
+		return x.SharedDepthBytes
+	}
+	return 0
 }
 
 type PrefixRule struct {
@@ -934,6 +950,12 @@ type PrefixCount struct {
 	// history), so a point with many continuations is shared: conversations
 	// diverge there, or identical prompts arrive from many clients.
 	Continuations uint64 `protobuf:"fixed64,9,opt,name=continuations,proto3" json:"continuations,omitempty"`
+	// Linear-counting bitmap of the conversations through the point: for
+	// each request, its anchor point's hash (a value of its own without an
+	// anchor), same bit rule. One conversation's turns repeat its anchor, so
+	// a point before the anchor with two conversations or more is a prefix
+	// that different conversations share, however they continue.
+	Conversations uint64 `protobuf:"fixed64,10,opt,name=conversations,proto3" json:"conversations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1027,6 +1049,13 @@ func (x *PrefixCount) GetTokens() uint64 {
 func (x *PrefixCount) GetContinuations() uint64 {
 	if x != nil {
 		return x.Continuations
+	}
+	return 0
+}
+
+func (x *PrefixCount) GetConversations() uint64 {
+	if x != nil {
+		return x.Conversations
 	}
 	return 0
 }
@@ -1337,10 +1366,11 @@ const file_policy_proto_rawDesc = "" +
 	"\bAffinity\x120\n" +
 	"\x04keys\x18\x01 \x03(\x0e2\x1c.inferlb.policy.v1.KeySourceR\x04keys\x12\x10\n" +
 	"\x03off\x18\x02 \x01(\bR\x03off\x124\n" +
-	"\x05table\x18\x03 \x01(\v2\x1e.inferlb.policy.v1.PrefixTableR\x05table\"\\\n" +
+	"\x05table\x18\x03 \x01(\v2\x1e.inferlb.policy.v1.PrefixTableR\x05table\"\x8a\x01\n" +
 	"\vPrefixTable\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x123\n" +
-	"\x05rules\x18\x02 \x03(\v2\x1d.inferlb.policy.v1.PrefixRuleR\x05rules\"\xd4\x01\n" +
+	"\x05rules\x18\x02 \x03(\v2\x1d.inferlb.policy.v1.PrefixRuleR\x05rules\x12,\n" +
+	"\x12shared_depth_bytes\x18\x03 \x01(\rR\x10sharedDepthBytes\"\xd4\x01\n" +
 	"\n" +
 	"PrefixRule\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\x06R\x06prefix\x12<\n" +
@@ -1363,7 +1393,7 @@ const file_policy_proto_rawDesc = "" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
 	"\x06tokens\x18\x03 \x01(\x04R\x06tokens\x126\n" +
-	"\x06counts\x18\x04 \x03(\v2\x1e.inferlb.policy.v1.PrefixCountR\x06counts\"\x98\x02\n" +
+	"\x06counts\x18\x04 \x03(\v2\x1e.inferlb.policy.v1.PrefixCountR\x06counts\"\xbe\x02\n" +
 	"\vPrefixCount\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\x06R\x06prefix\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x06R\x06parent\x12\x1f\n" +
@@ -1374,7 +1404,9 @@ const file_policy_proto_rawDesc = "" +
 	"\brequests\x18\x06 \x01(\x04R\brequests\x12%\n" +
 	"\x0erequests_error\x18\a \x01(\x04R\rrequestsError\x12\x16\n" +
 	"\x06tokens\x18\b \x01(\x04R\x06tokens\x12$\n" +
-	"\rcontinuations\x18\t \x01(\x06R\rcontinuations\"\xba\x01\n" +
+	"\rcontinuations\x18\t \x01(\x06R\rcontinuations\x12$\n" +
+	"\rconversations\x18\n" +
+	" \x01(\x06R\rconversations\"\xba\x01\n" +
 	"\fDemandSample\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\tR\bpriority\x12\x1a\n" +

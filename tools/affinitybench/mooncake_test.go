@@ -1,0 +1,98 @@
+package affinitybench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/lni/goutils/leaktest"
+
+	"github.com/inferlb/inferlb/tools/fleetsim"
+	"github.com/inferlb/inferlb/tools/workload"
+)
+
+// Issue 23's Envoy check: the first 600 rows of Mooncake's trace (prompts
+// sharing long prefixes inside one user message each, 64 words per hash
+// id, 4× faster) through a real Envoy, ext_proc and control plane get a
+// prefix-cache hit rate within 15% of the simulator's on the same rows,
+// fleet (bench affinity's 4 H100s), trace seed, hash_balance_factor and
+// control periods (the rig's, in simulated time), and the control plane
+// learns the split table's shared-prefix depth.
+// Needs the shared data directory (skipped without it).
+func TestMooncakeThroughEnvoyMatchesTheSimulator(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	if testing.Short() {
+		t.Skip("runs the whole request path for about a minute, and the simulator")
+	}
+	data := fleetsim.FindDataDir()
+	trace := filepath.Join(data, "mooncake_synthetic_trace.jsonl")
+	if _, err := os.Stat(trace); err != nil {
+		t.Skipf("no Mooncake trace: %v", err)
+	}
+	rows, err := workload.LoadMooncake(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 600
+	o := DefaultOptions()
+	o.Modes, o.Mooncake, o.MooncakeBlockTokens, o.MooncakeSpeedup = []string{ModePrefix}, rows[:n], 64, 4
+	o.HashBalanceFactor = 300 // the translation's default, which the simulator models
+	o.Dir = t.TempDir()
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := rep.Phase(ModePrefix)
+	t.Logf("through Envoy: %d requests, hit rate %.3f, TTFT p50 %.0f ms p99 %.0f ms, shared-prefix depth %d bytes, %d rules",
+		p.Requests, p.HitRate(), p.TTFTP50(), p.TTFTP99(), p.SharedDepthBytes, p.TableRules)
+	if p.Loadgen.Requests.OK != n {
+		t.Fatalf("requests ok %+v, errors %v", p.Loadgen.Requests, p.Loadgen.Errors)
+	}
+	if p.SharedDepthBytes == 0 {
+		t.Error("the control plane learned no shared-prefix depth")
+	}
+
+	// The simulator on the same rows and fleet.
+	dir := t.TempDir()
+	var addrs []string
+	for i := range o.Engines {
+		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", 19001+i))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fleet.yaml"), []byte(fleetYAML(o, ModePrefix, addrs)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The rig's control plane cycles every 500 ms and scrapes every 200 ms,
+	// ext_proc reports every 500 ms, all in real time: in simulated time,
+	// divided by the time scale.
+	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / o.TimeScale) }
+	sc, err := fleetsim.ParseScenario(fmt.Appendf(nil, `name: mooncake-rig
+fleet: fleet.yaml
+duration: 45s
+warmup: 0s
+seed: %d
+workload:
+  kind: mooncake
+  trace: mooncake_synthetic_trace.jsonl
+  rows: %d
+  time_scale: 4
+  block_tokens: 64
+  regions:
+    - at: 0s
+      shares: {local: 1}
+control: {interval: %s, scrape_interval: %s, report_interval: %s}
+`, o.Seed, n, sim(500*time.Millisecond), sim(200*time.Millisecond), sim(500*time.Millisecond)), filepath.Join(dir, "mooncake.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := fleetsim.Run(context.Background(), fleetsim.Options{Scenario: sc, Policy: fleetsim.PolicyInferlb, DataDir: data, NoSeries: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("simulator: hit rate %.3f; Envoy/simulator %.2f", res.HitRate, p.HitRate()/res.HitRate)
+	if r := p.HitRate() / res.HitRate; !(r >= 0.85 && r <= 1.15) {
+		t.Errorf("hit rate through Envoy %.3f is %.2f× the simulator's %.3f, want within 15%%", p.HitRate(), r, res.HitRate)
+	}
+}
