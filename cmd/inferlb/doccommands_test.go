@@ -176,6 +176,8 @@ var docCommands = []docCmd{
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
 	{cmd: "inferlb bench affinity --modes prefix --hash-balance-factor 300 --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the Mooncake trace lives in the shared data directory, outside the repository (docs/sim.md's --data-dir); a minute of a real rig"},
 	{cmd: "inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the same, with the default hash_balance_factor of the bench"},
+	{cmd: "inferlb bench simreal", skip: "the sim-vs-real comparison behind docs/sim.md (two minutes of traffic at time scale 2: about six minutes); tools/simreal's TestSimAgainstReal runs it short in make test"},
+	{cmd: "inferlb bench simreal --duration 60s --seed 7 --json-out simreal.json", skip: "three minutes of a real stack; tools/simreal's TestSimAgainstReal runs the same path short in make test"},
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
 	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},
