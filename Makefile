@@ -29,13 +29,19 @@ build:
 # CI, with another race-built package beside it, once saw 89.7%. The simulator's bar test
 # (TestAffinityBar) skips itself under the race detector, where its 24
 # full-length simulations take minutes; the last run has it without (about
-# 40 s).
+# 40 s). The sim-vs-real comparison (TestSimAgainstReal) also runs alone and
+# without the race detector, which would slow the real request path it
+# measures several-fold (about two minutes).
+# --engines (issue 24): llama.cpp's llama-server, built from source on the
+# first run (cached under $(VENV)/llama.cpp), and its tiny model, for the
+# tests that put a real engine behind the stack (test/drills, llamacpp_test.go).
 test:
-	@scripts/setup.sh --browser --k8s
+	@scripts/setup.sh --browser --engines --k8s
 	$(GO) vet ./...
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test $(TESTFLAGS) $$(grep -v '/test/drills$$' <<<"$$pkgs")
 	$(GO) test $(TESTFLAGS) ./test/drills
 	$(GO) test -run 'TestAffinityBar' ./tools/fleetsim
+	$(GO) test -run 'TestSimAgainstReal' ./tools/simreal
 	$(MAKE) test-helm
 
 # The Helm chart's test lives in its own module (deploy/helm/charttest):

@@ -10,6 +10,7 @@ import (
 	_ "embed"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/template"
@@ -39,7 +40,7 @@ const (
 // hash XORed with 2⁶⁴−a (a = 1, 2, …): the first re-picks look at a few
 // neighbouring table slots, which for some host sets one host owns. With 3
 // equal hosts and 5 re-picks, up to 10% of a failing engine's keys (median
-// 0.1%, over random address sets; tools/envoylb's model, checked
+// 0.1%, over random address sets; internal/envoylb's model, checked
 // against Envoy) were retried on the same engine every time; with 20, none
 // of 40 sets kept any above 0.01%. A re-pick is a table lookup, only on
 // retries. The fleet simulator uses the same value.
@@ -131,6 +132,14 @@ type XDSAuth struct {
 	// ServerName is the SNI and the DNS name the control plane's
 	// certificate must carry ("" = the chain alone is checked).
 	ServerName string
+	// SDSDir, with CAFile, serves the certificate, key and CA to Envoy
+	// through file-based SDS instead of static file names: the bootstrap
+	// names SDS resource files in this directory (WriteSDS writes them),
+	// whose secrets name CertFile, KeyFile and CAFile and watch their
+	// directories, so Envoy takes rotated files live (a Kubernetes Secret
+	// update needs no restart). "" keeps the static names, read once at
+	// start.
+	SDSDir string
 }
 
 type hostPort struct {
@@ -251,6 +260,17 @@ func (a XDSAuth) check() error {
 	}
 	if a.ServerName != "" && a.CAFile == "" {
 		return fmt.Errorf("envoyconfigs: XDSAuth: ServerName without CAFile (TLS is off)")
+	}
+	if a.SDSDir != "" && a.CAFile == "" {
+		return fmt.Errorf("envoyconfigs: XDSAuth: SDSDir without CAFile (TLS is off)")
+	}
+	for _, f := range []string{a.CAFile, a.CertFile, a.KeyFile, a.SDSDir} {
+		if a.SDSDir != "" && f != "" && !filepath.IsAbs(f) {
+			// Envoy resolves an SDS file's names from its own working
+			// directory, not the resource file's: relative names would
+			// point elsewhere than the operator meant.
+			return fmt.Errorf("envoyconfigs: XDSAuth: with SDSDir every file must be an absolute path, got %q", f)
+		}
 	}
 	for _, c := range a.Token {
 		if c <= ' ' || c > '~' {

@@ -17,8 +17,8 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/internal/envoytest"
-	"github.com/inferlb/inferlb/tools/envoylb"
 )
 
 func noLeaks(t *testing.T) {
@@ -466,7 +466,7 @@ func TestEvidenceReports(t *testing.T) {
 // stuckOnRetry counts the distinct affinity keys engine i received whose
 // retry Envoy sends back to i: every host-selection re-pick (the frontend
 // bootstrap's host_selection_retry_max_attempts) lands on i again, in
-// tools/envoylb's model of Envoy's Maglev (checked against Envoy there).
+// internal/envoylb's model of Envoy's Maglev (checked against Envoy there).
 func stuckOnRetry(t *testing.T, r *rig, i int) int {
 	t.Helper()
 	var hosts []envoylb.Host

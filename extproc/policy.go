@@ -36,6 +36,10 @@ type Policy struct {
 
 	engines map[string]string // upstream address → engine id
 
+	// src is the RoutingPolicy compiled (read-only): the endpoint picker
+	// builds its tables from it (Source).
+	src *policyv1.RoutingPolicy
+
 	// regionHdr is the decision's source-region header, built once (nil
 	// without a region).
 	regionHdr *corev3.HeaderValueOption
@@ -126,6 +130,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		states = func(string) *classState { return newClassState() }
 	}
 	p := &Policy{
+		src:        rp,
 		Version:    rp.GetVersion(),
 		NodeID:     rp.GetNodeId(),
 		Region:     rp.GetRegion(),

@@ -9,6 +9,10 @@
 #     the test that drives the control plane's web dashboard in a headless
 #     browser (apt-get; skipped when a chromium is on PATH or
 #     $INFERLB_CHROMIUM names one). The demo does not need it.
+#   - with --engines (make test): llama.cpp's llama-server, built from source,
+#     and a tiny model for it (scripts/setup-engines.sh, cached under
+#     $VENV/llama.cpp), for the tests that put a real inference engine behind
+#     the stack and for `inferlb demo --engines llamacpp`.
 #   - with --k8s (make test): a real etcd and kube-apiserver for the
 #     Kubernetes tests, built from the Go module proxy and cached by version
 #     (scripts/setup-k8s.sh; minutes the first time, instant after).
@@ -17,12 +21,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 browser=0
+engines=0
 k8s=0
 for arg in "$@"; do
   case "$arg" in
     --browser) browser=1 ;;
+    --engines) engines=1 ;;
     --k8s) k8s=1 ;;
-    *) printf 'setup: unknown argument %q (want --browser, --k8s or nothing)\n' "$arg" >&2; exit 2 ;;
+    *) printf 'setup: unknown argument %q (want --browser, --engines, --k8s or nothing)\n' "$arg" >&2; exit 2 ;;
   esac
 done
 
@@ -78,6 +84,12 @@ if [ "$browser" = 1 ] && [ -z "${INFERLB_CHROMIUM:-}" ] && ! command -v chromium
   fi
   command -v chromium >/dev/null || { log "apt-get installed chromium but there is no chromium on PATH"; exit 1; }
 fi
+# --- engines (issue 24): llama-server and its tiny model --------------------
+if [ "$engines" = 1 ]; then
+  scripts/setup-engines.sh "$VENV"
+fi
+# --- end engines -------------------------------------------------------------
+
 # --- Kubernetes test rig (issue 25): etcd + kube-apiserver -------------------
 # Kept in its own script so this one's other sections change independently.
 if [ "$k8s" = 1 ]; then
@@ -88,5 +100,8 @@ fi
 ready="$("$VENV/bin/envoy" --version | grep -o 'version: [^ ]*' | head -1), go $(go env GOVERSION)"
 if [ "$browser" = 1 ]; then
   ready="$ready, $("${INFERLB_CHROMIUM:-$(command -v chromium || command -v chromium-browser)}" --version 2>/dev/null | head -1)"
+fi
+if [ "$engines" = 1 ]; then
+  ready="$ready, llama-server and the tiny model in $VENV/llama.cpp"
 fi
 log "ready: $ready"

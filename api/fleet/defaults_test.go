@@ -68,13 +68,13 @@ func TestDefaults(t *testing.T) {
 				return *(*d.Classes)[0].MeanPromptTokens
 			}, 200.0},
 		{"engine server and health path omitted",
-			specDoc{Engines: []engineDoc{{}, {Server: "sglang"}, {Server: "generic", HealthPath: "/ready"}}}, func(d *specDoc) any {
+			specDoc{Engines: []engineDoc{{}, {Server: "sglang"}, {Server: "generic", HealthPath: "/ready"}, {Server: "llamacpp"}}}, func(d *specDoc) any {
 				var out []string
 				for _, e := range d.Engines {
 					out = append(out, e.Server+" "+e.HealthPath)
 				}
 				return strings.Join(out, ", ")
-			}, "vllm /health, sglang /health_generate, generic /ready"},
+			}, "vllm /health, sglang /health_generate, generic /ready, llamacpp /health"},
 		{"model chat template tokens omitted; given kept",
 			specDoc{Models: []modelDoc{{Name: "a"}, {Name: "b", ChatTemplateTokens: ptr(-3)}}}, func(d *specDoc) any {
 				return [2]int{*d.Models[0].ChatTemplateTokens, *d.Models[1].ChatTemplateTokens}

@@ -239,7 +239,7 @@ type Engine struct {
 	Replicas int               `yaml:"replicas"`
 	Labels   map[string]string `yaml:"labels,omitempty"`
 	// Server is the kind of model server (ServerVLLM, ServerSGLang,
-	// ServerGeneric): it selects the metric names the control plane reads
+	// ServerGeneric, ServerLlamaCpp): it selects the metric names the control plane reads
 	// and the default HealthPath. Always set in a parsed Spec.
 	Server string `yaml:"server"`
 	// HealthPath is the HTTP path Envoy's active health check and the
@@ -257,10 +257,13 @@ const (
 	// ServerGeneric: an OpenAI-compatible server whose metrics are not
 	// known; vLLM names are read when present, none is required, /health.
 	ServerGeneric = "generic"
+	// ServerLlamaCpp: llama.cpp's llama-server (started with --metrics):
+	// its llamacpp: metrics, /health.
+	ServerLlamaCpp = "llamacpp"
 )
 
 // ServerKinds lists the accepted engines[].server values.
-var ServerKinds = []string{ServerVLLM, ServerSGLang, ServerGeneric}
+var ServerKinds = []string{ServerVLLM, ServerSGLang, ServerGeneric, ServerLlamaCpp}
 
 // DefaultHealthPath is the health path of a server kind.
 func DefaultHealthPath(server string) string {

@@ -290,8 +290,9 @@ var ruleCases = []ruleCase{
 		[]string{`engines[3].labels: must be a mapping, got "zone"`}},
 	// model servers and tokenizers
 	{"server kinds", []string{"model: m, replicas: 2", "model: m, server: sglang, replicas: 2", "gpu: A100, model: m}\n  - {id: e3", "gpu: A100, model: m, server: generic}\n  - {id: e3"}, nil},
+	{"llama.cpp server", []string{"model: m, replicas: 2", "model: m, server: llamacpp, replicas: 2"}, nil},
 	{"unknown server kind", []string{"model: m, replicas: 2", "model: m, server: tgi, replicas: 2"},
-		[]string{`engines[3].server: unknown server kind "tgi" (known: vllm, sglang, generic)`}},
+		[]string{`engines[3].server: unknown server kind "tgi" (known: vllm, sglang, generic, llamacpp)`}},
 	{"health path", []string{"model: m, replicas: 2", "model: m, health_path: /health/ready, replicas: 2"}, nil},
 	{"health path not absolute", []string{"model: m, replicas: 2", "model: m, health_path: health, replicas: 2"},
 		[]string{`engines[3].health_path: "health" must start with /`}},

@@ -76,6 +76,18 @@ listen on their fleet-spec addresses.`,
 				return err
 			}
 			o.Self = self
+			if o.Engines == demo.EnginesLlamaCpp {
+				// The real engines' own fleet and pace, unless given.
+				for flag, set := range map[string]func(){
+					"fleet":       func() { o.FleetPath = "examples/fleet-llamacpp.yaml" },
+					"fail-engine": func() { o.FailEngine = "us-east-cpu-1" },
+					"rate":        func() { o.Rate = 0.3 },
+				} {
+					if !cmd.Flags().Changed(flag) {
+						set()
+					}
+				}
+			}
 			for name, v := range map[string]float64{"--rate": o.Rate, "--time-scale": o.TimeScale,
 				"--control-interval": o.ControlInterval.Seconds(), "--view-interval": o.ViewInterval.Seconds()} {
 				if !(v > 0) {
@@ -111,7 +123,8 @@ listen on their fleet-spec addresses.`,
 	}
 	cmd.Example = `  make demo                                   # until Ctrl-C
   inferlb demo --duration 20s --time-scale 0.5  # 20 simulated seconds (10 real), then the summary
-  inferlb demo --time-scale 2 --rate 2 --plain > demo.log`
+  inferlb demo --time-scale 2 --rate 2 --plain > demo.log
+  inferlb demo --engines llamacpp --duration 40s  # real llama.cpp servers instead of simulated ones`
 	f := cmd.Flags()
 	f.StringVar(&o.FleetPath, "fleet", "examples/fleet-demo.yaml", "fleet spec (YAML)")
 	f.StringVar(&o.OutDir, "out", "demo-out", "directory for logs, Envoy bootstraps and reports")
@@ -130,5 +143,6 @@ listen on their fleet-spec addresses.`,
 	f.DurationVar(&o.ViewInterval, "view-interval", 2*time.Second, "live view redraw period")
 	f.BoolVar(&o.Plain, "plain", false, "append screens instead of redrawing (the default when stdout is not a terminal)")
 	f.IntVar(&o.BasePort, "base-port", 17000, "first port of the demo's listeners")
+	f.StringVar(&o.Engines, "engines", demo.EnginesSim, "what serves the engines: sim (the engine simulator) or llamacpp (one llama.cpp llama-server per engine on a tiny model, built by scripts/setup.sh --engines; real time; default fleet examples/fleet-llamacpp.yaml, --rate 0.3, --fail-engine us-east-cpu-1)")
 	return cmd
 }

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/inferlb/inferlb/tools/llamacpp"
 )
 
 // The demo's end-to-end checks. The demo runs as users run it, through the
@@ -78,6 +80,53 @@ func checkDemoBounded(t *testing.T, out, dir string) {
 		}
 	}
 	for _, want := range []string{"class general:", "timeline: ", "inferlb demo: stopped.", fmt.Sprintf("requests: %d sent", rep.Requests.Sent), "region=us-west"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the demo's output lacks %q", want)
+		}
+	}
+}
+
+// The llama.cpp demo runs where llama-server is built; outside CI a
+// machine without it skips the entry (in CI its absence fails the run).
+func init() {
+	err := llamacpp.Available()
+	if err == nil || os.Getenv("CI") == "true" {
+		return
+	}
+	for i := range docCommands {
+		if strings.Contains(docCommands[i].cmd, "--engines llamacpp") {
+			docCommands[i].skip = "no llama-server here (" + err.Error() + "); not in CI"
+		}
+	}
+}
+
+// A bounded demo on real llama.cpp servers: every engine up, traffic
+// through every frontend, nearly every request answered, and the
+// conversations' later turns served from the servers' own prompt caches
+// (their usage reports the cached tokens).
+func checkDemoLlama(t *testing.T, out, dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "demo-out", "loadgen-report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Requests struct {
+			Sent, OK, Errors, Timeouts int
+		} `json:"requests"`
+		CachedShare float64        `json:"cached_prompt_share"`
+		Messages    map[string]int `json:"errors"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("llama.cpp demo traffic: %+v, cached share %.2f, errors by message %v", rep.Requests, rep.CachedShare, rep.Messages)
+	if failed := rep.Requests.Errors + rep.Requests.Timeouts; rep.Requests.OK < 5 || failed > max(1, rep.Requests.Sent/100) {
+		t.Errorf("want at least 5 good requests and at most 1%% failed: %+v; errors by message: %v", rep.Requests, rep.Messages)
+	}
+	if rep.CachedShare < 0.2 {
+		t.Errorf("cached prompt share %.2f: want ≥ 0.2, the later turns from the servers' prompt caches", rep.CachedShare)
+	}
+	for _, want := range []string{"us-east-cpu-1", "eu-west-cpu-1", "inferlb demo: stopped."} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the demo's output lacks %q", want)
 		}

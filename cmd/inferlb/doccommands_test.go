@@ -144,6 +144,10 @@ var docCommands = []docCmd{
 	{cmd: "inferlb control-plane --fleet " + fleet3 + " --tls-cert /etc/inferlb/cp.crt --tls-key /etc/inferlb/cp.key --tls-client-ca /etc/inferlb/clients-ca.crt", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
 	{cmd: "inferlb extproc --control-plane cp.inferlb.internal:18000 --node-id frontend-us-east --region us-east --control-plane-ca /etc/inferlb/cp-ca.crt --control-plane-cert /etc/inferlb/fe.crt --control-plane-key /etc/inferlb/fe.key --control-plane-server-name cp.inferlb.internal", skip: "needs a PKI; TestDrillMutualTLS (test/drills) runs these flags with certificates it makes"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id frontend-us-east --region us-east --control-plane 127.0.0.1:18000 --insecure --client-priorities examples/auth/client-priorities.yaml --auth-filters examples/auth/envoy-jwt-auth.yaml", want: "envoy.filters.http.jwt_authn"},
+	// The endpoint picker (docs/endpoint-picker.md) and Envoy's credentials over SDS (docs/operations.md).
+	{cmd: "inferlb extproc --mode endpoint-picker", skip: "the mode's name in prose; TestRunEndpointPicker (extproc/service) runs the service in it, and extproc/picker's TestEndpointPicker* behind real gateway Envoys"},
+	{cmd: "inferlb extproc --mode endpoint-picker --listen 0.0.0.0:9002 --control-plane cp.inferlb:18000 --node-id gateway-eu-west --region eu-west --control-plane-ca /etc/inferlb/ca.crt --control-plane-cert ... --control-plane-key ...", skip: "needs a PKI and a control plane; TestRunEndpointPicker runs the mode"},
+	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id fe --region eu-west --control-plane cp.inferlb:18000 --control-plane-ca /etc/inferlb/tls/ca.crt --control-plane-cert /etc/inferlb/tls/tls.crt --control-plane-key /etc/inferlb/tls/tls.key --envoy-sds-dir /etc/envoy/sds > envoy.yaml", skip: "needs a PKI; TestPrintBootstrapSDS runs these flags, TestDrillEnvoyCredentialsRotateLive (test/drills) the bootstrap they print"},
 	// Load against one engine.
 	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace tools/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
 	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
@@ -152,6 +156,9 @@ var docCommands = []docCmd{
 	// The demo itself.
 	{cmd: "inferlb demo --duration 20s --time-scale 0.5", want: "inferlb demo: stopped."},
 	{cmd: "inferlb demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},
+	// Real llama.cpp servers (scripts/setup.sh --engines builds them; make
+	// test does); skipped without them outside CI (llamaDemoSkip).
+	{cmd: "inferlb demo --engines llamacpp --duration 40s", want: "inferlb demo: stopped.", check: checkDemoLlama},
 	// The fleet simulator.
 	{cmd: "inferlb sim --duration 60s examples/sim/steady-3region.yaml", want: "| inferlb |"},
 	{cmd: "inferlb sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml", want: "| session_hash |"},
@@ -172,6 +179,8 @@ var docCommands = []docCmd{
 	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
 	{cmd: "inferlb bench affinity --modes prefix --hash-balance-factor 300 --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the Mooncake trace lives in the shared data directory, outside the repository (docs/sim.md's --data-dir); a minute of a real rig"},
 	{cmd: "inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the same, with the default hash_balance_factor of the bench"},
+	{cmd: "inferlb bench simreal", skip: "the sim-vs-real comparison behind docs/sim.md (two minutes of traffic at time scale 2: about six minutes); tools/simreal's TestSimAgainstReal runs it short in make test"},
+	{cmd: "inferlb bench simreal --duration 60s --seed 7 --json-out simreal.json", skip: "three minutes of a real stack; tools/simreal's TestSimAgainstReal runs the same path short in make test"},
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
 	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
+	"github.com/inferlb/inferlb/extproc/picker"
 	"github.com/inferlb/inferlb/extproc/service"
 	"github.com/inferlb/inferlb/xds/auth"
 )
@@ -25,6 +27,7 @@ type extprocOptions struct {
 	adm                                extproc.Admission
 	logLevel, printBootstrap, fallback string
 	authFilters, cpuProfile            string
+	envoySDSDir                        string
 	gcPercent, envoyPort               int
 }
 
@@ -109,7 +112,7 @@ and exits.`,
 				}
 			}
 			if o.printBootstrap != "" {
-				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoyPort)
+				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoySDSDir, o.envoyPort)
 			}
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
@@ -168,10 +171,13 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
 	f.IntVar(&o.envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
+	f.StringVar(&o.envoySDSDir, "envoy-sds-dir", "", "with --print-bootstrap and TLS credentials: write SDS resource files for Envoy's certificate, key and CA into this directory and have the bootstrap read them from there, so Envoy takes rotated files live (empty: static file names, read once at start)")
 	f.StringVar(&o.fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
 	f.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
 	f.Float64Var(&o.adm.LocalReserve, "local-reserve", o.adm.LocalReserve, "share of a class's in-flight limit kept for more important traffic: the least important priority is refused at (1 - this) of the limit, the most important only at the limit, in [0, 1)")
 	f.Float64Var(&o.adm.RetryBurst, "retry-burst", o.adm.RetryBurst, "most retries a class's retry budget holds (and starts with), >= 1")
+	f.StringVar(&cfg.Mode, "mode", service.ModeExtProc, "ext_proc (beside inferlb's frontend Envoys) or endpoint-picker (behind a gateway's Envoy: the Gateway API Inference Extension's endpoint picker protocol, docs/endpoint-picker.md)")
+	f.IntVar(&cfg.PickerFallbacks, "picker-fallbacks", picker.DefaultFallbacks, "with --mode endpoint-picker: fallback endpoints listed after the primary (the next distinct hosts on the table), >= 0; only for gateways on the override_host policy (an ORIGINAL_DST cluster takes one address)")
 	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile to this file until exit")
 	_ = f.MarkHidden("cpu-profile")
 	for _, name := range []string{"client-priorities", "auth-filters", "policy-file", "tokenizer"} {
@@ -180,7 +186,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	cliconfig.Add(cmd)
 }
 
-func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters string, envoyPort int) error {
+func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters, sdsDir string, envoyPort int) error {
 	if variant != envoyconfigs.FailClosed && variant != envoyconfigs.FailOpen {
 		// The template's direct variant (no ext_proc) is for measurements
 		// and tests, not for a frontend of this service.
@@ -238,15 +244,38 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 		}
 		filters = string(b)
 	}
+	xa := envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
+		ServerName: cfg.Auth.ServerName}
+	if sdsDir != "" {
+		if xa.CAFile == "" {
+			return fmt.Errorf("--envoy-sds-dir serves Envoy's TLS credentials: give them (--control-plane-ca, and --control-plane-cert/--control-plane-key for mutual TLS)")
+		}
+		// Envoy resolves the SDS files' names from its own working
+		// directory: make every name absolute.
+		for _, f := range []*string{&xa.CAFile, &xa.CertFile, &xa.KeyFile, &sdsDir} {
+			if *f == "" {
+				continue
+			}
+			a, err := filepath.Abs(*f)
+			if err != nil {
+				return err
+			}
+			*f = a
+		}
+		xa.SDSDir = sdsDir
+	}
 	y, err := envoyconfigs.Render(envoyconfigs.Params{
 		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
 		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
-		XDSAuth: envoyconfigs.XDSAuth{Token: token, CAFile: cfg.Auth.CAFile, CertFile: cfg.Auth.CertFile, KeyFile: cfg.Auth.KeyFile,
-			ServerName: cfg.Auth.ServerName},
-		ExtProcToken: extToken, ClientHeader: clientHeader, AuthFilters: filters,
+		XDSAuth: xa, ExtProcToken: extToken, ClientHeader: clientHeader, AuthFilters: filters,
 	})
 	if err != nil {
 		return err
+	}
+	if sdsDir != "" {
+		if err := envoyconfigs.WriteSDS(xa); err != nil {
+			return fmt.Errorf("--envoy-sds-dir: %w", err)
+		}
 	}
 	_, err = fmt.Fprint(cmd.OutOrStdout(), y)
 	return err

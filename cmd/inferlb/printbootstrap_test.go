@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -26,7 +28,7 @@ func TestPrintBootstrapVariants(t *testing.T) {
 		var out bytes.Buffer
 		cmd := &cobra.Command{}
 		cmd.SetOut(&out)
-		err := printFrontendBootstrap(cmd, cfg, c.variant, c.fallback, "", 10000)
+		err := printFrontendBootstrap(cmd, cfg, c.variant, c.fallback, "", "", 10000)
 		got := out.String()
 		if err != nil {
 			got = err.Error()
@@ -34,5 +36,36 @@ func TestPrintBootstrapVariants(t *testing.T) {
 		if !strings.Contains(got, c.want) {
 			t.Errorf("%s: got %.200q, want %q", c.variant, got, c.want)
 		}
+	}
+}
+
+// TestPrintBootstrapSDS: --envoy-sds-dir writes the SDS resource files
+// naming Envoy's credential files (absolute) and the bootstrap reads them
+// from there; without TLS credentials it is refused.
+func TestPrintBootstrapSDS(t *testing.T) {
+	dir := t.TempDir()
+	cfg := service.Config{Listen: "127.0.0.1:9002", ControlPlane: "127.0.0.1:18000", NodeID: "fe", Region: "r",
+		BodyLimit: 1 << 20, Auth: auth.Client{CAFile: "tls/ca.crt", CertFile: "tls/tls.crt", KeyFile: "tls/tls.key"}}
+	var out bytes.Buffer
+	cmd := &cobra.Command{}
+	cmd.SetOut(&out)
+	sds := filepath.Join(dir, "sds")
+	if err := printFrontendBootstrap(cmd, cfg, "fail-closed", "", "", sds, 10000); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), filepath.Join(sds, "xds-client-cert.yaml")) || strings.Contains(out.String(), "tls_certificates:") {
+		t.Errorf("the bootstrap does not read Envoy's certificate through SDS:\n%s", out.String())
+	}
+	b, err := os.ReadFile(filepath.Join(sds, "xds-client-cert.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs("tls/tls.crt")
+	if !strings.Contains(string(b), `"`+abs+`"`) || !strings.Contains(string(b), "watched_directory") {
+		t.Errorf("SDS file:\n%s\nwant the certificate's absolute path %s, watched", b, abs)
+	}
+	cfg.Auth = auth.Client{Insecure: true}
+	if err := printFrontendBootstrap(cmd, cfg, "fail-closed", "", "", sds, 10000); err == nil || !strings.Contains(err.Error(), "--envoy-sds-dir") {
+		t.Errorf("SDS without TLS credentials: %v, want an error naming --envoy-sds-dir", err)
 	}
 }

@@ -67,7 +67,7 @@ request). The other step-model fields cannot be identified from one request
 shape.
 
 After the sweep it reads the engine's /metrics with --server's mapping
-(vllm, sglang or generic) and GET /v1/models: the KV cache size
+(vllm, sglang, generic or llamacpp) and GET /v1/models: the KV cache size
 (vllm:cache_config_info's block_size × num_gpu_blocks, or SGLang's
 max_total_num_tokens) and the context limit (max_model_len) go into the
 entry as block_size, kv_capacity_tokens and max_context_tokens. Without
@@ -85,7 +85,7 @@ dependence), and needs --gpu and a KV size from /metrics.`,
 	fl.StringVar(&o.modelName, "model", "", "model name to request (and to look up in --fleet)")
 	fl.StringVar(&o.gpu, "gpu", "", "GPU type of the engine (with --fleet: whose profile to update)")
 	fl.StringVar(&o.fleetPath, "fleet", "", "fleet spec whose (--gpu, --model) profile the output updates")
-	fl.StringVar(&o.server, "server", fleet.ServerVLLM, "the engine's server kind, for its /metrics names: vllm, sglang or generic")
+	fl.StringVar(&o.server, "server", fleet.ServerVLLM, "the engine's server kind, for its /metrics names: vllm, sglang, generic or llamacpp")
 	fl.IntVar(&o.prompt, "prompt-tokens", 200, "prompt tokens per request")
 	fl.IntVar(&o.output, "output-tokens", 200, "output tokens per request (ignore_eos)")
 	fl.Float64Var(&o.maxRate, "max-rate", 0, "estimated saturation rate (req/s, target time); the sweep covers 10%–80% of it")

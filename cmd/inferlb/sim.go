@@ -34,7 +34,7 @@ the median of every figure.
 
 The engines are the engine simulator's model; inferlb runs its own ext_proc
 decisions and control loop (controlplane.Controller.Step) in the loop; Envoy's
-Maglev is modelled exactly (tools/envoylb). Policies: ` + strings.Join(fleetsim.PolicyNames(), ", ") + `.
+Maglev is modelled exactly (internal/envoylb). Policies: ` + strings.Join(fleetsim.PolicyNames(), ", ") + `.
 Scenario files: examples/sim/*.yaml; docs/sim.md documents their keys.
 
 --out DIR writes, per scenario, DIR/NAME/results.json and the charts (PNG and

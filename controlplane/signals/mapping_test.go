@@ -39,6 +39,13 @@ func TestRecordedPages(t *testing.T) {
 		{"sglang", "sglang.metrics", 7, 2, 0.28, 4e6, 8.128902e6, 0.49, 83, 8.128902e6, 7.557572e6, 11008, 7.55e6, 11008, 11008, nan, nan, 442356, nan, nil},
 		// A vLLM page read as a generic server: the same values.
 		{"generic", "vllm-v1.metrics", 12, 3, 0.42, 1e6, 2.5e6, nan, 2000, 2.5e6, 4e5, 2000, 398000, 2000, 2000, 16, 27448, nan, 1.76443e9, nil},
+		// llama.cpp (llama-server 11434 on the tests' tiny model, two
+		// slots busy and one request deferred): load gauges and token
+		// counters only; the prompt total is the evaluated tokens plus the
+		// cached ones, which are also the prefix-cache queries; latencies,
+		// finished requests, KV use and size unknown.
+		{"llamacpp", "llamacpp.metrics", 2, 1, nan, 1985, 4081, nan, nan, 4081, 608, nan, nan, nan, nan, nan, nan, nan, nan,
+			[]string{"llamacpp:kv_cache_usage_ratio"}},
 		// SGLang before its first request: parsed, every signal unknown.
 		{"sglang", "sglang-fresh.metrics", nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, 1.76443e9,
 			[]string{"sglang:generation_tokens_total", "sglang:num_queue_reqs", "sglang:num_requests_total", "sglang:num_running_reqs",
@@ -74,10 +81,13 @@ func TestMappingRequired(t *testing.T) {
 	if _, err := parseFile(t, "vllm", "sglang.metrics"); err == nil || !strings.Contains(err.Error(), "is this a vllm /metrics?") {
 		t.Errorf("vllm mapping on an SGLang page: %v", err)
 	}
-	for _, server := range []string{"sglang", "generic"} {
+	for _, server := range []string{"sglang", "generic", "llamacpp"} {
 		if _, err := parseFile(t, server, "sglang-fresh.metrics"); err != nil {
 			t.Errorf("%s on a fresh page: %v", server, err)
 		}
+	}
+	if _, err := parseFile(t, "vllm", "llamacpp.metrics"); err == nil || !strings.Contains(err.Error(), "is this a vllm /metrics?") {
+		t.Errorf("vllm mapping on a llama.cpp page: %v", err)
 	}
 	if MappingFor("tgi") != nil || MappingFor("") != Mappings["vllm"] {
 		t.Error("MappingFor: unknown kinds have no mapping; empty is vLLM")
@@ -127,6 +137,14 @@ func TestRestartDetected(t *testing.T) {
 	}
 	fresh, _ := parseFile(t, "sglang", "sglang-fresh.metrics")
 	sg, _ := parseFile(t, "sglang", "sglang.metrics")
+	// llama.cpp has no process start time: a restart shows as its token
+	// counters starting over.
+	llama, err := parseFile(t, "llamacpp", "llamacpp.metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	llamaRestarted := llama
+	llamaRestarted.PromptTokens, llamaRestarted.GenTokens, llamaRestarted.PrefixHits = 40, 8, 0
 	down := base
 	down.Success, down.PromptTokens = 3, 100
 	newStart := base
@@ -141,6 +159,8 @@ func TestRestartDetected(t *testing.T) {
 		{"counters vanished", sg, fresh, true},
 		{"first requests after a fresh start", fresh, sg, false},
 		{"new process start time", base, newStart, true},
+		{"llama.cpp counters started over", llama, llamaRestarted, true},
+		{"llama.cpp counters grew", llamaRestarted, llama, false},
 	}
 	for _, c := range cases {
 		if got := c.cur.RestartedSince(c.prev); got != c.want {
@@ -196,7 +216,7 @@ func TestTTFTExcludingQueue(t *testing.T) {
 }
 
 func FuzzMappings(f *testing.F) {
-	for _, n := range []string{"vllm-v1.metrics", "vllm-v0.metrics", "sglang.metrics", "sglang-fresh.metrics"} {
+	for _, n := range []string{"vllm-v1.metrics", "vllm-v0.metrics", "sglang.metrics", "sglang-fresh.metrics", "llamacpp.metrics"} {
 		b, err := os.ReadFile(filepath.Join("testdata", n))
 		if err != nil {
 			f.Fatal(err)

@@ -89,6 +89,12 @@ type Mapping struct {
 	TTFT, ITL, Queue, E2E                    []string
 	Success, PromptTokens, GenTokens         []string
 	CacheConfigInfo, KVTokens                []string
+	// PromptExcludesHits: the server's prompt-token counter leaves out the
+	// tokens served from its prefix cache (llama.cpp's counts only the
+	// tokens it evaluated). The hits are added back, so PromptTokens is
+	// every prompt token as for vLLM, and that total is also the count of
+	// prefix-cache queries.
+	PromptExcludesHits bool
 	// Required gauges: a page without them is an error (a wrong port, a
 	// server of another kind). SGLang's and generic servers' gauges may be
 	// absent before the first request, so none is required for them.
@@ -119,6 +125,22 @@ var Mappings = map[string]*Mapping{
 		Queue: []string{"sglang:queue_time_seconds"}, E2E: []string{"sglang:e2e_request_latency_seconds"},
 		Success: []string{"sglang:num_requests_total"}, PromptTokens: []string{"sglang:prompt_tokens_total"}, GenTokens: []string{"sglang:generation_tokens_total"},
 		KVTokens: []string{"sglang:max_total_num_tokens"},
+	},
+	// llama.cpp's llama-server (--metrics): no histograms, no request
+	// counter, no KV-cache gauge in current builds (older ones had
+	// kv_cache_usage_ratio, read when present); TTFT, TBOT, queue and
+	// end-to-end latency, finished requests and the cache size stay
+	// unknown. Its gauges exist from the start, but a server without
+	// --metrics answers 501, so none is required here either: the scrape
+	// fails with that status.
+	"llamacpp": {
+		Server:  "llamacpp",
+		Running: []string{"llamacpp:requests_processing"}, Waiting: []string{"llamacpp:requests_deferred"},
+		KVUsage:            []string{"llamacpp:kv_cache_usage_ratio"},
+		PrefixHits:         []string{"llamacpp:prompt_tokens_cached_total"},
+		PromptTokens:       []string{"llamacpp:prompt_tokens_total"},
+		GenTokens:          []string{"llamacpp:tokens_predicted_total"},
+		PromptExcludesHits: true,
 	},
 }
 
@@ -210,6 +232,10 @@ func (mp *Mapping) Parse(r io.Reader) (Metrics, error) {
 	m.ITLSum, m.ITLCount = hist(mp.ITL)
 	m.QueueSum, m.QueueCount = hist(mp.Queue)
 	m.E2ESum, m.E2ECount = hist(mp.E2E)
+	if mp.PromptExcludesHits && !math.IsNaN(m.PromptTokens) && !math.IsNaN(m.PrefixHits) {
+		m.PromptTokens += m.PrefixHits
+		m.PrefixQueries = m.PromptTokens
+	}
 	m.StartTime = sum("process_start_time_seconds")
 	m.KVTokens = first(mp.KVTokens)
 	m.BlockSize, m.KVBlocks = math.NaN(), math.NaN()
@@ -230,12 +256,23 @@ func (mp *Mapping) Parse(r io.Reader) (Metrics, error) {
 			break
 		}
 	}
+	// A signal a mapping has no name for is unknown by design, not missing
+	// from the page.
+	name0 := func(names []string) string {
+		if len(names) == 0 {
+			return ""
+		}
+		return names[0]
+	}
 	gauges := []struct {
 		name string
 		v    float64
-	}{{mp.Running[0], m.Running}, {mp.Waiting[0], m.Waiting}, {mp.KVUsage[0], m.KVUsage}}
+	}{{name0(mp.Running), m.Running}, {name0(mp.Waiting), m.Waiting}, {name0(mp.KVUsage), m.KVUsage}}
 	var missing []string
 	for _, g := range gauges {
+		if g.name == "" && math.IsNaN(g.v) {
+			continue
+		}
 		if math.IsNaN(g.v) {
 			missing = append(missing, g.name)
 		} else if g.v < 0 || math.IsInf(g.v, 0) {
@@ -248,8 +285,8 @@ func (mp *Mapping) Parse(r io.Reader) (Metrics, error) {
 	for _, c := range []struct {
 		name string
 		v    float64
-	}{{mp.TTFT[0], m.TTFTCount}, {mp.Success[0], m.Success}, {mp.PromptTokens[0], m.PromptTokens}, {mp.GenTokens[0], m.GenTokens}} {
-		if math.IsNaN(c.v) {
+	}{{name0(mp.TTFT), m.TTFTCount}, {name0(mp.Success), m.Success}, {name0(mp.PromptTokens), m.PromptTokens}, {name0(mp.GenTokens), m.GenTokens}} {
+		if c.name != "" && math.IsNaN(c.v) {
 			missing = append(missing, c.name)
 		}
 	}

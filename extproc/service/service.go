@@ -29,6 +29,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/extproc/picker"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/xds/auth"
 )
@@ -60,6 +61,17 @@ func ServerOptions(bodyLimit int) []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}
 }
+
+// The service's modes.
+const (
+	// ModeExtProc serves inferlb's own frontend Envoys (bootstrapped from
+	// envoy-configs/): the decision goes to Envoy's Maglev cluster as a
+	// cluster header and an affinity key.
+	ModeExtProc = "ext_proc"
+	// ModeEndpointPicker serves a gateway's Envoy as the Inference
+	// Extension's endpoint picker: the picker names the engine itself.
+	ModeEndpointPicker = "endpoint-picker"
+)
 
 // Config is the service's configuration (the command's flags).
 type Config struct {
@@ -117,7 +129,14 @@ type Config struct {
 	// Admission tunes local admission and the retry budget (nil:
 	// extproc.DefaultAdmission).
 	Admission *extproc.Admission
-	Logger    *slog.Logger
+	// Mode is ModeExtProc (beside inferlb's own frontend Envoys, "" too)
+	// or ModeEndpointPicker (behind a gateway's Envoy, the Inference
+	// Extension's endpoint picker protocol: extproc/picker).
+	Mode string
+	// PickerFallbacks is how many fallback endpoints the endpoint picker
+	// lists after the primary (0: none).
+	PickerFallbacks int
+	Logger          *slog.Logger
 	// Ready, if set, receives the bound addresses once serving.
 	Ready func(grpcAddr, httpAddr string)
 }
@@ -201,7 +220,21 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen (--listen) %q: %w", cfg.Listen, err)
 	}
 	g := grpc.NewServer(append(ServerOptions(cfg.BodyLimit), listenAuth...)...)
-	srv.Register(g)
+	apply := srv.SetPolicy
+	var pk *picker.Picker
+	if cfg.Mode == ModeEndpointPicker {
+		pk = picker.New(srv, picker.Options{Fallbacks: cfg.PickerFallbacks, Logger: log})
+		pk.Register(g)
+		// Readiness follows the policy: a gateway's health check keeps
+		// requests away from a picker that would answer them all 503.
+		apply = func(rp *policyv1.RoutingPolicy) error {
+			err := srv.SetPolicy(rp)
+			pk.UpdateReadiness()
+			return err
+		}
+	} else {
+		srv.Register(g)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -220,7 +253,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var sub *cpclient.Subscriber
 	if cp.policy != nil {
-		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: srv.SetPolicy, Logger: log}
+		sub = &cpclient.Subscriber{Conn: cp.policy, NodeID: cfg.NodeID, Region: cfg.Region, Apply: apply, Logger: log}
 		rep := &cpclient.Reporter{Conns: cp.reports, NodeID: cfg.NodeID, Instance: cfg.Instance, Interval: cfg.ReportInterval,
 			Flush: srv.Observer().Flush, Logger: log}
 		wg.Add(2)
@@ -259,6 +292,9 @@ func Run(ctx context.Context, cfg Config) error {
 	case runErr = <-errc:
 	}
 	cancel()
+	if pk != nil {
+		pk.Shutdown() // gateways stop sending new requests while streams drain
+	}
 	stopServing(g, hs, cfg.ShutdownGrace, log)
 	wg.Wait()
 	log.Info("ext_proc stopped")
@@ -298,6 +334,14 @@ func (cfg *Config) normalize() error {
 	// A bound below one body of the limit would answer every such body 503.
 	if cfg.MaxBodyMemory < int64(cfg.BodyLimit) {
 		return fmt.Errorf("max body memory %d bytes (--max-body-memory) is below the body limit %d bytes (--body-limit)", cfg.MaxBodyMemory, cfg.BodyLimit)
+	}
+	switch cfg.Mode {
+	case "", ModeExtProc, ModeEndpointPicker:
+	default:
+		return fmt.Errorf("mode (--mode) %q: want %s or %s", cfg.Mode, ModeExtProc, ModeEndpointPicker)
+	}
+	if cfg.PickerFallbacks < 0 {
+		return fmt.Errorf("picker fallbacks (--picker-fallbacks) %d is negative", cfg.PickerFallbacks)
 	}
 	if cfg.ControlPlane != "" && cfg.NodeID == "" {
 		return errors.New("--node-id is required with --control-plane")
@@ -347,7 +391,9 @@ func (cfg *Config) listenAuth(reg *prometheus.Registry, reloads *auth.Reloads, l
 	if cfg.ListenTokenFile == "" {
 		flag = "--control-plane-token-file"
 	}
-	return auth.Server{TokenFile: tf, TokenFlag: flag, Reloads: reloads, Reject: func(peer, method, reason string) {
+	// Health checks (the endpoint picker's liveness and readiness) come
+	// from kubelet and gateways without a token.
+	return auth.Server{TokenFile: tf, TokenFlag: flag, Open: []string{"/grpc.health.v1.Health/"}, Reloads: reloads, Reject: func(peer, method, reason string) {
 		refused.WithLabelValues(method).Inc()
 		log.Warn("ext_proc: unauthenticated call refused", "peer", peer, "method", method, "reason", reason)
 	}}.Options()

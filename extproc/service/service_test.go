@@ -19,6 +19,7 @@ import (
 	"github.com/lni/goutils/leaktest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
@@ -254,6 +255,38 @@ func TestBadBodyMemory(t *testing.T) {
 		cancel()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: want an error containing %q, got %v", c.cfg, c.want, err)
+		}
+	}
+}
+
+// --mode endpoint-picker: the service serves the picker (its health
+// services; readiness follows the control plane's policy, applied live)
+// and refuses an unknown mode or negative fallbacks.
+func TestRunEndpointPicker(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	cp := xdstest.StartControlPlane(t, "")
+	g, _, stop := startService(t, &policyv1.RoutingPolicy{NodeId: "n1", Version: "file",
+		Classes: []*policyv1.ClassPolicy{{Name: "c", Cluster: "cl", Model: "m"}}},
+		service.Config{Mode: service.ModeEndpointPicker, PickerFallbacks: 1, ControlPlane: cp.Addr, NodeID: "n1", BodyLimit: 1 << 20,
+			Auth: auth.Client{Insecure: true}})
+	conn, err := grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := healthpb.NewHealthClient(conn)
+	for _, svc := range []string{"liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("%s: %v %v, want SERVING (a policy is held)", svc, r, err)
+		}
+	}
+	conn.Close()
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for _, c := range []service.Config{{Listen: "127.0.0.1:0", Mode: "sidecar"}, {Listen: "127.0.0.1:0", Mode: service.ModeEndpointPicker, PickerFallbacks: -1}} {
+		if err := service.Run(context.Background(), c); err == nil || !strings.Contains(err.Error(), "--") {
+			t.Errorf("%+v: %v, want an error naming the flag", c, err)
 		}
 	}
 }

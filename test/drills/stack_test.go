@@ -21,6 +21,8 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/tools/enginesim"
+	"github.com/inferlb/inferlb/tools/llamacpp"
+	"github.com/inferlb/inferlb/xds/auth/authtest"
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
@@ -52,10 +54,15 @@ type stackOptions struct {
 	timeScale float64
 	// envoy edits the bootstrap parameters.
 	envoy func(*envoyconfigs.Params)
+	// onAuth sees the credentials (mtls: the PKI) before anything starts.
+	onAuth func(*authtest.PKI)
 	// noWait skips waiting for a first successful request.
 	noWait bool
 	// envoyWorkers is Envoy's worker count (default 1).
 	envoyWorkers int
+	// llama, if set, puts llama.cpp servers behind the stack instead of
+	// simulated engines (llamacpp_test.go).
+	llama *llamaOptions
 }
 
 // stack is a running drill stack.
@@ -65,6 +72,8 @@ type stack struct {
 	spec      *fleet.Spec
 	fleetPath string
 	engines   []*enginesim.Server
+	llamas    []*llamacpp.Server
+	addrs     []string // every engine's address, e0 first
 	cps       []*proc
 	cpXDS     []string // xDS/Reports address per replica
 	cpAdmin   []string // admin base URL per replica
@@ -82,6 +91,9 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	t.Cleanup(leaktest.AfterTest(t))
 	if _, err := envoytest.Binary(); err != nil {
 		t.Skipf("no Envoy: %v", err)
+	}
+	if o.llama != nil {
+		requireLlama(t)
 	}
 	bin := inferlbBinary(t)
 	if o.engines == 0 {
@@ -111,6 +123,13 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	}
 	prof = probe.Profiles[0]
 	var addrs []string
+	if o.llama != nil {
+		s.llamas = startLlamas(t, s.dir, o.llama)
+		for _, l := range s.llamas {
+			addrs = append(addrs, l.Addr())
+		}
+		o.engines = 0
+	}
 	for i := 0; i < o.engines; i++ {
 		e, err := enginesim.Start(context.Background(), enginesim.Options{ID: fmt.Sprintf("e%d", i), Model: "m",
 			Profile: prof, TimeScale: o.timeScale, Seed: uint64(i + 1), Logger: quiet})
@@ -121,7 +140,11 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		s.engines = append(s.engines, e)
 		addrs = append(addrs, e.Addr())
 	}
+	s.addrs = addrs
 	y := fleetYAML(o.profile, addrs, o.frontendMaxRPS)
+	if o.llama != nil {
+		y = o.llama.fleet(addrs)
+	}
 	if s.spec, err = fleet.Parse([]byte(y)); err != nil {
 		t.Fatalf("drill fleet: %v\n%s", err, y)
 	}
@@ -130,6 +153,9 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	s.auth = newAuthFiles(t, s.dir, o.auth)
+	if o.onAuth != nil {
+		o.onAuth(s.auth.pki)
+	}
 
 	// Control plane replicas on fixed (free) ports, so that a killed one
 	// comes back where Envoy and ext_proc look for it.
@@ -274,8 +300,8 @@ func (s *stack) waitServing() {
 		if err != nil {
 			return err
 		}
-		if n := len(cs["inferlb_chat"]); n != len(s.engines) {
-			return fmt.Errorf("envoy has %d of %d engines in inferlb_chat", n, len(s.engines))
+		if n := len(cs["inferlb_chat"]); n != len(s.addrs) {
+			return fmt.Errorf("envoy has %d of %d engines in inferlb_chat", n, len(s.addrs))
 		}
 		r := c.do(context.Background(), request{prompt: "ready?", maxTokens: 2})
 		if r.outcome != outcomeOK {
@@ -389,8 +415,8 @@ func (s *stack) envoyShares() (map[string]float64, error) {
 		}
 	}
 	out := map[string]float64{}
-	for i, e := range s.engines {
-		h, ok := hosts[e.Addr()]
+	for i, a := range s.addrs {
+		h, ok := hosts[a]
 		if !ok || sum == 0 {
 			return nil, fmt.Errorf("engine e%d not in Envoy's inferlb_chat (%d hosts)", i, len(hosts))
 		}

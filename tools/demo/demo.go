@@ -32,6 +32,7 @@ import (
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/envoybin"
 	"github.com/inferlb/inferlb/tools/liveview"
+	"github.com/inferlb/inferlb/tools/llamacpp"
 	"github.com/inferlb/inferlb/tools/loadgen"
 )
 
@@ -72,6 +73,9 @@ type Options struct {
 	// BasePort: the demo uses BasePort.. for its listeners (see ports).
 	BasePort int
 	Logger   *slog.Logger
+	// Engines is what serves the fleet's engines: EnginesSim ("" too) or
+	// EnginesLlamaCpp (real llama-servers, in real time: TimeScale 1).
+	Engines string
 }
 
 // ports lays out the demo's listeners from a base port.
@@ -149,6 +153,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	// 1. Engines, 2. the control plane.
 	cpAdmin := fmt.Sprintf("http://127.0.0.1:%d", pt.cpAdmin)
+	var llamas *llamaEngines
+	if o.Engines == EnginesLlamaCpp {
+		if llamas, err = startLlamaEngines(sup, log, spec); err != nil {
+			return nil, err
+		}
+	}
 	if err := startBackends(sup, o, pt); err != nil {
 		return nil, err
 	}
@@ -205,6 +215,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if llamas != nil {
+				llamas.crash(viewCtx, o.FailEngine, start.Add(o.FailAfter), o.FailFor)
+				return
+			}
 			failEngine(viewCtx, log, o, fmt.Sprintf("127.0.0.1:%d", pt.simAdmin), start)
 		}()
 	}
@@ -236,10 +250,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 // startBackends starts the engines (one process serves all of them) and
 // the control plane.
 func startBackends(sup *supervisor, o Options, pt ports) error {
-	// 1. Engines (one process serves all of them).
-	if err := sup.start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
-		"--time-scale", fmt.Sprint(o.TimeScale), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.simAdmin)); err != nil {
-		return err
+	// 1. Engines (one process serves all of them), unless llama-servers
+	// do.
+	if o.Engines != EnginesLlamaCpp {
+		if err := sup.start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
+			"--time-scale", fmt.Sprint(o.TimeScale), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.simAdmin)); err != nil {
+			return err
+		}
 	}
 	// 2. Control plane.
 	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
@@ -270,6 +287,19 @@ func readResult(report, outDir, cpAdmin string) (*Result, error) {
 // (they would silently not happen); it returns the address of the engine to
 // fail ("" for none).
 func checkOptions(o Options, spec *fleet.Spec) (failAddr string, err error) {
+	switch o.Engines {
+	case "", EnginesSim:
+	case EnginesLlamaCpp:
+		// A real engine runs in real time.
+		if o.TimeScale != 1 {
+			return "", fmt.Errorf("demo: --engines llamacpp runs real engines in real time: --time-scale must be 1, got %g", o.TimeScale)
+		}
+		if err := llamacpp.Available(); err != nil {
+			return "", fmt.Errorf("demo: --engines llamacpp: %w", err)
+		}
+	default:
+		return "", fmt.Errorf("demo: --engines %q: want %s or %s", o.Engines, EnginesSim, EnginesLlamaCpp)
+	}
 	if o.SurgeRegion != "" && o.SurgeAfter > 0 {
 		// A region no frontend is in would make the surge silently not
 		// happen.

@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/inferlb/inferlb/tools/envoylb"
+	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 

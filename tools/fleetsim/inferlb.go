@@ -20,8 +20,8 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/extproc/cpclient"
+	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
-	"github.com/inferlb/inferlb/tools/envoylb"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 

@@ -7,8 +7,8 @@ import (
 	"strconv"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/internal/envoylb"
 	"github.com/inferlb/inferlb/tools/enginesim/model"
-	"github.com/inferlb/inferlb/tools/envoylb"
 )
 
 // Policy decides where requests go. The simulator calls Admit once per
@@ -51,7 +51,7 @@ const (
 
 // PolicyNames lists every policy, rivals first.
 func PolicyNames() []string {
-	return []string{PolicyRoundRobin, PolicyP2C, PolicyNearest, PolicySession, PolicyOld, PolicyLLMD, PolicySGLang, PolicyDynamo, PolicyRandomKey, PolicyInferlb}
+	return []string{PolicyRoundRobin, PolicyP2C, PolicyNearest, PolicySession, PolicyOld, PolicyLLMD, PolicyLLMDRegional, PolicySGLang, PolicySGLangRegional, PolicyDynamo, PolicyDynamoRegional, PolicyRandomKey, PolicyInferlb}
 }
 
 func newPolicy(name string, s *Sim) (Policy, error) {
@@ -76,13 +76,19 @@ func newPolicy(name string, s *Sim) (Policy, error) {
 		return newInferlb(s, s.spec)
 	case PolicyRandomKey:
 		return newInferlb(s, affinityOff(s.spec))
+	case PolicyLLMDRegional, PolicySGLangRegional, PolicyDynamoRegional:
+		return newRegionalPolicy(name, s), nil
 	}
 	return nil, fmt.Errorf("fleetsim: unknown policy %q (known: %v)", name, PolicyNames())
 }
 
 // base holds what the simple policies share: nothing to start, admit
-// everything, nothing to observe.
-type base struct{ s *Sim }
+// everything, nothing to observe. A rival deployed per region has a scope
+// (regional.go) that narrows its candidates to one region.
+type base struct {
+	s     *Sim
+	scope *regionScope
+}
 
 func (base) Start()                      {}
 func (base) Event(event)                 {}
@@ -94,8 +100,17 @@ func (base) Weights() map[string]float64 { return nil }
 
 // candidates are the engines of the request's class that Envoy's health
 // checks pass and this attempt has not tried (previous_hosts); if every
-// healthy one was tried, the healthy ones.
+// healthy one was tried, the healthy ones. A regional router keeps those of
+// one region (regionScope.restrict).
 func (b base) candidates(p *request, buf []int) []int {
+	buf = b.healthyCandidates(p, buf)
+	if b.scope != nil {
+		buf = b.scope.restrict(p.front.ix, buf)
+	}
+	return buf
+}
+
+func (b base) healthyCandidates(p *request, buf []int) []int {
 	buf = buf[:0]
 	for _, j := range b.s.classEngines[p.class] {
 		if b.s.engines[j].healthy && !slices.Contains(p.tried, int32(j)) {

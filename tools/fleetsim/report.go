@@ -37,6 +37,13 @@ type ScenarioResult struct {
 	// that keeps every request in its region can do.
 	BestRegionalHitRate float64         `json:"best_regional_hit_rate"`
 	Policies            []*PolicyResult `json:"policies"`
+	// StrongestRival is the rival policy (any but inferlb and random_key)
+	// with the lowest TTFT p99, then least shed (regional.go); a
+	// comparison counts only against it.
+	StrongestRival string `json:"strongest_rival,omitempty"`
+	// StrongerVariant names, for each rival run both globally and per
+	// region, the stronger deployment.
+	StrongerVariant []string `json:"stronger_variant,omitempty"`
 }
 
 // RunOptions configure RunScenario.
@@ -157,6 +164,7 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 	}
 	out.BestHitRate = median(best)
 	out.BestRegionalHitRate = median(bestReg)
+	markStrongest(out)
 	return out, nil
 }
 
@@ -213,6 +221,7 @@ func WriteTable(w io.Writer, r *ScenarioResult) {
 		}
 		fmt.Fprintf(w, "\nShare of the pooled ideal's hit rate: %s.\n", strings.Join(parts, ", "))
 	}
+	writeStrongest(w, r)
 	for _, p := range r.Policies {
 		if p.Shed == 0 || len(p.ShedPctByPriority) == 0 {
 			continue

@@ -12,7 +12,7 @@
 // controlplane.Controller.Step fed by controlplane/signals' Tracker (scrapes with
 // smoothing and staleness) and Intake (ext_proc's reports); the resources it
 // returns (RoutingPolicy and EDS) are applied to the deciders and to a
-// model of Envoy's host selection (tools/envoylb, checked against a real
+// model of Envoy's host selection (internal/envoylb, checked against a real
 // Envoy). Rival policies are plug-ins (Policy).
 package fleetsim
 

@@ -64,6 +64,10 @@ type Server struct {
 	// TokenFlag names TokenFile in errors and metrics (default
 	// "--token-file", the control plane's flag).
 	TokenFlag string
+	// Open lists full-method prefixes served without a token, for calls
+	// that reveal and move nothing (gRPC health checks, which kubelet's
+	// probes and gateways make without credentials). TLS still applies.
+	Open []string
 }
 
 // Validate checks that the configuration says something coherent. The
@@ -129,6 +133,11 @@ func (c Server) Options() ([]grpc.ServerOption, error) {
 			return nil, err
 		}
 		check := func(ctx context.Context, method string) error {
+			for _, p := range c.Open {
+				if strings.HasPrefix(method, p) {
+					return nil
+				}
+			}
 			if err := tf.check(ctx); err != nil {
 				if c.Reject != nil {
 					addr := ""

@@ -14,6 +14,7 @@ import (
 	"github.com/lni/goutils/leaktest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -304,5 +305,32 @@ func TestBootstrapCarriesCredentials(t *testing.T) {
 	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1,
 		BodyLimit: 1, XDSAuth: envoyconfigs.XDSAuth{CertFile: pki.ClientCert, KeyFile: pki.ClientKey}}); err == nil || !strings.Contains(err.Error(), "needs CAFile") {
 		t.Errorf("client certificate without a CA: %v", err)
+	}
+}
+
+// Open methods are served without a token (the endpoint picker's health
+// checks come from kubelet and gateways without one); every other method
+// still needs it.
+func TestOpenMethodsNeedNoToken(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	serverFile, _ := authtest.TokenFile(t, t.TempDir(), "server-tokens")
+	addr := serve(t, auth.Server{TokenFile: serverFile, Open: []string{"/grpc.health.v1.Health/Check"}})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hc := healthpb.NewHealthClient(conn)
+	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("open method without a token: %v, want served", err)
+	}
+	st, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("other method without a token: %v, want Unauthenticated", err)
 	}
 }

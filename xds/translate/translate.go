@@ -367,7 +367,7 @@ func Translate(n Node, o Options) (*Resources, error) {
 		out.Clusters = append(out.Clusters, classCluster(name, hc, o))
 		out.Endpoints = append(out.Endpoints, cla)
 	}
-	out.Policy = policy(n, classes, o)
+	out.Policy = policy(n, classes, out.Weights, o)
 	out.ClusterVersion = hashMessages(out.Clusters)
 	out.EndpointVersion = hashMessages(out.Endpoints)
 	bare := proto.Clone(out.Policy).(*policyv1.RoutingPolicy)
@@ -636,12 +636,13 @@ func splitAddress(a string) (string, uint32, error) {
 	return host, uint32(p), nil
 }
 
-func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
+func policy(n Node, classes []Class, weights map[string]map[string]EndpointWeight, o Options) *policyv1.RoutingPolicy {
 	p := &policyv1.RoutingPolicy{
 		NodeId:          n.NodeID,
 		Region:          n.Region,
 		Version:         n.PolicyVersion,
 		DefaultPriority: n.DefaultPriority,
+		LoadBalancer:    loadBalancer(o),
 	}
 	if !n.GeneratedAt.IsZero() {
 		p.GeneratedAt = timestamppb.New(n.GeneratedAt)
@@ -659,7 +660,8 @@ func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
 			ShedFractionByLevel: shed, RetryBudgetFraction: c.RetryBudgetFraction, MaxRetries: c.MaxRetries,
 			LocalInflightLimit: c.LocalInflightLimit, Utilization: c.Utilization, MeanOutputTokens: c.MeanOutputTokens,
 			TokenizerSha256: c.TokenizerSHA256, ChatTemplateTokens: c.ChatTemplateTokens,
-			Affinity: c.Affinity.policy(),
+			Affinity:  c.Affinity.policy(),
+			Endpoints: classEndpoints(n.Engines, weights[c.Name]),
 		})
 	}
 	prios := slices.Clone(n.Priorities)
@@ -685,4 +687,38 @@ func policy(n Node, classes []Class, o Options) *policyv1.RoutingPolicy {
 		p.Engines = append(p.Engines, &policyv1.EngineRef{Id: id, Address: e.Address, Region: e.Region})
 	}
 	return p
+}
+
+// loadBalancer is the class clusters' load balancer (classCluster) as the
+// policy carries it to an endpoint picker.
+func loadBalancer(o Options) *policyv1.LoadBalancer {
+	lb := &policyv1.LoadBalancer{
+		MaglevTableSize: o.MaglevTableSize, RingMinSize: o.RingMinSize, RingMaxSize: o.RingMaxSize,
+		HashBalanceFactor: o.HashBalanceFactor, HealthyPanicThreshold: o.HealthyPanicThreshold,
+	}
+	if o.LBPolicy == RingHash {
+		lb.Policy = policyv1.LoadBalancer_RING_HASH
+	}
+	return lb
+}
+
+// classEndpoints lists a class's endpoints in the order of its EDS
+// assignment (loadAssignment: by priority, then region, then engine id),
+// with the weight, priority and health Envoy gets, so that an endpoint
+// picker builds the same table Envoy builds (ring hash is sensitive to the
+// order; Maglev is not).
+func classEndpoints(engines map[string]Engine, w map[string]EndpointWeight) []*policyv1.Endpoint {
+	ids := slices.Sorted(maps.Keys(w))
+	slices.SortStableFunc(ids, func(a, b string) int {
+		return cmp.Or(cmp.Compare(w[a].Priority, w[b].Priority), cmp.Compare(engines[a].Region, engines[b].Region))
+	})
+	out := make([]*policyv1.Endpoint, 0, len(ids))
+	for _, id := range ids {
+		e := engines[id]
+		hs := e.Health.envoy()
+		out = append(out, &policyv1.Endpoint{EngineId: id, Address: e.Address, Weight: w[id].Weight, Priority: w[id].Priority,
+			// Envoy routes to HEALTHY and UNKNOWN endpoints alike.
+			Healthy: hs == corev3.HealthStatus_HEALTHY || hs == corev3.HealthStatus_UNKNOWN})
+	}
+	return out
 }

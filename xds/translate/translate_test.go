@@ -4,17 +4,21 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"maps"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/internal/golden"
 )
 
@@ -211,8 +215,50 @@ func TestVersionsFollowContent(t *testing.T) {
 	if c.EndpointVersion == a.EndpointVersion {
 		t.Error("a weight change kept the EDS version")
 	}
-	if c.PolicyHash != a.PolicyHash {
+	// The policy carries each class's endpoint weights (for an endpoint
+	// picker), so a weight change is a policy change too.
+	if c.PolicyHash == a.PolicyHash {
+		t.Error("a weight change kept the policy hash")
+	}
+	v := sampleNode()
+	v.PolicyVersion = "other"
+	d, _ := Translate(v, DefaultOptions())
+	if d.PolicyHash != a.PolicyHash {
 		t.Error("policy hash depends on the version stamp")
+	}
+}
+
+// TestPolicyCarriesTheEDSAssignment: an endpoint picker builds its table
+// from the policy, so the policy's endpoints must be the EDS assignment's,
+// endpoint for endpoint and in its order, with the cluster's load balancer.
+func TestPolicyCarriesTheEDSAssignment(t *testing.T) {
+	r, err := Translate(sampleNode(), DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	lb := r.Policy.GetLoadBalancer()
+	if lb.GetMaglevTableSize() != o.MaglevTableSize || lb.GetHashBalanceFactor() != o.HashBalanceFactor || lb.GetPolicy() != policyv1.LoadBalancer_MAGLEV {
+		t.Errorf("load balancer %v, want the clusters' (table %d, factor %d, maglev)", lb, o.MaglevTableSize, o.HashBalanceFactor)
+	}
+	for i, cla := range r.Endpoints {
+		cp := r.Policy.Classes[i]
+		var want []string
+		for _, loc := range cla.Endpoints {
+			for _, e := range loc.LbEndpoints {
+				sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+				hs := e.GetHealthStatus()
+				want = append(want, fmt.Sprintf("%s:%d w%d p%d %v", sa.GetAddress(), sa.GetPortValue(), e.GetLoadBalancingWeight().GetValue(), loc.Priority,
+					hs == corev3.HealthStatus_HEALTHY || hs == corev3.HealthStatus_UNKNOWN))
+			}
+		}
+		var got []string
+		for _, e := range cp.Endpoints {
+			got = append(got, fmt.Sprintf("%s w%d p%d %v", e.Address, e.Weight, e.Priority, e.Healthy))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("class %s: policy endpoints\n%v\nEDS\n%v", cp.Name, got, want)
+		}
 	}
 }
 

@@ -95,6 +95,52 @@ func (KeySource) EnumDescriptor() ([]byte, []int) {
 	return file_policy_proto_rawDescGZIP(), []int{0}
 }
 
+type LoadBalancer_Policy int32
+
+const (
+	LoadBalancer_MAGLEV    LoadBalancer_Policy = 0
+	LoadBalancer_RING_HASH LoadBalancer_Policy = 1
+)
+
+// Enum value maps for LoadBalancer_Policy.
+var (
+	LoadBalancer_Policy_name = map[int32]string{
+		0: "MAGLEV",
+		1: "RING_HASH",
+	}
+	LoadBalancer_Policy_value = map[string]int32{
+		"MAGLEV":    0,
+		"RING_HASH": 1,
+	}
+)
+
+func (x LoadBalancer_Policy) Enum() *LoadBalancer_Policy {
+	p := new(LoadBalancer_Policy)
+	*p = x
+	return p
+}
+
+func (x LoadBalancer_Policy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LoadBalancer_Policy) Descriptor() protoreflect.EnumDescriptor {
+	return file_policy_proto_enumTypes[1].Descriptor()
+}
+
+func (LoadBalancer_Policy) Type() protoreflect.EnumType {
+	return &file_policy_proto_enumTypes[1]
+}
+
+func (x LoadBalancer_Policy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LoadBalancer_Policy.Descriptor instead.
+func (LoadBalancer_Policy) EnumDescriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{1, 0}
+}
+
 type PrefixRule_Action int32
 
 const (
@@ -138,11 +184,11 @@ func (x PrefixRule_Action) String() string {
 }
 
 func (PrefixRule_Action) Descriptor() protoreflect.EnumDescriptor {
-	return file_policy_proto_enumTypes[1].Descriptor()
+	return file_policy_proto_enumTypes[2].Descriptor()
 }
 
 func (PrefixRule_Action) Type() protoreflect.EnumType {
-	return &file_policy_proto_enumTypes[1]
+	return &file_policy_proto_enumTypes[2]
 }
 
 func (x PrefixRule_Action) Number() protoreflect.EnumNumber {
@@ -151,7 +197,7 @@ func (x PrefixRule_Action) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PrefixRule_Action.Descriptor instead.
 func (PrefixRule_Action) EnumDescriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{6, 0}
+	return file_policy_proto_rawDescGZIP(), []int{8, 0}
 }
 
 type RoutingPolicy struct {
@@ -171,7 +217,12 @@ type RoutingPolicy struct {
 	DefaultPriority string `protobuf:"bytes,7,opt,name=default_priority,json=defaultPriority,proto3" json:"default_priority,omitempty"`
 	// Engines by upstream address ("ip:port"), so response observation can
 	// name the engine that served a request.
-	Engines       []*EngineRef `protobuf:"bytes,8,rep,name=engines,proto3" json:"engines,omitempty"`
+	Engines []*EngineRef `protobuf:"bytes,8,rep,name=engines,proto3" json:"engines,omitempty"`
+	// The class clusters' load balancer, as CDS gives it to this frontend's
+	// Envoys; with each class's endpoints (ClassPolicy.endpoints) it is what
+	// an endpoint picker needs to pick the engine Envoy would pick (numbers
+	// 150.. are the endpoint picker's, to keep merges apart).
+	LoadBalancer  *LoadBalancer `protobuf:"bytes,150,opt,name=load_balancer,json=loadBalancer,proto3" json:"load_balancer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -262,6 +313,184 @@ func (x *RoutingPolicy) GetEngines() []*EngineRef {
 	return nil
 }
 
+func (x *RoutingPolicy) GetLoadBalancer() *LoadBalancer {
+	if x != nil {
+		return x.LoadBalancer
+	}
+	return nil
+}
+
+// LoadBalancer is a class cluster's consistent-hash load balancer.
+type LoadBalancer struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Policy LoadBalancer_Policy    `protobuf:"varint,1,opt,name=policy,proto3,enum=inferlb.policy.v1.LoadBalancer_Policy" json:"policy,omitempty"`
+	// Maglev table size (a prime).
+	MaglevTableSize uint64 `protobuf:"varint,2,opt,name=maglev_table_size,json=maglevTableSize,proto3" json:"maglev_table_size,omitempty"`
+	// Ring hash sizes.
+	RingMinSize uint64 `protobuf:"varint,3,opt,name=ring_min_size,json=ringMinSize,proto3" json:"ring_min_size,omitempty"`
+	RingMaxSize uint64 `protobuf:"varint,4,opt,name=ring_max_size,json=ringMaxSize,proto3" json:"ring_max_size,omitempty"`
+	// hash_balance_factor (bounded loads): 0 off, else >= 100.
+	HashBalanceFactor uint32 `protobuf:"varint,5,opt,name=hash_balance_factor,json=hashBalanceFactor,proto3" json:"hash_balance_factor,omitempty"`
+	// healthy_panic_threshold in percent.
+	HealthyPanicThreshold float64 `protobuf:"fixed64,6,opt,name=healthy_panic_threshold,json=healthyPanicThreshold,proto3" json:"healthy_panic_threshold,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *LoadBalancer) Reset() {
+	*x = LoadBalancer{}
+	mi := &file_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadBalancer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadBalancer) ProtoMessage() {}
+
+func (x *LoadBalancer) ProtoReflect() protoreflect.Message {
+	mi := &file_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadBalancer.ProtoReflect.Descriptor instead.
+func (*LoadBalancer) Descriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LoadBalancer) GetPolicy() LoadBalancer_Policy {
+	if x != nil {
+		return x.Policy
+	}
+	return LoadBalancer_MAGLEV
+}
+
+func (x *LoadBalancer) GetMaglevTableSize() uint64 {
+	if x != nil {
+		return x.MaglevTableSize
+	}
+	return 0
+}
+
+func (x *LoadBalancer) GetRingMinSize() uint64 {
+	if x != nil {
+		return x.RingMinSize
+	}
+	return 0
+}
+
+func (x *LoadBalancer) GetRingMaxSize() uint64 {
+	if x != nil {
+		return x.RingMaxSize
+	}
+	return 0
+}
+
+func (x *LoadBalancer) GetHashBalanceFactor() uint32 {
+	if x != nil {
+		return x.HashBalanceFactor
+	}
+	return 0
+}
+
+func (x *LoadBalancer) GetHealthyPanicThreshold() float64 {
+	if x != nil {
+		return x.HealthyPanicThreshold
+	}
+	return 0
+}
+
+// Endpoint is one engine of a class's EDS assignment at this frontend:
+// the same address, weight, priority and health Envoy gets over EDS.
+type Endpoint struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	EngineId string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
+	// "ip:port", the address Envoy hashes and connects to.
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// load_balancing_weight (>= 1).
+	Weight uint32 `protobuf:"varint,3,opt,name=weight,proto3" json:"weight,omitempty"`
+	// EDS priority (0 first; 1 holds the engines without a share).
+	Priority uint32 `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The EDS health status counts as healthy (HEALTHY or UNKNOWN).
+	Healthy       bool `protobuf:"varint,5,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Endpoint) Reset() {
+	*x = Endpoint{}
+	mi := &file_policy_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Endpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Endpoint) ProtoMessage() {}
+
+func (x *Endpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_policy_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
+func (*Endpoint) Descriptor() ([]byte, []int) {
+	return file_policy_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Endpoint) GetEngineId() string {
+	if x != nil {
+		return x.EngineId
+	}
+	return ""
+}
+
+func (x *Endpoint) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Endpoint) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Endpoint) GetPriority() uint32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Endpoint) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
 type Priority struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -272,7 +501,7 @@ type Priority struct {
 
 func (x *Priority) Reset() {
 	*x = Priority{}
-	mi := &file_policy_proto_msgTypes[1]
+	mi := &file_policy_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +513,7 @@ func (x *Priority) String() string {
 func (*Priority) ProtoMessage() {}
 
 func (x *Priority) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[1]
+	mi := &file_policy_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +526,7 @@ func (x *Priority) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Priority.ProtoReflect.Descriptor instead.
 func (*Priority) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{1}
+	return file_policy_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Priority) GetName() string {
@@ -325,7 +554,7 @@ type EngineRef struct {
 
 func (x *EngineRef) Reset() {
 	*x = EngineRef{}
-	mi := &file_policy_proto_msgTypes[2]
+	mi := &file_policy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +566,7 @@ func (x *EngineRef) String() string {
 func (*EngineRef) ProtoMessage() {}
 
 func (x *EngineRef) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[2]
+	mi := &file_policy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +579,7 @@ func (x *EngineRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineRef.ProtoReflect.Descriptor instead.
 func (*EngineRef) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{2}
+	return file_policy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EngineRef) GetId() string {
@@ -417,13 +646,16 @@ type ClassPolicy struct {
 	// Tokens the model's chat template adds beyond the request's own bytes
 	// (the fleet spec's chat_template_tokens), added to every bound.
 	ChatTemplateTokens uint32 `protobuf:"varint,141,opt,name=chat_template_tokens,json=chatTemplateTokens,proto3" json:"chat_template_tokens,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The class's endpoints as this frontend's EDS assignment has them, in
+	// EDS order (numbers 150.. are the endpoint picker's).
+	Endpoints     []*Endpoint `protobuf:"bytes,150,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClassPolicy) Reset() {
 	*x = ClassPolicy{}
-	mi := &file_policy_proto_msgTypes[3]
+	mi := &file_policy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +667,7 @@ func (x *ClassPolicy) String() string {
 func (*ClassPolicy) ProtoMessage() {}
 
 func (x *ClassPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[3]
+	mi := &file_policy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +680,7 @@ func (x *ClassPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClassPolicy.ProtoReflect.Descriptor instead.
 func (*ClassPolicy) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{3}
+	return file_policy_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ClassPolicy) GetName() string {
@@ -556,6 +788,13 @@ func (x *ClassPolicy) GetChatTemplateTokens() uint32 {
 	return 0
 }
 
+func (x *ClassPolicy) GetEndpoints() []*Endpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
 // Affinity is a class's cache-affinity configuration and its split table.
 type Affinity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -575,7 +814,7 @@ type Affinity struct {
 
 func (x *Affinity) Reset() {
 	*x = Affinity{}
-	mi := &file_policy_proto_msgTypes[4]
+	mi := &file_policy_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +826,7 @@ func (x *Affinity) String() string {
 func (*Affinity) ProtoMessage() {}
 
 func (x *Affinity) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[4]
+	mi := &file_policy_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +839,7 @@ func (x *Affinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Affinity.ProtoReflect.Descriptor instead.
 func (*Affinity) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{4}
+	return file_policy_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Affinity) GetKeys() []KeySource {
@@ -647,7 +886,7 @@ type PrefixTable struct {
 
 func (x *PrefixTable) Reset() {
 	*x = PrefixTable{}
-	mi := &file_policy_proto_msgTypes[5]
+	mi := &file_policy_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +898,7 @@ func (x *PrefixTable) String() string {
 func (*PrefixTable) ProtoMessage() {}
 
 func (x *PrefixTable) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[5]
+	mi := &file_policy_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +911,7 @@ func (x *PrefixTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixTable.ProtoReflect.Descriptor instead.
 func (*PrefixTable) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{5}
+	return file_policy_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PrefixTable) GetVersion() string {
@@ -711,7 +950,7 @@ type PrefixRule struct {
 
 func (x *PrefixRule) Reset() {
 	*x = PrefixRule{}
-	mi := &file_policy_proto_msgTypes[6]
+	mi := &file_policy_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +962,7 @@ func (x *PrefixRule) String() string {
 func (*PrefixRule) ProtoMessage() {}
 
 func (x *PrefixRule) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[6]
+	mi := &file_policy_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +975,7 @@ func (x *PrefixRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixRule.ProtoReflect.Descriptor instead.
 func (*PrefixRule) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{6}
+	return file_policy_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PrefixRule) GetPrefix() uint64 {
@@ -778,7 +1017,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_policy_proto_msgTypes[7]
+	mi := &file_policy_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +1029,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[7]
+	mi := &file_policy_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +1042,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{7}
+	return file_policy_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReportRequest) GetNodeId() string {
@@ -871,7 +1110,7 @@ type PrefixReport struct {
 
 func (x *PrefixReport) Reset() {
 	*x = PrefixReport{}
-	mi := &file_policy_proto_msgTypes[8]
+	mi := &file_policy_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1122,7 @@ func (x *PrefixReport) String() string {
 func (*PrefixReport) ProtoMessage() {}
 
 func (x *PrefixReport) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[8]
+	mi := &file_policy_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1135,7 @@ func (x *PrefixReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixReport.ProtoReflect.Descriptor instead.
 func (*PrefixReport) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{8}
+	return file_policy_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PrefixReport) GetClass() string {
@@ -962,7 +1201,7 @@ type PrefixCount struct {
 
 func (x *PrefixCount) Reset() {
 	*x = PrefixCount{}
-	mi := &file_policy_proto_msgTypes[9]
+	mi := &file_policy_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1213,7 @@ func (x *PrefixCount) String() string {
 func (*PrefixCount) ProtoMessage() {}
 
 func (x *PrefixCount) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[9]
+	mi := &file_policy_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1226,7 @@ func (x *PrefixCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixCount.ProtoReflect.Descriptor instead.
 func (*PrefixCount) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{9}
+	return file_policy_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PrefixCount) GetPrefix() uint64 {
@@ -1077,7 +1316,7 @@ type DemandSample struct {
 
 func (x *DemandSample) Reset() {
 	*x = DemandSample{}
-	mi := &file_policy_proto_msgTypes[10]
+	mi := &file_policy_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1328,7 @@ func (x *DemandSample) String() string {
 func (*DemandSample) ProtoMessage() {}
 
 func (x *DemandSample) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[10]
+	mi := &file_policy_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1341,7 @@ func (x *DemandSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemandSample.ProtoReflect.Descriptor instead.
 func (*DemandSample) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{10}
+	return file_policy_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DemandSample) GetClass() string {
@@ -1177,7 +1416,7 @@ type EngineEvidence struct {
 
 func (x *EngineEvidence) Reset() {
 	*x = EngineEvidence{}
-	mi := &file_policy_proto_msgTypes[11]
+	mi := &file_policy_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1428,7 @@ func (x *EngineEvidence) String() string {
 func (*EngineEvidence) ProtoMessage() {}
 
 func (x *EngineEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[11]
+	mi := &file_policy_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1441,7 @@ func (x *EngineEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineEvidence.ProtoReflect.Descriptor instead.
 func (*EngineEvidence) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{11}
+	return file_policy_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EngineEvidence) GetAddress() string {
@@ -1284,7 +1523,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_policy_proto_msgTypes[12]
+	mi := &file_policy_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1535,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_policy_proto_msgTypes[12]
+	mi := &file_policy_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1548,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_policy_proto_rawDescGZIP(), []int{12}
+	return file_policy_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReportResponse) GetPolicyVersion() string {
@@ -1323,7 +1562,7 @@ var File_policy_proto protoreflect.FileDescriptor
 
 const file_policy_proto_rawDesc = "" +
 	"\n" +
-	"\fpolicy.proto\x12\x11inferlb.policy.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x02\n" +
+	"\fpolicy.proto\x12\x11inferlb.policy.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x03\n" +
 	"\rRoutingPolicy\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x18\n" +
@@ -1334,14 +1573,32 @@ const file_policy_proto_rawDesc = "" +
 	"priorities\x18\x06 \x03(\v2\x1b.inferlb.policy.v1.PriorityR\n" +
 	"priorities\x12)\n" +
 	"\x10default_priority\x18\a \x01(\tR\x0fdefaultPriority\x126\n" +
-	"\aengines\x18\b \x03(\v2\x1c.inferlb.policy.v1.EngineRefR\aengines\"4\n" +
+	"\aengines\x18\b \x03(\v2\x1c.inferlb.policy.v1.EngineRefR\aengines\x12E\n" +
+	"\rload_balancer\x18\x96\x01 \x01(\v2\x1f.inferlb.policy.v1.LoadBalancerR\floadBalancer\"\xcf\x02\n" +
+	"\fLoadBalancer\x12>\n" +
+	"\x06policy\x18\x01 \x01(\x0e2&.inferlb.policy.v1.LoadBalancer.PolicyR\x06policy\x12*\n" +
+	"\x11maglev_table_size\x18\x02 \x01(\x04R\x0fmaglevTableSize\x12\"\n" +
+	"\rring_min_size\x18\x03 \x01(\x04R\vringMinSize\x12\"\n" +
+	"\rring_max_size\x18\x04 \x01(\x04R\vringMaxSize\x12.\n" +
+	"\x13hash_balance_factor\x18\x05 \x01(\rR\x11hashBalanceFactor\x126\n" +
+	"\x17healthy_panic_threshold\x18\x06 \x01(\x01R\x15healthyPanicThreshold\"#\n" +
+	"\x06Policy\x12\n" +
+	"\n" +
+	"\x06MAGLEV\x10\x00\x12\r\n" +
+	"\tRING_HASH\x10\x01\"\x8f\x01\n" +
+	"\bEndpoint\x12\x1b\n" +
+	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\x12\x1a\n" +
+	"\bpriority\x18\x04 \x01(\rR\bpriority\x12\x18\n" +
+	"\ahealthy\x18\x05 \x01(\bR\ahealthy\"4\n" +
 	"\bPriority\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\rR\x05level\"M\n" +
 	"\tEngineRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"\xf0\x05\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\xac\x06\n" +
 	"\vClassPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x14\n" +
@@ -1359,7 +1616,8 @@ const file_policy_proto_rawDesc = "" +
 	"\x12mean_output_tokens\x18\f \x01(\rR\x10meanOutputTokens\x127\n" +
 	"\baffinity\x18\x14 \x01(\v2\x1b.inferlb.policy.v1.AffinityR\baffinity\x12*\n" +
 	"\x10tokenizer_sha256\x18\x8c\x01 \x01(\tR\x0ftokenizerSha256\x121\n" +
-	"\x14chat_template_tokens\x18\x8d\x01 \x01(\rR\x12chatTemplateTokens\x1aF\n" +
+	"\x14chat_template_tokens\x18\x8d\x01 \x01(\rR\x12chatTemplateTokens\x12:\n" +
+	"\tendpoints\x18\x96\x01 \x03(\v2\x1b.inferlb.policy.v1.EndpointR\tendpoints\x1aF\n" +
 	"\x18ShedFractionByLevelEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x84\x01\n" +
@@ -1449,51 +1707,57 @@ func file_policy_proto_rawDescGZIP() []byte {
 	return file_policy_proto_rawDescData
 }
 
-var file_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_policy_proto_goTypes = []any{
 	(KeySource)(0),                // 0: inferlb.policy.v1.KeySource
-	(PrefixRule_Action)(0),        // 1: inferlb.policy.v1.PrefixRule.Action
-	(*RoutingPolicy)(nil),         // 2: inferlb.policy.v1.RoutingPolicy
-	(*Priority)(nil),              // 3: inferlb.policy.v1.Priority
-	(*EngineRef)(nil),             // 4: inferlb.policy.v1.EngineRef
-	(*ClassPolicy)(nil),           // 5: inferlb.policy.v1.ClassPolicy
-	(*Affinity)(nil),              // 6: inferlb.policy.v1.Affinity
-	(*PrefixTable)(nil),           // 7: inferlb.policy.v1.PrefixTable
-	(*PrefixRule)(nil),            // 8: inferlb.policy.v1.PrefixRule
-	(*ReportRequest)(nil),         // 9: inferlb.policy.v1.ReportRequest
-	(*PrefixReport)(nil),          // 10: inferlb.policy.v1.PrefixReport
-	(*PrefixCount)(nil),           // 11: inferlb.policy.v1.PrefixCount
-	(*DemandSample)(nil),          // 12: inferlb.policy.v1.DemandSample
-	(*EngineEvidence)(nil),        // 13: inferlb.policy.v1.EngineEvidence
-	(*ReportResponse)(nil),        // 14: inferlb.policy.v1.ReportResponse
-	nil,                           // 15: inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(LoadBalancer_Policy)(0),      // 1: inferlb.policy.v1.LoadBalancer.Policy
+	(PrefixRule_Action)(0),        // 2: inferlb.policy.v1.PrefixRule.Action
+	(*RoutingPolicy)(nil),         // 3: inferlb.policy.v1.RoutingPolicy
+	(*LoadBalancer)(nil),          // 4: inferlb.policy.v1.LoadBalancer
+	(*Endpoint)(nil),              // 5: inferlb.policy.v1.Endpoint
+	(*Priority)(nil),              // 6: inferlb.policy.v1.Priority
+	(*EngineRef)(nil),             // 7: inferlb.policy.v1.EngineRef
+	(*ClassPolicy)(nil),           // 8: inferlb.policy.v1.ClassPolicy
+	(*Affinity)(nil),              // 9: inferlb.policy.v1.Affinity
+	(*PrefixTable)(nil),           // 10: inferlb.policy.v1.PrefixTable
+	(*PrefixRule)(nil),            // 11: inferlb.policy.v1.PrefixRule
+	(*ReportRequest)(nil),         // 12: inferlb.policy.v1.ReportRequest
+	(*PrefixReport)(nil),          // 13: inferlb.policy.v1.PrefixReport
+	(*PrefixCount)(nil),           // 14: inferlb.policy.v1.PrefixCount
+	(*DemandSample)(nil),          // 15: inferlb.policy.v1.DemandSample
+	(*EngineEvidence)(nil),        // 16: inferlb.policy.v1.EngineEvidence
+	(*ReportResponse)(nil),        // 17: inferlb.policy.v1.ReportResponse
+	nil,                           // 18: inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_policy_proto_depIdxs = []int32{
-	16, // 0: inferlb.policy.v1.RoutingPolicy.generated_at:type_name -> google.protobuf.Timestamp
-	5,  // 1: inferlb.policy.v1.RoutingPolicy.classes:type_name -> inferlb.policy.v1.ClassPolicy
-	3,  // 2: inferlb.policy.v1.RoutingPolicy.priorities:type_name -> inferlb.policy.v1.Priority
-	4,  // 3: inferlb.policy.v1.RoutingPolicy.engines:type_name -> inferlb.policy.v1.EngineRef
-	15, // 4: inferlb.policy.v1.ClassPolicy.shed_fraction_by_level:type_name -> inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
-	6,  // 5: inferlb.policy.v1.ClassPolicy.affinity:type_name -> inferlb.policy.v1.Affinity
-	0,  // 6: inferlb.policy.v1.Affinity.keys:type_name -> inferlb.policy.v1.KeySource
-	7,  // 7: inferlb.policy.v1.Affinity.table:type_name -> inferlb.policy.v1.PrefixTable
-	8,  // 8: inferlb.policy.v1.PrefixTable.rules:type_name -> inferlb.policy.v1.PrefixRule
-	1,  // 9: inferlb.policy.v1.PrefixRule.action:type_name -> inferlb.policy.v1.PrefixRule.Action
-	16, // 10: inferlb.policy.v1.ReportRequest.interval_start:type_name -> google.protobuf.Timestamp
-	16, // 11: inferlb.policy.v1.ReportRequest.interval_end:type_name -> google.protobuf.Timestamp
-	12, // 12: inferlb.policy.v1.ReportRequest.demand:type_name -> inferlb.policy.v1.DemandSample
-	13, // 13: inferlb.policy.v1.ReportRequest.engines:type_name -> inferlb.policy.v1.EngineEvidence
-	10, // 14: inferlb.policy.v1.ReportRequest.prefixes:type_name -> inferlb.policy.v1.PrefixReport
-	11, // 15: inferlb.policy.v1.PrefixReport.counts:type_name -> inferlb.policy.v1.PrefixCount
-	9,  // 16: inferlb.policy.v1.Reports.Report:input_type -> inferlb.policy.v1.ReportRequest
-	14, // 17: inferlb.policy.v1.Reports.Report:output_type -> inferlb.policy.v1.ReportResponse
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	19, // 0: inferlb.policy.v1.RoutingPolicy.generated_at:type_name -> google.protobuf.Timestamp
+	8,  // 1: inferlb.policy.v1.RoutingPolicy.classes:type_name -> inferlb.policy.v1.ClassPolicy
+	6,  // 2: inferlb.policy.v1.RoutingPolicy.priorities:type_name -> inferlb.policy.v1.Priority
+	7,  // 3: inferlb.policy.v1.RoutingPolicy.engines:type_name -> inferlb.policy.v1.EngineRef
+	4,  // 4: inferlb.policy.v1.RoutingPolicy.load_balancer:type_name -> inferlb.policy.v1.LoadBalancer
+	1,  // 5: inferlb.policy.v1.LoadBalancer.policy:type_name -> inferlb.policy.v1.LoadBalancer.Policy
+	18, // 6: inferlb.policy.v1.ClassPolicy.shed_fraction_by_level:type_name -> inferlb.policy.v1.ClassPolicy.ShedFractionByLevelEntry
+	9,  // 7: inferlb.policy.v1.ClassPolicy.affinity:type_name -> inferlb.policy.v1.Affinity
+	5,  // 8: inferlb.policy.v1.ClassPolicy.endpoints:type_name -> inferlb.policy.v1.Endpoint
+	0,  // 9: inferlb.policy.v1.Affinity.keys:type_name -> inferlb.policy.v1.KeySource
+	10, // 10: inferlb.policy.v1.Affinity.table:type_name -> inferlb.policy.v1.PrefixTable
+	11, // 11: inferlb.policy.v1.PrefixTable.rules:type_name -> inferlb.policy.v1.PrefixRule
+	2,  // 12: inferlb.policy.v1.PrefixRule.action:type_name -> inferlb.policy.v1.PrefixRule.Action
+	19, // 13: inferlb.policy.v1.ReportRequest.interval_start:type_name -> google.protobuf.Timestamp
+	19, // 14: inferlb.policy.v1.ReportRequest.interval_end:type_name -> google.protobuf.Timestamp
+	15, // 15: inferlb.policy.v1.ReportRequest.demand:type_name -> inferlb.policy.v1.DemandSample
+	16, // 16: inferlb.policy.v1.ReportRequest.engines:type_name -> inferlb.policy.v1.EngineEvidence
+	13, // 17: inferlb.policy.v1.ReportRequest.prefixes:type_name -> inferlb.policy.v1.PrefixReport
+	14, // 18: inferlb.policy.v1.PrefixReport.counts:type_name -> inferlb.policy.v1.PrefixCount
+	12, // 19: inferlb.policy.v1.Reports.Report:input_type -> inferlb.policy.v1.ReportRequest
+	17, // 20: inferlb.policy.v1.Reports.Report:output_type -> inferlb.policy.v1.ReportResponse
+	20, // [20:21] is the sub-list for method output_type
+	19, // [19:20] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_policy_proto_init() }
@@ -1506,8 +1770,8 @@ func file_policy_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_policy_proto_rawDesc), len(file_policy_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   14,
+			NumEnums:      3,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

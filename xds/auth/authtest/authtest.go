@@ -146,3 +146,42 @@ func writeKey(t testing.TB, dir, name string, k *ecdsa.PrivateKey) string {
 	}
 	return writePEM(t, dir, name, "PRIVATE KEY", der)
 }
+
+// CA is a certificate authority that issues client certificates, for
+// rotation drills that move clients to a new CA.
+type CA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// NewCA makes a new CA.
+func NewCA(t testing.TB, cn string) *CA {
+	t.Helper()
+	c, k := newCA(t, cn)
+	return &CA{cert: c, key: k}
+}
+
+// Authority returns the PKI's own CA (the one its certificates chain to).
+func (p *PKI) Authority() *CA { return &CA{cert: p.caCert, key: p.caKey} }
+
+// PEM is the CA's certificate, PEM-encoded.
+func (c *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw})
+}
+
+// Client issues a client certificate: the certificate and key PEM-encoded,
+// and the certificate's serial number in lower-case hex (as Envoy's
+// /certs shows it).
+func (c *CA) Client(t testing.TB, cn string) (certPEM, keyPEM []byte, serialHex string) {
+	t.Helper()
+	der, k := newLeaf(t, c.cert, c.key, cn, nil, nil, x509.ExtKeyUsageClientAuth)
+	kd, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kd}), leaf.SerialNumber.Text(16)
+}

@@ -211,3 +211,35 @@ func BenchmarkMaglevBuild(b *testing.B) {
 		}
 	}
 }
+
+// TestSuccessors: the walk starts at the host Choose picks (no load), lists
+// each allowed host once, and goes on to the failover priority.
+func TestSuccessors(t *testing.T) {
+	hosts := []Host{
+		{Key: "10.0.0.1:80", Weight: 5, Healthy: true}, {Key: "10.0.0.2:80", Weight: 3, Healthy: true},
+		{Key: "10.0.0.3:80", Weight: 1, Healthy: true}, {Key: "10.0.0.4:80", Weight: 1, Priority: 1, Healthy: true},
+	}
+	for _, pol := range []Policy{Maglev, RingHash} {
+		lb, err := New(Config{Policy: pol, TableSize: 307}, hosts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k < 200; k++ {
+			h := HeaderHash(fmt.Sprint("key-", k))
+			all := lb.Successors(h, 10, nil)
+			if len(all) != len(hosts) {
+				t.Fatalf("%v key %d: successors %v, want every host once", pol, k, all)
+			}
+			if c := lb.Choose(h, nil, nil, 0); all[0] != c {
+				t.Fatalf("%v key %d: walk starts at %d, Choose picks %d", pol, k, all[0], c)
+			}
+			if all[3] != 3 {
+				t.Fatalf("%v key %d: the priority-1 host comes last, got %v", pol, k, all)
+			}
+			skip := lb.Successors(h, 2, func(i int) bool { return i == all[0] })
+			if len(skip) != 2 || skip[0] != all[1] || skip[1] != all[2] {
+				t.Fatalf("%v key %d: skipping the first gives %v, want %v", pol, k, skip, all[1:3])
+			}
+		}
+	}
+}

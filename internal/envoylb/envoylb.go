@@ -4,9 +4,12 @@
 // lookup), consistent hashing with bounded loads (hash_balance_factor),
 // priority levels with the 1.4 overprovisioning factor, and the retry host
 // predicate's re-selection (previous_hosts with
-// host_selection_retry_max_attempts). The fleet simulator uses it to pick
-// engines exactly as the frontend Envoys would for the same EDS weights and
-// affinity keys; TestAgainstEnvoy checks that against a real Envoy.
+// host_selection_retry_max_attempts). It is the one implementation of that
+// choice: the fleet simulator uses it to predict the engine a frontend Envoy
+// picks for the same EDS weights and affinity key, and ext_proc's
+// endpoint-picker mode (extproc/picker) uses it to make that same pick
+// itself when a gateway's Envoy routes to the endpoint it names.
+// TestAgainstEnvoy checks it key by key against a real Envoy.
 //
 // What it follows, from Envoy's source (source/extensions/load_balancing_
 // policies/{maglev,ring_hash,common/thread_aware_lb_impl}.cc, and
@@ -283,6 +286,64 @@ func (lb *LB) Choose(h uint64, load Load, reject func(host int) bool, selectAtte
 	return host
 }
 
+// Successors returns up to n distinct hosts (indexes into the hosts given
+// to New) in the order they follow hash h on the table of the priority
+// Choose uses for h, then on the other priorities' tables in priority order:
+// for Maglev the slots from h mod M onwards, for ring hash the entries from
+// h's onwards. Hosts for which skip returns true are left out (skip may be
+// nil). These are the hosts Envoy's table puts nearest the key: the
+// endpoint picker's fallbacks, and its pick when the one Choose made is not
+// allowed.
+func (lb *LB) Successors(h uint64, n int, skip func(host int) bool) []int {
+	if n <= 0 || len(lb.prios) == 0 {
+		return nil
+	}
+	var out []int
+	seen := map[int]bool{}
+	take := func(host int) bool {
+		if seen[host] || (skip != nil && skip(host)) {
+			return false
+		}
+		seen[host] = true
+		out = append(out, host)
+		return len(out) >= n
+	}
+	first := lb.choosePriority(h)
+	order := []int{first}
+	for p := range lb.prios {
+		if p != first {
+			order = append(order, p)
+		}
+	}
+	for _, p := range order {
+		lv := lb.prios[p]
+		if len(lv.idx) == 0 {
+			continue
+		}
+		if lb.cfg.Policy == Maglev {
+			// Every host of the level is met after a few times its
+			// count of slots; the walk stops then, not after M slots.
+			m, met := uint64(len(lv.table)), map[int32]bool{}
+			for i, s := uint64(0), h%m; i < m && len(met) < len(lv.idx); i, s = i+1, (s+1)%m {
+				host := lv.table[s]
+				met[host] = true
+				if take(int(host)) {
+					return out
+				}
+			}
+			continue
+		}
+		r := lv.ring
+		start := lv.ringIndex(h)
+		for i := 0; i < len(r); i++ {
+			if take(int(r[(start+i)%len(r)].host)) {
+				return out
+			}
+		}
+	}
+	return out
+}
+
 // choosePriority is LoadBalancerBase::choosePriority: hash mod 100 against
 // the cumulative priority loads.
 func (lb *LB) choosePriority(h uint64) int {
@@ -429,6 +490,15 @@ func (lv *level) buildRing(hosts []Host, minRing, maxRing uint64, minW float64) 
 // ringLookup is ketama's search: the entry whose hash is the first ≥ h
 // (strictly above the previous entry's), wrapping to the first.
 func (lv *level) ringLookup(h uint64, attempt uint32) int {
+	mid := int64(lv.ringIndex(h))
+	if attempt > 0 {
+		mid = (mid + int64(attempt)) % int64(len(lv.ring))
+	}
+	return int(lv.ring[mid].host)
+}
+
+// ringIndex is the position of h's entry on the ring.
+func (lv *level) ringIndex(h uint64) int {
 	r := lv.ring
 	lo, hi := int64(0), int64(len(r))
 	mid := int64(0)
@@ -456,10 +526,7 @@ func (lv *level) ringLookup(h uint64, attempt uint32) int {
 			break
 		}
 	}
-	if attempt > 0 {
-		mid = (mid + int64(attempt)) % int64(len(r))
-	}
-	return int(r[mid].host)
+	return int(mid)
 }
 
 func appendUint(b []byte, v uint64) []byte {

@@ -1,0 +1,5 @@
+//go:build race
+
+package simreal
+
+const raceEnabled = true
