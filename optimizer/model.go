@@ -110,8 +110,10 @@ func compile(p *Problem) *model {
 		c := nominal * (1 - e.Penalty)
 		m.eng[j] = engModel{
 			C: c, limit: p.Headroom * c, nominal: nominal,
-			lin: pr.TTFT.Linear + pr.RefOutputTokens*pr.TBOT.Linear,
-			q:   pr.TTFT.Queue + pr.RefOutputTokens*pr.TBOT.Queue,
+			// The objective prices the time to first token: see
+			// "What the objective charges" in docs/optimizer.md.
+			lin: pr.TTFT.Linear,
+			q:   pr.TTFT.Queue,
 			ue:  (1 + p.Headroom) / 2,
 		}
 	}
@@ -156,8 +158,8 @@ func compile(p *Problem) *model {
 					continue
 				}
 				pr := &p.Engines[j].Profile
-				ttft, tbot := pr.Latency(b.shape, 0)
-				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.shape.OutputTokens*tbot + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.Ratio(b.shape)}
+				ttft, _ := pr.Latency(b.shape, 0)
+				a := arc{j: j, a: p.RTTMs[i][j] + ttft + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.Ratio(b.shape)}
 				if last != nil {
 					a.x0 = tot * lastW[j]
 					a.sigma = m.sigma
