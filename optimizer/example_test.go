@@ -6,41 +6,45 @@ import (
 	"github.com/inferlb/inferlb/optimizer"
 )
 
-// Two regions, one engine each, 60 ms apart. East's 30 req/s would fit on
-// its own engine (72% of capacity, under the 80% headroom), but at that load
-// every decode step is slower (TBOT grows with the running batch) by more
-// than the 60 ms round trip costs, so the optimizer sends part of the
-// traffic west: at the optimum both engines' marginal costs (network +
-// latency + congestion) are equal.
+// Two regions, one engine each, 60 ms apart. East's 30 req/s fit on its own
+// engine (72% of capacity, under the 80% headroom) with a time to first
+// token 12 ms above its zero-load value, far less than the 60 ms round trip
+// west: nothing leaves east. At 40 req/s east would pass its headroom, and
+// the optimizer sends west only what does not fit (the capacity price on
+// east is what makes the 60 ms worth paying).
 func Example() {
 	prof, err := optimizer.NewProfile(optimizer.StepModel{PrefillTokensPerS: 25000, OverheadMs: 10,
 		DecodeStepMs: 6.5, DecodeStepPerSeqMs: 0.055, MaxRunning: 256, KVCapacityTokens: 450000}, 200, 200)
 	if err != nil {
 		panic(err)
 	}
-	p := &optimizer.Problem{
-		Headroom:   0.8,
-		Frontends:  []optimizer.Frontend{{ID: "east"}},
-		Engines:    []optimizer.Engine{{ID: "east-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}, {ID: "west-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}},
-		Classes:    []optimizer.Class{{ID: "chat", PromptTokens: 200, OutputTokens: 200, Eligible: []int{0, 1}}},
-		Priorities: []optimizer.Priority{{Name: "default", ShedCost: 1}},
-		Demand:     [][]optimizer.Demand{{{RatePerS: []float64{30}}}},
-		RTTMs:      [][]float64{{1, 60}},
+	for _, rate := range []float64{30, 40} {
+		p := &optimizer.Problem{
+			Headroom:   0.8,
+			Frontends:  []optimizer.Frontend{{ID: "east"}},
+			Engines:    []optimizer.Engine{{ID: "east-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}, {ID: "west-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}},
+			Classes:    []optimizer.Class{{ID: "chat", PromptTokens: 200, OutputTokens: 200, Eligible: []int{0, 1}}},
+			Priorities: []optimizer.Priority{{Name: "default", ShedCost: 1}},
+			Demand:     [][]optimizer.Demand{{{RatePerS: []float64{rate}}}},
+			RTTMs:      [][]float64{{1, 60}},
+		}
+		sol, err := optimizer.Solve(p, optimizer.Options{})
+		if err != nil {
+			panic(err)
+		}
+		f := sol.Flow("east", "chat")
+		fmt.Printf("%.0f req/s:\n", rate)
+		for _, w := range f.Weights {
+			fmt.Printf("  %s: weight %.2f, utilization %.2f, network %.0f ms, TTFT %.0f ms, congestion %.0f ms\n",
+				w.Engine, w.Weight, w.Utilization, w.NetworkMs, w.TTFTMs, w.CongestionMs)
+		}
 	}
-	sol, err := optimizer.Solve(p, optimizer.Options{})
-	if err != nil {
-		panic(err)
-	}
-	f := sol.Flow("east", "chat")
-	for _, w := range f.Weights {
-		fmt.Printf("%s: weight %.2f, utilization %.2f, network %.0f ms, latency %.0f ms, congestion %.0f ms\n",
-			w.Engine, w.Weight, w.Utilization, w.NetworkMs, w.LatencyMs, w.CongestionMs)
-	}
-	fmt.Printf("shed %.0f%%\n", 100*f.Shed[0].Fraction)
 	// Output:
-	// east-1: weight 0.51, utilization 0.37, network 1 ms, latency 1979 ms, congestion 920 ms
-	// west-1: weight 0.49, utilization 0.36, network 60 ms, latency 1951 ms, congestion 888 ms
-	// shed 0%
+	// 30 req/s:
+	//   east-1: weight 1.00, utilization 0.72, network 1 ms, TTFT 40 ms, congestion 21 ms
+	// 40 req/s:
+	//   east-1: weight 0.83, utilization 0.80, network 1 ms, TTFT 43 ms, congestion 34 ms
+	//   west-1: weight 0.17, utilization 0.16, network 60 ms, TTFT 29 ms, congestion 3 ms
 }
 
 // What a request costs an H100 depends on its shape: a 1,500-token chat
