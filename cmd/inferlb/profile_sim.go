@@ -38,15 +38,29 @@ const (
 // step model run by the engine simulator's scheduler in virtual time at
 // points loads from 10% to 95%, fitted like a real engine's sweep.
 func (o *profileCmdFlags) simSweep(cmd *cobra.Command) error {
-	if o.fleetPath == "" || o.gpu == "" || o.modelName == "" {
-		return fmt.Errorf("profile: --engine-sim needs --fleet, --gpu and --model (whose step model to simulate)")
-	}
 	if o.target != "" {
 		return fmt.Errorf("profile: --engine-sim and --target are exclusive")
+	}
+	if o.fleetPath == "" {
+		return fmt.Errorf("profile: --engine-sim needs --fleet (whose step model to simulate)")
 	}
 	spec, err := fleet.Load(o.fleetPath)
 	if err != nil {
 		return err
+	}
+	if o.write && o.gpu == "" && o.modelName == "" {
+		// every profile of the fleet (make profiles)
+		for _, fp := range spec.Profiles {
+			one := *o
+			one.gpu, one.modelName = fp.GPU, fp.Model
+			if err := one.simSweep(cmd); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if o.gpu == "" || o.modelName == "" {
+		return fmt.Errorf("profile: --engine-sim needs --gpu and --model (whose step model to simulate), or --write alone for every profile")
 	}
 	fp, ok := spec.Profile(o.gpu, o.modelName)
 	if !ok {
