@@ -6,12 +6,14 @@ import (
 	"github.com/inferlb/inferlb/optimizer"
 )
 
-// Two regions, one engine each, 60 ms apart. East's 30 req/s fit on its own
-// engine (72% of capacity, under the 80% headroom) with a time to first
-// token 12 ms above its zero-load value, far less than the 60 ms round trip
-// west: nothing leaves east. At 40 req/s east would pass its headroom, and
-// the optimizer sends west only what does not fit (the capacity price on
-// east is what makes the 60 ms worth paying).
+// Two regions, one engine each, 60 ms apart. East's 30 req/s would fit on
+// its own engine (72% of capacity, under the 80% headroom), with a mean
+// time to first token 12 ms above its zero-load value; but the objective
+// prices the wait at its tail (Problem.TailFactor, 4.6 × the load-dependent
+// part: a wait's 99th percentile), and at 72% east's tail plus the
+// congestion one more request adds outweighs the 60 ms round trip: the
+// optimizer keeps 72% home and sends the rest west, where the marginal
+// costs meet; at 40 req/s 63%.
 func Example() {
 	prof, err := optimizer.NewProfile(optimizer.StepModel{PrefillTokensPerS: 25000, OverheadMs: 10,
 		DecodeStepMs: 6.5, DecodeStepPerSeqMs: 0.055, MaxRunning: 256, KVCapacityTokens: 450000}, 200, 200)
@@ -41,10 +43,11 @@ func Example() {
 	}
 	// Output:
 	// 30 req/s:
-	//   east-1: weight 1.00, utilization 0.72, network 1 ms, TTFT 40 ms, congestion 21 ms
+	//   east-1: weight 0.72, utilization 0.52, network 1 ms, TTFT 36 ms, congestion 49 ms
+	//   west-1: weight 0.28, utilization 0.21, network 60 ms, TTFT 30 ms, congestion 17 ms
 	// 40 req/s:
-	//   east-1: weight 0.83, utilization 0.80, network 1 ms, TTFT 43 ms, congestion 34 ms
-	//   west-1: weight 0.17, utilization 0.16, network 60 ms, TTFT 29 ms, congestion 3 ms
+	//   east-1: weight 0.63, utilization 0.61, network 1 ms, TTFT 38 ms, congestion 65 ms
+	//   west-1: weight 0.37, utilization 0.35, network 60 ms, TTFT 32 ms, congestion 30 ms
 }
 
 // What a request costs an H100 depends on its shape: a 1,500-token chat

@@ -94,6 +94,10 @@ func (e *engModel) marginal(y float64) (d1, d2 float64) {
 
 const defaultRemap = 1.35
 
+// DefaultTailFactor is the TailFactor a Problem's 0 means: ln 100, the
+// 99th percentile of an exponential wait over its mean.
+const DefaultTailFactor = 4.6
+
 func compile(p *Problem) *model {
 	m := &model{p: p, nPri: len(p.Priorities)}
 	remap := p.RemapFactor
@@ -102,6 +106,10 @@ func compile(p *Problem) *model {
 	}
 	m.sigma = p.StabilityMs * remap / 2
 
+	tau := p.TailFactor
+	if tau == 0 {
+		tau = DefaultTailFactor
+	}
 	m.eng = make([]engModel, len(p.Engines))
 	for j := range p.Engines {
 		e := &p.Engines[j]
@@ -110,10 +118,11 @@ func compile(p *Problem) *model {
 		c := nominal * (1 - e.Penalty)
 		m.eng[j] = engModel{
 			C: c, limit: p.Headroom * c, nominal: nominal,
-			// The objective prices the time to first token: see
-			// "What the objective charges" in docs/optimizer.md.
-			lin: pr.TTFT.Linear,
-			q:   pr.TTFT.Queue,
+			// The objective prices the time to first token, its
+			// load-dependent part at the tail (TailFactor): see "What
+			// the objective charges" in docs/optimizer.md.
+			lin: tau * pr.TTFT.Linear,
+			q:   tau * pr.TTFT.Queue,
 			ue:  (1 + p.Headroom) / 2,
 		}
 	}

@@ -11,8 +11,9 @@ import (
 // 400 ms), H100s and A100s, a class of random shape, demand from idle to
 // past the near engines' capacity. The near engines alone are solved first
 // (the class restricted to them); when they carry the whole demand below
-// their limits, and one more request there (round trip + TTFT + the delay
-// it adds to the requests already there: the flow's price) costs less than
+// their limits, and one more request there (round trip + TTFT, its
+// load-dependent part at the tail (Problem.TailFactor), + the delay it adds
+// to the requests already there: the flow's price) costs less than
 // the zero-load TTFT + round trip of every farther engine, then the full
 // problem sends nothing farther. Where the near engines do not suffice,
 // the far traffic must go to engines whose round trip + TTFT is what the
@@ -97,8 +98,10 @@ func TestSpillOnlyWhenItPays(t *testing.T) {
 			}
 			pr := &e.Profile
 			ttft, _ := pr.Latency(shape, u)
-			cong := pr.Ratio(shape) * u * (pr.TTFT.Linear + pr.TTFT.Queue/((1-u)*(1-u)))
-			nearPrice = math.Max(nearPrice, w.NetworkMs+ttft+cong)
+			t0, _ := pr.Latency(shape, 0)
+			tail := t0 + DefaultTailFactor*(ttft-t0)
+			cong := DefaultTailFactor * pr.Ratio(shape) * u * (pr.TTFT.Linear + pr.TTFT.Queue/((1-u)*(1-u)))
+			nearPrice = math.Max(nearPrice, w.NetworkMs+tail+cong)
 		}
 		farShare := 0.0
 		for _, w := range ff.Weights {
@@ -118,8 +121,8 @@ func TestSpillOnlyWhenItPays(t *testing.T) {
 		if farShare > 1e-3 {
 			spilled++
 		}
-		// What goes farther goes only where round trip + TTFT at the
-		// solved load is within the flow's price.
+		// What goes farther goes only where round trip + TTFT (tail) at
+		// the solved load is within the flow's price.
 		for _, w := range ff.Weights {
 			if w.Weight > 1e-3 && w.NetworkMs+w.LatencyMs > ff.PriceMs*(1+0.01)+1e-6 {
 				t.Errorf("instance %d: %s gets %.3f at round trip + TTFT %.1f ms, above the flow's price %.1f ms",
