@@ -21,7 +21,7 @@
 // Decision: x[i,c,j] ≥ 0, the rate of class c from frontend i to engine j,
 // and s[i,c,p] ∈ [0, d[i,c,p]], the rate of priority p shed.
 //
-//	minimize   Σ x[i,c,j]·(RTT[i,j] + TTFT_cj(u_j))
+//	minimize   Σ x[i,c,j]·(RTT[i,j] + TTFT_cj(0) + τ·(TTFT_cj(u_j) − TTFT_cj(0)))
 //	         + Σ shed[p]·s[i,c,p]
 //	         + StabilityMs·RemapFactor/2 · Σ |x[i,c,j] − d[i,c]·w_last[i,c,j]|
 //	subject to Σ_j x[i,c,j] + Σ_p s[i,c,p] = d[i,c]
@@ -41,10 +41,12 @@
 // optimum spread a region's traffic over an ocean at a fraction of its
 // engines' capacity. TBOT still sets where an engine is full
 // (MarginalStretch, Profile.FullUtilization) and is reported per weight.
-// The rule the tests hold (TestSpillOnlyWhenItPays): when a frontend's
-// nearest engines carry its demand below their limits at a price (round
-// trip + TTFT + the delay one more request adds there) below every farther
-// engine's round trip + zero-load TTFT, nothing leaves the region.
+// τ (Problem.TailFactor, default ln 100) prices the load-dependent wait at
+// its tail, not its mean. The rule the tests hold (TestSpillOnlyWhenItPays):
+// when a frontend's nearest engines carry its demand below their limits at
+// a price (round trip + TTFT, its wait × τ, + the delay one more request
+// adds there) below every farther engine's round trip + zero-load TTFT,
+// nothing leaves the region.
 //
 // Shedding: the charged cost of shedding one request of priority p is
 // M·(1 + ShedCost_p/max ShedCost), where M exceeds the marginal cost of any
