@@ -42,7 +42,7 @@ import (
 const (
 	correctionGain   = 0.2
 	correctionMax    = 4.0
-	correctionReplan = 1.1
+	correctionReplan = 1.25
 )
 
 // correctProfiles updates each engine's correction from its view's
