@@ -72,7 +72,7 @@ func TestBalanceCaps(t *testing.T) {
 		// 1.3 × 8/11 ≥ the headroom 0.8: no engine capped, nothing to do.
 		{"cap above the headroom is none", []optimizer.EngineResult{eng(8, 10), eng(0, 1)}, []int{0, 0}, []float64{0, 0}, 1.3, nil},
 	} {
-		got := balanceCaps(&optimizer.Solution{Engines: tc.engines}, tc.beta, 0.8, tc.pools, tc.restricted)
+		got := balanceCaps(&optimizer.Solution{Engines: tc.engines}, tc.beta, 0.8, tc.pools, tc.restricted, nil)
 		if tc.want == nil {
 			if got != nil {
 				t.Errorf("%s: caps %v, want none", tc.name, got)
