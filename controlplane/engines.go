@@ -20,6 +20,9 @@ type engineStep struct {
 	health map[string]translate.Health
 	// recovered: engines that were impaired last cycle and are not now.
 	recovered map[string]bool
+	// corrected: engines whose profile correction moved past
+	// correctionReplan this cycle.
+	corrected map[string]bool
 	// up: engines whose state is up (a penalized one keeps a probe share).
 	up map[string]bool
 }
@@ -41,7 +44,7 @@ func (c *Controller) penaltyDecay(now time.Time) float64 {
 // and res.PenaltyNotes. It updates the controller's penalties and
 // impairments.
 func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engineStep {
-	st := engineStep{health: map[string]translate.Health{}, recovered: map[string]bool{}}
+	st := engineStep{health: map[string]translate.Health{}, recovered: map[string]bool{}, corrected: map[string]bool{}}
 	views, states, as, up := c.observe(in)
 	st.up = up
 	profiles, replan := c.correctProfiles(views)
@@ -60,8 +63,10 @@ func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engine
 		c.impaired[e.ID] = impaired
 		if replan[e.ID] {
 			// A corrected profile is a new model of the engine, not
-			// noise: re-plan its classes like a recovery's.
-			st.recovered[e.ID] = true
+			// noise: its classes are solved without the stability term;
+			// unlike a recovery's, the new weights still pay for their
+			// cache misses at the deadband (correction.go).
+			st.corrected[e.ID] = true
 		}
 		res.Engines = append(res.Engines, v)
 		reps := float64(max(e.Replicas, 1))
