@@ -10,7 +10,7 @@ BIN   := bin/inferlb
 # packages at a time, each with a deadline.
 TESTFLAGS ?= -race -p 2 -timeout 25m
 
-.PHONY: setup build test test-short demo bench lint fmt clean sim-report
+.PHONY: setup build test test-short demo bench lint fmt clean sim-report profiles
 
 setup:
 	@scripts/setup.sh
@@ -65,6 +65,14 @@ bench: setup
 # seeds: tables and charts into docs/results (docs/sim.md). A few minutes.
 sim-report: build
 	$(BIN) sim --parallel 2 --out docs/results --header docs/results/header.md $$(ls examples/sim/*.yaml | grep -v '/fleet-')
+
+# The example fleets' optimizer profiles (capacity_rps, ttft_curve,
+# tbot_curve of every profiles: entry) fitted to the engine simulator
+# running each entry's step model, at the fleet's reference request
+# (docs/optimizer.md, "Profiles fitted to the engine"). A minute or two.
+PROFILE_FLEETS ?= examples/fleet-3region.yaml examples/fleet-demo.yaml examples/fleet-engines.yaml examples/fleet-minimal.yaml $(wildcard examples/sim/fleet-*.yaml)
+profiles: build
+	for f in $(PROFILE_FLEETS); do $(BIN) profile --engine-sim --write --fleet $$f || exit 1; done
 
 # Linters at pinned versions, run through the module proxy like any module
 # (go.sum-checked, cached after the first run), so a clean clone needs no

@@ -165,8 +165,13 @@ func (r *Runner) serveExplain(w http.ResponseWriter, req *http.Request, res *Res
 		http.Error(w, fmt.Sprintf("unknown node %q", node), http.StatusNotFound)
 		return
 	}
+	// The online profile correction each weight's TTFT was priced with.
+	corr := map[string]any{}
+	for _, v := range res.Engines {
+		corr[v.ID] = map[string]any{"factor": v.ProfileCorrection, "why": v.ProfileCorrectionWhy}
+	}
 	r.writeJSON(w, map[string]any{"at": res.At, "allocator": res.Allocator, "fallback_reason": res.Fallback,
-		"balance_skipped": res.BalanceSkipped, "objective": res.Objective, "nodes": out}, true)
+		"balance_skipped": res.BalanceSkipped, "objective": res.Objective, "profile_corrections": corr, "nodes": out}, true)
 }
 
 // serveHistory: the last cycles, column by column, compact.

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/inferlb/inferlb/optimizer"
 )
@@ -37,7 +38,8 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 		}
 	}
 	pools := balancePools(regions, p.Classes)
-	caps := balanceCaps(sol, c.cfg.BalanceFactor, headroom, pools, restrictedLoad(p, sol, pools))
+	restricted, even := poolLoads(p, sol, pools)
+	caps := balanceCaps(sol, c.cfg.BalanceFactor, headroom, pools, restricted, even)
 	if caps == nil {
 		return sol, ""
 	}
@@ -97,10 +99,21 @@ func balancePools(regions []string, classes []optimizer.Class) []int {
 	return out
 }
 
-// restrictedLoad is each engine's planned load (reference req/s, as
+// poolLoads returns each engine's planned load (reference req/s, as
 // EngineResult.LoadRPS) of classes that not every engine of its pool may
-// serve.
-func restrictedLoad(p *optimizer.Problem, sol *optimizer.Solution, pools []int) []float64 {
+// serve, and per pool (indexed by pool number) the utilization at which
+// the pool's other traffic would load every engine of the pool alike: u*
+// with Σ_j u*·C_j over the mix's work on j = the pool's requests, i.e.
+// 1 / Σ_j 1/U_j, where U_j = Σ_f R_f / capacity_j(f) is the utilization j
+// would have serving all of it alone. The planned load over the pool's
+// capacity is not that figure: a flow's work depends on the engine (a long
+// prompt costs an A100 relatively more of its capacity than an H100), so
+// traffic moved from the engines the plan prefers onto the others needs
+// more of their reference capacity than it took, and caps of β × the
+// planned utilization left no room for it: the bounded plan shed (on the
+// shared-preamble scenario, under the TTFT objective that packs H100s, every
+// cycle), and the unbounded plan stood.
+func poolLoads(p *optimizer.Problem, sol *optimizer.Solution, pools []int) (restricted []float64, even map[int]float64) {
 	size := map[int]int{}
 	for _, k := range pools {
 		size[k]++
@@ -118,41 +131,73 @@ func restrictedLoad(p *optimizer.Problem, sol *optimizer.Solution, pools []int) 
 		frontIdx[fe.ID] = i
 	}
 	// restricted[c][pool]: class c is eligible on only part of the pool.
-	restricted := make([]map[int]bool, len(p.Classes))
+	restrictedIn := make([]map[int]bool, len(p.Classes))
 	for c, cl := range p.Classes {
 		n := map[int]int{}
 		for _, j := range cl.Eligible {
 			n[pools[j]]++
 		}
-		restricted[c] = map[int]bool{}
+		restrictedIn[c] = map[int]bool{}
 		for k, m := range n {
-			restricted[c][k] = m < size[k]
+			restrictedIn[c][k] = m < size[k]
 		}
 	}
-	out := make([]float64, len(p.Engines))
+	restricted = make([]float64, len(p.Engines))
+	alone := make([]float64, len(p.Engines)) // U_j
 	for _, fl := range sol.Flows {
 		c := classIdx[fl.Class]
+		shape := p.FlowShape(frontIdx[fl.Frontend], c)
+		pr := map[int]float64{} // the flow's rate per pool of unrestricted traffic
 		for _, w := range fl.Weights {
 			j := idx[w.Engine]
-			if !restricted[c][pools[j]] {
+			if !restrictedIn[c][pools[j]] {
+				pr[pools[j]] += w.RatePerS
 				continue
 			}
-			pr := &p.Engines[j].Profile
-			if rc := pr.Capacity(p.FlowShape(frontIdx[fl.Frontend], c)); rc > 0 {
-				out[j] += w.RatePerS * pr.CapacityRPS / rc
+			prof := &p.Engines[j].Profile
+			if rc := prof.Capacity(shape); rc > 0 {
+				restricted[j] += w.RatePerS * prof.CapacityRPS / rc
+			}
+		}
+		for k, rate := range pr {
+			for j := range p.Engines {
+				if pools[j] != k || !(sol.Engines[j].CapacityRPS > 0) {
+					continue
+				}
+				prof := &p.Engines[j].Profile
+				// The engine's capacity for this shape, scaled as its
+				// CapacityRPS is from the profile's (replicas, health).
+				rc := prof.Capacity(shape)
+				if !(rc > 0) || !(prof.CapacityRPS > 0) {
+					alone[j] = math.Inf(1)
+					continue
+				}
+				alone[j] += rate / (rc * sol.Engines[j].CapacityRPS / prof.CapacityRPS)
 			}
 		}
 	}
-	return out
+	inv := map[int]float64{}
+	for j, u := range alone {
+		if u > 0 {
+			inv[pools[j]] += 1 / u
+		}
+	}
+	even = make(map[int]float64, len(inv))
+	for k, s := range inv {
+		if s > 0 {
+			even[k] = 1 / s
+		}
+	}
+	return restricted, even
 }
 
 // balanceCaps returns each engine's utilization cap: β × its pool's
-// planned load of the traffic all of it may serve, over the pool's
-// capacity, plus the engine's own restricted load over its capacity (0:
+// even utilization (poolLoads; where even has no entry for the pool, its
+// planned load of the traffic all of it may serve over its capacity), plus the engine's own restricted load over its capacity (0:
 // no cap, where that is at or above the headroom or the pool plans
 // nothing); or nil when every engine is within its cap already (the plan
 // stands, no second solve).
-func balanceCaps(sol *optimizer.Solution, beta, headroom float64, pools []int, restricted []float64) []float64 {
+func balanceCaps(sol *optimizer.Solution, beta, headroom float64, pools []int, restricted []float64, even map[int]float64) []float64 {
 	load, capa := make([]float64, len(pools)), make([]float64, len(pools))
 	for j, e := range sol.Engines {
 		load[pools[j]] += e.LoadRPS - restricted[j]
@@ -165,7 +210,11 @@ func balanceCaps(sol *optimizer.Solution, beta, headroom float64, pools []int, r
 		if !(capa[k] > 0) || !(load[k] > 0) || !(e.CapacityRPS > 0) {
 			continue
 		}
-		u := beta*load[k]/capa[k] + restricted[j]/e.CapacityRPS
+		mean := load[k] / capa[k]
+		if u, ok := even[k]; ok {
+			mean = u
+		}
+		u := beta*mean + restricted[j]/e.CapacityRPS
 		if u >= headroom {
 			continue
 		}

@@ -72,7 +72,7 @@ func TestBalanceCaps(t *testing.T) {
 		// 1.3 × 8/11 ≥ the headroom 0.8: no engine capped, nothing to do.
 		{"cap above the headroom is none", []optimizer.EngineResult{eng(8, 10), eng(0, 1)}, []int{0, 0}, []float64{0, 0}, 1.3, nil},
 	} {
-		got := balanceCaps(&optimizer.Solution{Engines: tc.engines}, tc.beta, 0.8, tc.pools, tc.restricted)
+		got := balanceCaps(&optimizer.Solution{Engines: tc.engines}, tc.beta, 0.8, tc.pools, tc.restricted, nil)
 		if tc.want == nil {
 			if got != nil {
 				t.Errorf("%s: caps %v, want none", tc.name, got)
@@ -153,5 +153,63 @@ func TestBalanceSkippedIsReported(t *testing.T) {
 	}
 	if r.Fallback != "" || len(r.Publish) != 2 {
 		t.Errorf("the unbounded plan should stand: fallback %q, %d nodes published", r.Fallback, len(r.Publish))
+	}
+}
+
+// TestBalanceEvenUtilization: the pool's even utilization is the one at
+// which its traffic, each request counted at its work on each engine,
+// loads every engine alike: the engines' request capacities at that
+// utilization add up to the pool's requests. A long-prompt flow planned
+// all on an H100 costs an A100 relatively more of its capacity, so that
+// utilization is above the planned load over the pool's capacity, the
+// cap the bound used to set, which left the bounded plan no room (it
+// shed on shared-preamble and the unbounded plan stood).
+func TestBalanceEvenUtilization(t *testing.T) {
+	spec, err := fleet.Load("../examples/fleet-3region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var profs []optimizer.Profile
+	for _, fp := range spec.Profiles {
+		pr, err := ProfileFromFleet(fp, 200, 200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		profs = append(profs, pr)
+	}
+	if len(profs) != 2 {
+		t.Fatalf("%d profiles, want the H100 and the A100", len(profs))
+	}
+	const rate = 3.0
+	p := &optimizer.Problem{
+		Frontends: []optimizer.Frontend{{ID: "fe"}},
+		Classes:   []optimizer.Class{{ID: "long", PromptTokens: 4000, OutputTokens: 100, Eligible: []int{0, 1}}},
+		Engines:   []optimizer.Engine{{ID: "h100", Profile: profs[0]}, {ID: "a100", Profile: profs[1]}},
+		Demand:    [][]optimizer.Demand{{{RatePerS: []float64{rate}}}},
+	}
+	shape := p.FlowShape(0, 0)
+	h, a := &profs[0], &profs[1]
+	sol := &optimizer.Solution{
+		Flows: []optimizer.Flow{{Frontend: "fe", Class: "long", Weights: []optimizer.Weight{{Engine: "h100", RatePerS: rate}}}},
+		Engines: []optimizer.EngineResult{
+			{ID: "h100", LoadRPS: rate * h.CapacityRPS / h.Capacity(shape), CapacityRPS: h.CapacityRPS},
+			{ID: "a100", CapacityRPS: a.CapacityRPS},
+		},
+	}
+	restricted, even := poolLoads(p, sol, []int{0, 0})
+	if restricted[0] != 0 || restricted[1] != 0 {
+		t.Errorf("restricted load %v, want none (the class may use the whole pool)", restricted)
+	}
+	u, ok := even[0]
+	if !ok {
+		t.Fatalf("no even utilization for the pool: %v", even)
+	}
+	if served := u * (h.Capacity(shape) + a.Capacity(shape)); math.Abs(served-rate) > 1e-9*rate {
+		t.Errorf("at the even utilization %.4f the engines serve %.4f req/s of the flow, want %.1f", u, served, rate)
+	}
+	planned := sol.Engines[0].LoadRPS / (h.CapacityRPS + a.CapacityRPS)
+	t.Logf("even utilization %.4f, planned load over capacity %.4f", u, planned)
+	if !(u > planned) {
+		t.Errorf("even utilization %.4f not above the planned load over capacity %.4f: the test does not reach the difference", u, planned)
 	}
 }

@@ -292,15 +292,21 @@ type EngineView struct {
 	// Residuals: observed / predicted at the observed load and queue (0: no
 	// evidence): TTFT and TBOT from the engine's metrics, E2E from
 	// ext_proc's timing of whole requests. The predictions are in ms.
-	TTFTResidual float64        `json:"ttft_residual"`
-	TBOTResidual float64        `json:"tbot_residual"`
-	E2EResidual  float64        `json:"e2e_residual"`
-	TTFTPredMs   float64        `json:"ttft_predicted_ms"`
-	TBOTPredMs   float64        `json:"tbot_predicted_ms"`
-	Window       signals.Window `json:"evidence_window"`
-	ErrorRate    float64        `json:"error_rate"`
-	Penalty      float64        `json:"penalty"`
-	PenaltyWhy   string         `json:"penalty_why,omitempty"`
+	TTFTResidual float64 `json:"ttft_residual"`
+	TBOTResidual float64 `json:"tbot_residual"`
+	E2EResidual  float64 `json:"e2e_residual"`
+	TTFTPredMs   float64 `json:"ttft_predicted_ms"`
+	// ProfileCorrection is the factor on the TTFT curve the optimizer
+	// plans this engine with (correction.go: observed over predicted TTFT,
+	// smoothed, within [1/4, 4]; 1: the profile as configured), and
+	// ProfileCorrectionWhy the evidence behind it.
+	ProfileCorrection    float64        `json:"profile_correction"`
+	ProfileCorrectionWhy string         `json:"profile_correction_why,omitempty"`
+	TBOTPredMs           float64        `json:"tbot_predicted_ms"`
+	Window               signals.Window `json:"evidence_window"`
+	ErrorRate            float64        `json:"error_rate"`
+	Penalty              float64        `json:"penalty"`
+	PenaltyWhy           string         `json:"penalty_why,omitempty"`
 }
 
 // ClassDecision is one (frontend, class)'s outcome.
@@ -375,6 +381,11 @@ type Controller struct {
 	fallback Allocator
 	profiles map[string]optimizer.Profile
 	problem  problemFrame
+
+	// correction is each engine's online TTFT-curve correction factor,
+	// correctionPlanned its value at the engine's last replan
+	// (correction.go).
+	correction, correctionPlanned map[string]float64
 
 	penalties map[string]float64
 	cause     map[string]string // engine → why its penalty was set (causeLatency, causeErrors)

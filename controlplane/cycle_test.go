@@ -259,7 +259,10 @@ func TestCycleBackgroundLoadShiftsWeight(t *testing.T) {
 	r1, _ := c.Step(ctx, Inputs{Now: now, Engines: engines(now, hot), Demand: demand(40, 20)})
 	v := view(r1, "e-east-1")
 	t.Logf("loaded engine: observed %.2f planned %.2f background %.2f; share %.3f → %.3f", v.ObservedUtilization, v.PlannedUtilization, v.BackgroundLoad, base, share(r1, "fe-east", "e-east-1"))
-	if share(r1, "fe-east", "e-east-1") > base-0.1 {
+	// The objective prices TTFT, which grows slowly below the headroom:
+	// the background load moves the split until both engines' marginal
+	// TTFT agree, 0.08 here (0 when background load is ignored).
+	if share(r1, "fe-east", "e-east-1") > base-0.05 {
 		t.Errorf("loaded engine keeps its share: %.3f (was %.3f)", share(r1, "fe-east", "e-east-1"), base)
 	}
 }

@@ -145,6 +145,22 @@ func TestAdminJSONWithIdleEngines(t *testing.T) {
 			t.Errorf("/signals: engine %v is %v, want up", e["id"], e["state"])
 		}
 	}
+	// /explain states the profile correction every engine was planned
+	// with: 1 (as configured) while no first token is observed.
+	var ex struct {
+		Corrections map[string]struct {
+			Factor float64 `json:"factor"`
+		} `json:"profile_corrections"`
+	}
+	rig.get(t, "/explain", &ex)
+	if len(ex.Corrections) != 4 {
+		t.Errorf("/explain: profile corrections of %d engines, want 4: %+v", len(ex.Corrections), ex.Corrections)
+	}
+	for id, c := range ex.Corrections {
+		if c.Factor != 1 {
+			t.Errorf("/explain: %s planned with a profile correction of %g before any evidence, want 1", id, c.Factor)
+		}
+	}
 	var h historyJSON
 	rig.get(t, "/history", &h)
 	if len(h.At) < 3 || h.Capacity != DefaultRunConfig().History || len(h.Engines) != 4 || len(h.Frontends) != 2 || len(h.Priorities) != 2 {

@@ -13,12 +13,16 @@ import (
 // the inputs of the problem, the deadband and the translation.
 type engineStep struct {
 	// problem is each engine as the optimizer sees it (in fleet order):
-	// capacity scaled by health and background load, its penalty.
+	// capacity scaled by health and background load, its penalty, its
+	// profile with the online correction (correction.go).
 	problem []optimizer.Engine
 	// health is the EDS health by engine id.
 	health map[string]translate.Health
 	// recovered: engines that were impaired last cycle and are not now.
 	recovered map[string]bool
+	// corrected: engines whose profile correction moved past
+	// correctionReplan this cycle.
+	corrected map[string]bool
 	// up: engines whose state is up (a penalized one keeps a probe share).
 	up map[string]bool
 }
@@ -40,9 +44,10 @@ func (c *Controller) penaltyDecay(now time.Time) float64 {
 // and res.PenaltyNotes. It updates the controller's penalties and
 // impairments.
 func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engineStep {
-	st := engineStep{health: map[string]translate.Health{}, recovered: map[string]bool{}}
+	st := engineStep{health: map[string]translate.Health{}, recovered: map[string]bool{}, corrected: map[string]bool{}}
 	views, states, as, up := c.observe(in)
 	st.up = up
+	profiles, replan := c.correctProfiles(views)
 	res.PenaltyNotes = notFaults(as)
 	for j, e := range c.problem.engines {
 		v, state := views[j], states[j]
@@ -56,9 +61,16 @@ func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engine
 			v.PenaltyWhy = "recovered: the stability term is lifted for its classes this cycle"
 		}
 		c.impaired[e.ID] = impaired
+		if replan[e.ID] {
+			// A corrected profile is a new model of the engine, not
+			// noise: its classes are solved without the stability term;
+			// unlike a recovery's, the new weights still pay for their
+			// cache misses at the deadband (correction.go).
+			st.corrected[e.ID] = true
+		}
 		res.Engines = append(res.Engines, v)
 		reps := float64(max(e.Replicas, 1))
-		st.problem = append(st.problem, optimizer.Engine{ID: e.ID, Profile: c.profiles[e.ID], Replicas: reps, ReadyReplicas: reps,
+		st.problem = append(st.problem, optimizer.Engine{ID: e.ID, Profile: profiles[e.ID], Replicas: reps, ReadyReplicas: reps,
 			Health: v.HealthFactor * (1 - v.BackgroundLoad), Penalty: pen})
 	}
 	return st

@@ -95,15 +95,24 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			used := v.ObservedUtilization
 			// A queue that lasts (the evidence window's mean, not one
 			// scrape's burst) means no spare capacity.
-			waiting := s.Waiting
+			waiting, running := s.Waiting, s.Running
 			if s.Window.Seconds > 0 {
-				waiting = s.Window.Waiting
+				waiting, running = s.Window.Waiting, s.Window.Running
 			}
 			if s.Waiting >= 1 {
 				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
 			}
 			if waiting >= 1 && v.OwnUtilization < ownQueue {
-				used = math.Max(used, 0.95)
+				// Full, and offered more than it serves by the queue
+				// over the running batch (Little's law: the waiting
+				// requests are served after the running ones): the
+				// plan prices time to first token, which a foreign
+				// queue sets, not the token rates.
+				over := 1.0
+				if running > 0 {
+					over += waiting / running
+				}
+				used = math.Max(used, 0.95*over)
 			}
 			// Estimates of both sides are noisy (token rates over a few
 			// seconds against a work model): the first BackgroundFloor of

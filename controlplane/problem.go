@@ -11,7 +11,8 @@ import (
 // buildProblem is step 3's input: the fleet (RTTs, eligibility, learned
 // class shapes, priorities), the engines as assessed, the smoothed demand
 // per (frontend, class, priority) and the published weights as Last
-// (except for classes an engine of which recovered).
+// (except for classes an engine of which recovered, or had its profile
+// correction move past correctionReplan).
 func (c *Controller) buildProblem(eng engineStep, demand map[signals.DemandKey]signals.DemandRate) *optimizer.Problem {
 	f := &c.problem
 	p := &optimizer.Problem{Headroom: c.cfg.Headroom, StabilityMs: c.cfg.StabilityMs, PenaltyCostMs: c.cfg.PenaltyCostMs,
@@ -36,7 +37,7 @@ func (c *Controller) buildProblem(eng engineStep, demand map[signals.DemandKey]s
 		if nd := c.published[fe.NodeID]; nd != nil {
 			last.Weights[fe.NodeID] = map[string]map[string]float64{}
 			for cl, cd := range nd.Classes {
-				if !c.touchesRecovered(cl, eng.recovered) {
+				if !c.touchesRecovered(cl, eng.recovered) && !c.touchesRecovered(cl, eng.corrected) {
 					last.Weights[fe.NodeID][cl] = cd.Weights
 				}
 			}

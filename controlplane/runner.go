@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,6 +115,7 @@ type Runner struct {
 		cycles       *prometheus.CounterVec
 		cycleSeconds prometheus.Histogram
 		penalty      *prometheus.GaugeVec
+		correction   *prometheus.GaugeVec
 		up           *prometheus.GaugeVec
 		age          *prometheus.GaugeVec
 		held         prometheus.Counter
@@ -195,7 +197,9 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 	r.m.up = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_state", Help: "1 for the engine's current state (up, down, stale, new)."}, []string{"engine", "state"})
 	r.m.age = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_signal_age_seconds", Help: "Age of the engine's last good metrics scrape."}, []string{"engine"})
 	r.m.held = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_deadband_holds_total", Help: "(frontend, class) weight changes held back by the deadband."})
-	r.reg.MustRegister(r.m.cycles, r.m.cycleSeconds, r.m.penalty, r.m.up, r.m.age, r.m.held, r.m.adjusted)
+	r.m.correction = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inferlb_engine_profile_correction",
+		Help: "Factor on the engine's TTFT curve the optimizer plans with (observed over predicted TTFT, smoothed; 1: as configured)."}, []string{"engine"})
+	r.reg.MustRegister(r.m.cycles, r.m.cycleSeconds, r.m.penalty, r.m.correction, r.m.up, r.m.age, r.m.held, r.m.adjusted)
 	if cfg.StateFile != "" {
 		if err := r.loadState(); err != nil {
 			return nil, err
@@ -583,6 +587,10 @@ func (r *Runner) cycle(ctx context.Context) {
 	}
 	for _, v := range res.Engines {
 		r.m.penalty.WithLabelValues(v.ID).Set(v.Penalty)
+		r.m.correction.WithLabelValues(v.ID).Set(v.ProfileCorrection)
+		if strings.Contains(v.ProfileCorrectionWhy, "replanned") {
+			r.log.Info("profile corrected", "engine", v.ID, "factor", v.ProfileCorrection, "why", v.ProfileCorrectionWhy)
+		}
 	}
 }
 

@@ -26,12 +26,17 @@ func shapedDemand(east, west, prompt, output float64, prios ...string) map[signa
 	return d
 }
 
-// busyEngines: the four engines share rate requests/s of the given shape,
-// hit of the prompt tokens from their prefix caches.
-func busyEngines(now time.Time, rate, prompt, output, hit float64) []signals.Engine {
+// busyEngines: each region's two engines share its frontend's requests/s
+// of the given shape (each region's traffic stays in it: the plan keeps it
+// there while its engines have room), hit of the prompt tokens from their
+// prefix caches.
+func busyEngines(now time.Time, east, west, prompt, output, hit float64) []signals.Engine {
 	f := map[string]fake{}
 	for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
-		r := rate / 4
+		r := east / 2
+		if strings.HasPrefix(id, "e-west") {
+			r = west / 2
+		}
 		f[id] = fake{reqPerS: r, promptTokS: r * prompt, cachedTokS: r * prompt * hit, genTokS: r * output}
 	}
 	return engines(now, f)
@@ -61,7 +66,7 @@ func TestShapeLearnedFromReportsAndEngines(t *testing.T) {
 	}
 	for k := 0; k < 4; k++ {
 		now = now.Add(5 * time.Second)
-		r = step(t, c, Inputs{Now: now, Engines: busyEngines(now, 40, 1500, 180, 0.85), Demand: shapedDemand(30, 10, 1500, 180, "high", "low")})
+		r = step(t, c, Inputs{Now: now, Engines: busyEngines(now, 30, 10, 1500, 180, 0.85), Demand: shapedDemand(30, 10, 1500, 180, "high", "low")})
 	}
 	s := r.Shapes["chat"]
 	t.Logf("learned %+v", s)
@@ -78,7 +83,7 @@ func TestShapeLearnedFromReportsAndEngines(t *testing.T) {
 	// A shift of the traffic is followed with the smoothing's time
 	// constant, not at once.
 	now = now.Add(5 * time.Second)
-	r = step(t, c, Inputs{Now: now, Engines: busyEngines(now, 40, 3000, 180, 0.85), Demand: shapedDemand(30, 10, 3000, 180, "high", "low")})
+	r = step(t, c, Inputs{Now: now, Engines: busyEngines(now, 30, 10, 3000, 180, 0.85), Demand: shapedDemand(30, 10, 3000, 180, "high", "low")})
 	if p := r.Shapes["chat"].PromptTokens; p < 1600 || p > 2000 {
 		t.Errorf("one 5-s cycle after prompts doubled: %.0f tokens, want ≈ 1500 + 22%% of the step (ShapeSmoothing 20 s)", p)
 	}
@@ -119,7 +124,7 @@ func TestShapeBoundedByWhatEnginesProcessed(t *testing.T) {
 			}
 			now := time.Unix(1_800_000_000, 0)
 			// The engines processed 40 req/s of 1500/180-token requests.
-			r := step(t, c, Inputs{Now: now, Engines: busyEngines(now, 40, 1500, 180, tc.hit), Demand: shapedDemand(30, 10, tc.prompt, tc.output, "high")})
+			r := step(t, c, Inputs{Now: now, Engines: busyEngines(now, 30, 10, 1500, 180, tc.hit), Demand: shapedDemand(30, 10, tc.prompt, tc.output, "high")})
 			s := r.Shapes["chat"]
 			t.Logf("%+v", s)
 			if s.PromptTokens > tc.wantPromptAtMost+1e-9 || s.PromptTokens < tc.wantPromptAtLeast-1e-9 || s.OutputTokens < tc.wantOutputAtLeast-1e-9 ||
@@ -158,7 +163,7 @@ func TestCycleCacheDiscountStopsShedding(t *testing.T) {
 		now := time.Unix(1_800_000_000, 0)
 		// 60 req/s: with 85% hits ~35% of what four H100s serve; uncached
 		// the engines are full (FullUtilization 0.64) at ~34 req/s.
-		in := Inputs{Now: now, Engines: busyEngines(now, 60, 1500, 180, tc.hit), Demand: shapedDemand(36, 24, 1500, 180, "high", "low")}
+		in := Inputs{Now: now, Engines: busyEngines(now, 36, 24, 1500, 180, tc.hit), Demand: shapedDemand(36, 24, 1500, 180, "high", "low")}
 		r := step(t, c, in)
 		shed := map[string]float64{}
 		for _, n := range []string{"fe-east", "fe-west"} {
@@ -188,7 +193,7 @@ func TestCycleSinglePriorityOverloadShedsThroughExtproc(t *testing.T) {
 	}
 	now := time.Unix(1_800_000_000, 0)
 	// 1100/265-token uncached prompts at twice what four H100s serve.
-	r := step(t, c, Inputs{Now: now, Engines: busyEngines(now, 100, 1100, 265, 0), Demand: shapedDemand(70, 30, 1100, 265, "high")})
+	r := step(t, c, Inputs{Now: now, Engines: busyEngines(now, 70, 30, 1100, 265, 0), Demand: shapedDemand(70, 30, 1100, 265, "high")})
 	cd := r.Nodes["fe-east"].Classes["chat"]
 	if cd.Shed["high"] < 0.2 || cd.Shed["low"] != 1 {
 		t.Fatalf("published shed %v, want high shed and the empty low level at 1", cd.Shed)

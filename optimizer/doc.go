@@ -1,6 +1,7 @@
 // Package optimizer computes, each control cycle, every frontend's share of
-// traffic per engine: the allocation that minimizes the expected end-to-end
-// latency of routed traffic under engine capacity, with load shedding only
+// traffic per engine: the allocation that minimizes the expected time to
+// first token (round trip + TTFT at the engine's load) of routed traffic
+// under engine capacity, with load shedding only
 // when demand cannot fit and a stability term that keeps traffic where its KV
 // cache is.
 //
@@ -20,7 +21,7 @@
 // Decision: x[i,c,j] ≥ 0, the rate of class c from frontend i to engine j,
 // and s[i,c,p] ∈ [0, d[i,c,p]], the rate of priority p shed.
 //
-//	minimize   Σ x[i,c,j]·(RTT[i,j] + TTFT_cj(u_j) + n_c·TBOT_cj(u_j))
+//	minimize   Σ x[i,c,j]·(RTT[i,j] + TTFT_cj(0) + τ·(TTFT_cj(u_j) − TTFT_cj(0)))
 //	         + Σ shed[p]·s[i,c,p]
 //	         + StabilityMs·RemapFactor/2 · Σ |x[i,c,j] − d[i,c]·w_last[i,c,j]|
 //	subject to Σ_j x[i,c,j] + Σ_p s[i,c,p] = d[i,c]
@@ -32,6 +33,20 @@
 // request r times larger sees r times the congestion delay (processor
 // sharing), which makes the objective Σ_j load_j·K_j(u_j) + linear terms,
 // convex and separable per engine. docs/optimizer.md has the derivation.
+//
+// The decode time (n_c × TBOT) is not charged: under continuous batching a
+// busier engine streams every answer a little slower (each step carries a
+// bigger batch), which a reader of a streamed answer does not wait for,
+// and charged over 200 tokens it outweighed any round trip, so the system
+// optimum spread a region's traffic over an ocean at a fraction of its
+// engines' capacity. TBOT still sets where an engine is full
+// (MarginalStretch, Profile.FullUtilization) and is reported per weight.
+// τ (Problem.TailFactor, default ln 100) prices the load-dependent wait at
+// its tail, not its mean. The rule the tests hold (TestSpillOnlyWhenItPays):
+// when a frontend's nearest engines carry its demand below their limits at
+// a price (round trip + TTFT, its wait × τ, + the delay one more request
+// adds there) below every farther engine's round trip + zero-load TTFT,
+// nothing leaves the region.
 //
 // Shedding: the charged cost of shedding one request of priority p is
 // M·(1 + ShedCost_p/max ShedCost), where M exceeds the marginal cost of any

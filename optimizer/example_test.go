@@ -7,40 +7,47 @@ import (
 )
 
 // Two regions, one engine each, 60 ms apart. East's 30 req/s would fit on
-// its own engine (72% of capacity, under the 80% headroom), but at that load
-// every decode step is slower (TBOT grows with the running batch) by more
-// than the 60 ms round trip costs, so the optimizer sends part of the
-// traffic west: at the optimum both engines' marginal costs (network +
-// latency + congestion) are equal.
+// its own engine (72% of capacity, under the 80% headroom), with a mean
+// time to first token 12 ms above its zero-load value; but the objective
+// prices the wait at its tail (Problem.TailFactor, 4.6 × the load-dependent
+// part: a wait's 99th percentile), and at 72% east's tail plus the
+// congestion one more request adds outweighs the 60 ms round trip: the
+// optimizer keeps 72% home and sends the rest west, where the marginal
+// costs meet; at 40 req/s 63%.
 func Example() {
 	prof, err := optimizer.NewProfile(optimizer.StepModel{PrefillTokensPerS: 25000, OverheadMs: 10,
 		DecodeStepMs: 6.5, DecodeStepPerSeqMs: 0.055, MaxRunning: 256, KVCapacityTokens: 450000}, 200, 200)
 	if err != nil {
 		panic(err)
 	}
-	p := &optimizer.Problem{
-		Headroom:   0.8,
-		Frontends:  []optimizer.Frontend{{ID: "east"}},
-		Engines:    []optimizer.Engine{{ID: "east-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}, {ID: "west-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}},
-		Classes:    []optimizer.Class{{ID: "chat", PromptTokens: 200, OutputTokens: 200, Eligible: []int{0, 1}}},
-		Priorities: []optimizer.Priority{{Name: "default", ShedCost: 1}},
-		Demand:     [][]optimizer.Demand{{{RatePerS: []float64{30}}}},
-		RTTMs:      [][]float64{{1, 60}},
+	for _, rate := range []float64{30, 40} {
+		p := &optimizer.Problem{
+			Headroom:   0.8,
+			Frontends:  []optimizer.Frontend{{ID: "east"}},
+			Engines:    []optimizer.Engine{{ID: "east-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}, {ID: "west-1", Profile: prof, Replicas: 1, ReadyReplicas: 1, Health: 1}},
+			Classes:    []optimizer.Class{{ID: "chat", PromptTokens: 200, OutputTokens: 200, Eligible: []int{0, 1}}},
+			Priorities: []optimizer.Priority{{Name: "default", ShedCost: 1}},
+			Demand:     [][]optimizer.Demand{{{RatePerS: []float64{rate}}}},
+			RTTMs:      [][]float64{{1, 60}},
+		}
+		sol, err := optimizer.Solve(p, optimizer.Options{})
+		if err != nil {
+			panic(err)
+		}
+		f := sol.Flow("east", "chat")
+		fmt.Printf("%.0f req/s:\n", rate)
+		for _, w := range f.Weights {
+			fmt.Printf("  %s: weight %.2f, utilization %.2f, network %.0f ms, TTFT %.0f ms, congestion %.0f ms\n",
+				w.Engine, w.Weight, w.Utilization, w.NetworkMs, w.TTFTMs, w.CongestionMs)
+		}
 	}
-	sol, err := optimizer.Solve(p, optimizer.Options{})
-	if err != nil {
-		panic(err)
-	}
-	f := sol.Flow("east", "chat")
-	for _, w := range f.Weights {
-		fmt.Printf("%s: weight %.2f, utilization %.2f, network %.0f ms, latency %.0f ms, congestion %.0f ms\n",
-			w.Engine, w.Weight, w.Utilization, w.NetworkMs, w.LatencyMs, w.CongestionMs)
-	}
-	fmt.Printf("shed %.0f%%\n", 100*f.Shed[0].Fraction)
 	// Output:
-	// east-1: weight 0.51, utilization 0.37, network 1 ms, latency 1979 ms, congestion 920 ms
-	// west-1: weight 0.49, utilization 0.36, network 60 ms, latency 1951 ms, congestion 888 ms
-	// shed 0%
+	// 30 req/s:
+	//   east-1: weight 0.72, utilization 0.52, network 1 ms, TTFT 36 ms, congestion 49 ms
+	//   west-1: weight 0.28, utilization 0.21, network 60 ms, TTFT 30 ms, congestion 17 ms
+	// 40 req/s:
+	//   east-1: weight 0.63, utilization 0.61, network 1 ms, TTFT 38 ms, congestion 65 ms
+	//   west-1: weight 0.37, utilization 0.35, network 60 ms, TTFT 32 ms, congestion 30 ms
 }
 
 // What a request costs an H100 depends on its shape: a 1,500-token chat

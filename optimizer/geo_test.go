@@ -24,7 +24,9 @@ func hockeyStick() Profile {
 // region r's demand as a fraction of its own limit.
 func threeRegions(prof Profile, load [3]float64) *Problem {
 	rtt := [3][3]float64{{1, 30, 120}, {30, 1, 100}, {120, 100, 1}}
-	p := &Problem{Headroom: 0.6, Priorities: []Priority{{Name: "p", ShedCost: 1}}}
+	// TailFactor 1: the geography is stated against the profile's mean
+	// congestion (20 ms at the limit, below the 30 ms round trip).
+	p := &Problem{Headroom: 0.6, TailFactor: 1, Priorities: []Priority{{Name: "p", ShedCost: 1}}}
 	cl := Class{ID: "chat", PromptTokens: prof.RefPromptTokens, OutputTokens: prof.RefOutputTokens}
 	for r := 0; r < 3; r++ {
 		for k := 0; k < 2; k++ {

@@ -94,6 +94,10 @@ func (e *engModel) marginal(y float64) (d1, d2 float64) {
 
 const defaultRemap = 1.35
 
+// DefaultTailFactor is the TailFactor a Problem's 0 means: ln 100, the
+// 99th percentile of an exponential wait over its mean.
+const DefaultTailFactor = 4.6
+
 func compile(p *Problem) *model {
 	m := &model{p: p, nPri: len(p.Priorities)}
 	remap := p.RemapFactor
@@ -102,6 +106,10 @@ func compile(p *Problem) *model {
 	}
 	m.sigma = p.StabilityMs * remap / 2
 
+	tau := p.TailFactor
+	if tau == 0 {
+		tau = DefaultTailFactor
+	}
 	m.eng = make([]engModel, len(p.Engines))
 	for j := range p.Engines {
 		e := &p.Engines[j]
@@ -110,8 +118,11 @@ func compile(p *Problem) *model {
 		c := nominal * (1 - e.Penalty)
 		m.eng[j] = engModel{
 			C: c, limit: p.Headroom * c, nominal: nominal,
-			lin: pr.TTFT.Linear + pr.RefOutputTokens*pr.TBOT.Linear,
-			q:   pr.TTFT.Queue + pr.RefOutputTokens*pr.TBOT.Queue,
+			// The objective prices the time to first token, its
+			// load-dependent part at the tail (TailFactor): see "What
+			// the objective charges" in docs/optimizer.md.
+			lin: tau * pr.TTFT.Linear,
+			q:   tau * pr.TTFT.Queue,
 			ue:  (1 + p.Headroom) / 2,
 		}
 	}
@@ -156,8 +167,8 @@ func compile(p *Problem) *model {
 					continue
 				}
 				pr := &p.Engines[j].Profile
-				ttft, tbot := pr.Latency(b.shape, 0)
-				a := arc{j: j, a: p.RTTMs[i][j] + ttft + b.shape.OutputTokens*tbot + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.Ratio(b.shape)}
+				ttft, _ := pr.Latency(b.shape, 0)
+				a := arc{j: j, a: p.RTTMs[i][j] + ttft + p.PenaltyCostMs*p.Engines[j].Penalty, r: pr.Ratio(b.shape)}
 				if last != nil {
 					a.x0 = tot * lastW[j]
 					a.sigma = m.sigma

@@ -159,16 +159,19 @@ type Explanation struct {
 	// NetworkMs is the round trip from the frontend.
 	NetworkMs float64 `json:"network_ms"`
 	// LatencyMs is the request's latency as the objective charges it at the
-	// engine's solved load: zero-load TTFT + output × TBOT, plus QueueingMs.
-	// TTFTMs and TBOTMs are the profile's TTFT and TBOT curves at that load
-	// for this request's shape; LatencyMs = TTFTMs + output tokens × TBOTMs
-	// (exactly, unless the class or the profile's reference has no output
-	// tokens).
+	// engine's solved load: its time to first token at the tail, zero-load
+	// TTFT plus QueueingMs (Problem.TailFactor × the load-dependent part of
+	// TTFTMs). The decode time (output × TBOTMs) is not charged: see "What
+	// the objective charges" in docs/optimizer.md. TTFTMs and TBOTMs are the
+	// profile's (mean) TTFT and TBOT curves at that load for this request's
+	// shape.
 	LatencyMs float64 `json:"latency_ms"`
 	TTFTMs    float64 `json:"ttft_ms"`
 	TBOTMs    float64 `json:"tbot_ms"`
-	// QueueingMs is the load-dependent part of LatencyMs (latency at the
-	// current load minus latency at zero load).
+	// QueueingMs is the load-dependent part of LatencyMs (TailFactor × TTFT
+	// at the current load minus TTFT at zero load): under continuous batching the
+	// wait for the step in progress and the slower steps of a bigger
+	// batch, not a wait for earlier requests to finish.
 	QueueingMs float64 `json:"queueing_ms"`
 	// CongestionMs is the marginal congestion: the extra latency one more
 	// request imposes on everyone already at the engine, r·u·K'(u) =

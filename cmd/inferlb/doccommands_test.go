@@ -95,6 +95,8 @@ var docCommands = []docCmd{
 	{cmd: `make demo DEMOFLAGS="--duration 20s --time-scale 0.5"`, want: "inferlb demo: stopped.", check: checkDemoBounded},
 	{cmd: "make test", skip: "it is this suite (CI runs it)"},
 	{cmd: "make lint", skip: "CI runs it before make test (.ci/run)"},
+	{cmd: "make profiles", skip: "refits every example fleet's profiles against the engine simulator (minutes) and rewrites the fleet files; TestProfileEngineSimWithin15Percent holds the fit"},
+	{cmd: "inferlb profile --engine-sim", skip: "named in docs/optimizer.md's prose; make profiles runs it (with --write --fleet) over every example fleet"},
 	{cmd: "make bench", skip: "every benchmark, minutes; go vet in make test compiles them"},
 	// The binary's own help.
 	{cmd: "bin/inferlb --help", want: "Available Commands:"},

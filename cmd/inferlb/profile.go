@@ -93,6 +93,8 @@ dependence), and needs --gpu and a KV size from /metrics.`,
 	fl.IntVar(&o.requests, "requests", 300, "requests per load level")
 	fl.Float64Var(&o.timeScale, "time-scale", 0, "target's time scale (engine-sim --time-scale); rates and latencies are in target time")
 	fl.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on one request")
+	fl.BoolVar(&o.engineSim, "engine-sim", false, "measure the engine simulator's scheduler in virtual time instead of --target: the (--gpu, --model) step model of --fleet, at the fleet's reference request shape unless --prompt-tokens/--output-tokens are given, from 10% to 95% of the capacity the step model implies (or --max-rate)")
+	fl.BoolVar(&o.write, "write", false, "with --engine-sim: write capacity_rps, ttft_curve and tbot_curve into --fleet's profile entry in place (make profiles)")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -103,10 +105,17 @@ type profileCmdFlags struct {
 	prompt, output, points, requests  int
 	maxRate, timeScale                float64
 	timeout                           time.Duration
+	engineSim, write                  bool
 }
 
 // run carries out the command.
 func (o *profileCmdFlags) run(cmd *cobra.Command, args []string) error {
+	if o.engineSim {
+		return o.simSweep(cmd)
+	}
+	if o.write {
+		return fmt.Errorf("profile: --write needs --engine-sim (a measured engine's entry is printed for you to review)")
+	}
 	if o.target == "" || o.modelName == "" || !(o.maxRate > 0) {
 		return fmt.Errorf("profile: --target, --model and --max-rate > 0 are required")
 	}

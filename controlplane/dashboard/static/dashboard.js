@@ -154,7 +154,7 @@
 
   const TERMS = [
     ["network_ms", "round trip", "network time from the frontend to the engine's region"],
-    ["latency_ms", "latency", "the request's latency at the engine's solved load: TTFT + output tokens × TBOT (queueing and penalty included)"],
+    ["latency_ms", "latency", "the request's time to first token at the engine's solved load (queueing and penalty included): what the plan charges"],
     ["outlier_cost_ms", "outlier cost", "charge for a misbehaving engine: penalty-cost-ms × its penalty"],
     ["congestion_ms", "congestion", "extra latency one more request imposes on the requests already there"],
     ["capacity_price_ms", "capacity price", "the engine's capacity constraint's price: > 0 only when it is at its headroom"],
@@ -264,7 +264,8 @@
         el("td", { class: "n", text: up ? pct(e.prefix_cache_hit_rate) : "–" }),
         el("td", { class: "n", text: v.id ? `${pct(v.observed_utilization)} / ${pct(v.planned_utilization)}` : "–",
           title: v.id ? `our traffic ${pct(v.own_utilization)} (the plan, or more where ext_proc saw Envoy send more while shedding); background load ${pct(v.background_load)} = observed − ours − 10% noise floor` : "" }),
-        el("td", { class: "n" + (v.penalty > 0 ? " penalized" : ""), text: v.id ? pct(v.penalty) : "–", title: v.penalty_why || "" })));
+        el("td", { class: "n" + (v.penalty > 0 ? " penalized" : ""), text: v.id ? pct(v.penalty) : "–", title: v.penalty_why || "" }),
+        el("td", { class: "n", text: v.profile_correction ? num(v.profile_correction, 2) : "–", title: v.profile_correction_why || "" })));
     }
     tbody.replaceChildren(...rows);
   }
