@@ -44,8 +44,14 @@ func TestPrintBootstrapVariants(t *testing.T) {
 // from there; without TLS credentials it is refused.
 func TestPrintBootstrapSDS(t *testing.T) {
 	dir := t.TempDir()
+	// Mutual TLS alone leaves ext_proc's own port without a credential:
+	// Envoy gets the listen token to send there.
+	tok := filepath.Join(dir, "listen-token")
+	if err := os.WriteFile(tok, []byte("listen-token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cfg := service.Config{Listen: "127.0.0.1:9002", ControlPlane: "127.0.0.1:18000", NodeID: "fe", Region: "r",
-		BodyLimit: 1 << 20, Auth: auth.Client{CAFile: "tls/ca.crt", CertFile: "tls/tls.crt", KeyFile: "tls/tls.key"}}
+		BodyLimit: 1 << 20, ListenTokenFile: tok, Auth: auth.Client{CAFile: "tls/ca.crt", CertFile: "tls/tls.crt", KeyFile: "tls/tls.key"}}
 	var out bytes.Buffer
 	cmd := &cobra.Command{}
 	cmd.SetOut(&out)
