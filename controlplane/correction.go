@@ -45,7 +45,20 @@ import (
 // general-class engine's factor crosses the threshold every few cycles,
 // weight churn 0.12/cycle and 2.9% of follow-ups remapped to cold caches,
 // TTFT p99 81 ms against 72 ms with the deadband kept (medians of 3 seeds).
+//
+// An engine with a lasting queue (a window mean of correctionQueue waiting
+// requests or more) gives no evidence about its profile: once offered more
+// than it serves, its TTFT is the queue's length times its service time,
+// and the queue's length is set by what admission lets through, not by the
+// curve. Taking that evidence blamed the profile for an overload: in the
+// overload drill (1.3× capacity) the factor climbed to 3.3× in 8 s, the
+// plan saw a third of the fleet's capacity, and shed the low priority
+// until admitted throughput fell to 54% of what the engines serve. An
+// engine that is really slower than its profile queues too; that is the
+// outlier penalty's case (it removes capacity), and once the queue drains
+// the correction resumes from the unqueued evidence.
 const (
+	correctionQueue  = 0.5
 	correctionGain   = 0.2
 	correctionMax    = 4.0
 	correctionReplan = 1.25
@@ -69,7 +82,10 @@ func (c *Controller) correctProfiles(views []EngineView) (map[string]optimizer.P
 			k = 1
 		}
 		w := v.Window
-		if w.TTFTCount >= c.cfg.Penalty.MinSamples && w.TTFTMeanMs > 0 && w.CompletionsPerS > 0 && v.State == "up" {
+		queued := w.Seconds > 0 && w.Waiting >= correctionQueue
+		if queued && v.State == "up" && w.TTFTCount >= c.cfg.Penalty.MinSamples {
+			v.ProfileCorrectionWhy = fmt.Sprintf("held at %.2f× (a queue of %.1f requests over the window: its TTFT measures the queue, which admission governs, not the profile)", k, w.Waiting)
+		} else if w.TTFTCount >= c.cfg.Penalty.MinSamples && w.TTFTMeanMs > 0 && w.CompletionsPerS > 0 && v.State == "up" {
 			// The requests the engine served: their uncached prompt (the
 			// cached part costs no prefill, so no TTFT), the reference
 			// output (the TTFT does not depend on it beyond the work ratio).

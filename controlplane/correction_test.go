@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,4 +93,46 @@ func runCorrection(t *testing.T, spec *fleet.Spec, truth optimizer.Profile, chec
 		}
 	}
 	return last, first
+}
+
+// TestProfileCorrectionIgnoresQueuedEngines: an engine with a lasting
+// queue reports a TTFT that the queue sets (here 8× the profile's
+// prediction): the correction holds at 1 with the queue as its reason,
+// for as long as the queue lasts, and resumes once the queue drains.
+func TestProfileCorrectionIgnoresQueuedEngines(t *testing.T) {
+	spec := testFleet(t)
+	c, err := NewController(spec, DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truth, err := ProfileFromFleet(spec.Profiles[0], 200, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	ttft, _ := truth.Latency(truth.Reference(), 0.5)
+	step := func(waiting, ttftMs float64) EngineView {
+		f := map[string]fake{}
+		for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
+			f[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: ttft}
+		}
+		f["e-east-1"] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: ttftMs, waiting: waiting}
+		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, f), Demand: demand(20, 20)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(5 * time.Second)
+		return view(r, "e-east-1")
+	}
+	for k := 0; k < 10; k++ {
+		v := step(4, 8*ttft)
+		if v.ProfileCorrection != 1 || !strings.Contains(v.ProfileCorrectionWhy, "queue") {
+			t.Fatalf("cycle %d, queue of 4, TTFT 8× the profile: correction %.2f (%q), want 1 held for the queue", k, v.ProfileCorrection, v.ProfileCorrectionWhy)
+		}
+	}
+	v := step(0, 3*ttft)
+	if !(v.ProfileCorrection > 1.1) {
+		t.Errorf("queue drained, TTFT 3× the profile: correction %.2f (%q), want it to move up", v.ProfileCorrection, v.ProfileCorrectionWhy)
+	}
 }

@@ -284,6 +284,10 @@ type EngineView struct {
 	// background load is measured against it: the plan's, or more where
 	// ext_proc saw the engine get more of our requests (ownLoad).
 	OwnUtilization float64 `json:"own_utilization"`
+	// OwnWindowUtilization is the most OwnUtilization was over the
+	// engine's evidence window (this cycle's included): what its queue
+	// and token rates, which cover that window, are measured against.
+	OwnWindowUtilization float64 `json:"own_window_utilization"`
 	// SolvedUtilization is what this cycle's allocation plans for the
 	// engine, UtilizationLimit the cap it was planned under (the headroom,
 	// or lower where MaxStretch puts the engine's hockey stick).
@@ -374,7 +378,11 @@ type Result struct {
 type Controller struct {
 	// capped holds the engines the balance bound capped in this cycle's
 	// plan (balance.go); reset by allocate. Step's goroutine only.
-	capped   map[string]bool
+	capped map[string]bool
+	// ownSeen is each cycle's OwnUtilization per engine, oldest first,
+	// kept ownSeenKeep (observe reads it, assessEngines appends). Step's
+	// goroutine only.
+	ownSeen  []ownSample
 	cfg      Config
 	spec     *fleet.Spec
 	alloc    Allocator
@@ -902,7 +910,7 @@ func consistentShed(levels map[uint32]float64, prios []translate.Priority) map[u
 
 // inherit takes over what old learnt of the engines this controller still
 // has (a fleet update, Runner.UpdateFleet): their penalties and why, which
-// were impaired, the planned loads and when the weights last moved, and
+// were impaired, the planned loads (and own loads of recent cycles) and when the weights last moved, and
 // the smoothed demand and class shapes (the classes are the same). What
 // old knew of engines that left is dropped.
 func (c *Controller) inherit(old *Controller) {
@@ -930,6 +938,7 @@ func (c *Controller) inherit(old *Controller) {
 	}
 	c.lastStep, c.weightsMovedAt = old.lastStep, old.weightsMovedAt
 	c.smoothed, c.smoothedAt = old.smoothed, old.smoothedAt
+	c.ownSeen = old.ownSeen
 	c.shapes = old.shapes
 	c.tables = old.tables
 }

@@ -583,3 +583,89 @@ func TestCycleOwnSpreadUnderOverloadIsNotBackground(t *testing.T) {
 			sheds, hot.ObservedUtilization, hot.PlannedUtilization, hot.OwnUtilization, hot.BackgroundLoad)
 	}
 }
+
+// TestQueueOurTrafficLeftIsNotBackground: an engine's queue and token
+// rates cover the tracker's evidence window. When the plan has just moved
+// our traffic off a full engine, what that traffic left (a queue, rates at
+// the old load) is ours, not another tenant's: no background load, and
+// the engine keeps its place in the plan. The same queue lasting a whole
+// window after our traffic left is someone else's.
+func TestQueueOurTrafficLeftIsNotBackground(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		gap     time.Duration // from the last cycle at full load to the one that reads the queue
+		foreign bool
+	}{
+		{"queue within the window of our load", 5 * time.Second, false},
+		{"queue a window after our load left", 30 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := NewController(testFleet(t), DefaultConfig(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"}
+			tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second, Smoothing: time.Second, EvidenceWindow: 10 * time.Second}, ids)
+			counters := map[string]*signals.Metrics{}
+			for _, id := range ids {
+				counters[id] = &signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5, PrefixQueries: 1e5}
+			}
+			now := time.Unix(1_800_000_000, 0)
+			// scrape feeds a scrape a second until to: every engine at
+			// utilization u[id] (by its generated tokens), queue waiting.
+			scrape := func(to time.Time, u map[string]float64, waiting float64) {
+				for ; !now.After(to); now = now.Add(time.Second) {
+					for _, id := range ids {
+						m := counters[id]
+						gen := u[id] / c.profiles[id].OutputTokenSec
+						m.Success += gen / 200
+						m.TTFTCount += gen / 200
+						m.TTFTSum += gen / 200 * 0.05
+						m.GenTokens += gen
+						m.ITLCount += gen
+						m.ITLSum += gen * 0.02
+						m.Running, m.Waiting = 4, waiting
+						tr.Observe(signals.Sample{ID: id, At: now, Healthy: true, Metrics: *m})
+					}
+				}
+				now = to
+			}
+			capacity := c.profiles["e-east-1"].CapacityRPS
+			high := demand(1.8*capacity, 1.8*capacity) // 90% of the fleet
+			full := map[string]float64{"e-east-1": 0.9, "e-east-2": 0.9, "e-west-1": 0.9, "e-west-2": 0.9}
+			step := func(d map[signals.DemandKey]signals.DemandRate) *Result {
+				r, err := c.Step(context.Background(), Inputs{Now: now, Engines: tr.Engines(now), Demand: d})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+			start := now
+			scrape(start.Add(10*time.Second), full, 2)
+			step(high)
+			scrape(now.Add(5*time.Second), full, 2)
+			before := view(step(high), "e-east-1")
+			if before.OwnUtilization < ownQueue {
+				t.Fatalf("setup: our traffic loads e-east-1 to %.2f, want ≥ %.2f", before.OwnUtilization, ownQueue)
+			}
+			// Our demand falls to a tenth; e-east-1's queue stays.
+			low := demand(0.18*capacity, 0.18*capacity)
+			loads := map[string]float64{"e-east-1": 0.9, "e-east-2": 0.1, "e-west-1": 0.1, "e-west-2": 0.1}
+			scrape(now.Add(tc.gap), loads, 2)
+			step(low)
+			scrape(now.Add(time.Second), loads, 2)
+			v := view(step(low), "e-east-1")
+			t.Logf("own %.2f, over the window %.2f, observed %.2f, background %.2f", v.OwnUtilization, v.OwnWindowUtilization, v.ObservedUtilization, v.BackgroundLoad)
+			if tc.foreign {
+				if v.BackgroundLoad < 0.5 {
+					t.Errorf("a queue a window after our traffic left: background %.2f, want it counted (≥ 0.5)", v.BackgroundLoad)
+				}
+				return
+			}
+			if v.OwnWindowUtilization < ownQueue || v.BackgroundLoad != 0 {
+				t.Errorf("a queue our traffic left within the window: own over the window %.2f, background %.2f; want ≥ %.2f and none",
+					v.OwnWindowUtilization, v.BackgroundLoad, ownQueue)
+			}
+		})
+	}
+}

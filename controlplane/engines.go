@@ -46,6 +46,7 @@ func (c *Controller) penaltyDecay(now time.Time) float64 {
 func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engineStep {
 	st := engineStep{health: map[string]translate.Health{}, recovered: map[string]bool{}, corrected: map[string]bool{}}
 	views, states, as, up := c.observe(in)
+	c.rememberOwn(in.Now, views)
 	st.up = up
 	profiles, replan := c.correctProfiles(views)
 	res.PenaltyNotes = notFaults(as)

@@ -92,6 +92,21 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			// queued on, and shed what the fleet could have served.
 			v.PlannedUtilization = c.planned[e.ID] / (prof.CapacityRPS * reps)
 			v.OwnUtilization = own[e.ID] / (prof.CapacityRPS * reps)
+			// The queue and the token rates cover the evidence window
+			// (the rates' smoothing is shorter): they are ours if our
+			// traffic loaded the engine that much at any time in it.
+			// Against this cycle's own load alone, a plan that had just
+			// moved traffic off an engine read the queue and the rates
+			// that traffic left behind as someone else's, moved the
+			// rest off, and loaded the others until they queued in
+			// turn: in the 2.2×-overload drill, shares swung 0.03–0.79
+			// over 3 equal engines from one cycle to the next, and the
+			// plan admitted 60% of what the engines serve.
+			v.OwnWindowUtilization = v.OwnUtilization
+			if sec := s.Window.Seconds; sec > 0 {
+				v.OwnWindowUtilization = math.Max(v.OwnWindowUtilization, c.ownPeak(e.ID, in.Now.Add(-time.Duration(sec*float64(time.Second)))))
+			}
+			ownWin := v.OwnWindowUtilization
 			used := v.ObservedUtilization
 			// A queue that lasts (the evidence window's mean, not one
 			// scrape's burst) means no spare capacity.
@@ -102,17 +117,29 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			if s.Waiting >= 1 {
 				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
 			}
-			if waiting >= 1 && v.OwnUtilization < ownQueue {
+			if waiting >= 1 && ownWin < ownQueue {
+				served := used // the token rates' load, before the queue counts
+				used = math.Max(used, 0.95)
 				// Full, and offered more than it serves by the queue
 				// over the running batch (Little's law: the waiting
 				// requests are served after the running ones): the
 				// plan prices time to first token, which a foreign
-				// queue sets, not the token rates.
-				over := 1.0
-				if running > 0 {
+				// queue sets, not the token rates. Only where the
+				// engine serves work beyond ours (its token rates
+				// exceed our own load by more than the noise floor)
+				// is the queue known to be foreign. An engine that
+				// serves our traffic alone queues ours: under
+				// overload, bursts queue an engine our admitted
+				// traffic loads to 60%, and scaling that queue into
+				// background (up to 0.95) took the engine out of the
+				// plan, moved its traffic to the others, which queued
+				// in turn: shares swung 0.02–0.91 over 3 equal
+				// engines and the overload drill admitted 54–72% of
+				// what they serve (≥ 90% before, and again now).
+				if over := 1.0; running > 0 && served-ownWin > c.cfg.BackgroundFloor {
 					over += waiting / running
+					used = math.Max(used, 0.95*over)
 				}
-				used = math.Max(used, 0.95*over)
 			}
 			// Estimates of both sides are noisy (token rates over a few
 			// seconds against a work model): the first BackgroundFloor of
@@ -120,7 +147,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			// Before anything is published there is no plan to compare
 			// with: every engine's load would read as background.
 			if len(c.published) > 0 {
-				v.BackgroundLoad = clamp(used-v.OwnUtilization-c.cfg.BackgroundFloor, 0, 0.95)
+				v.BackgroundLoad = clamp(used-ownWin-c.cfg.BackgroundFloor, 0, 0.95)
 			}
 			up[e.ID] = true
 		} else {
@@ -131,6 +158,45 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 		views[j], states[j] = v, state
 	}
 	return views, states, as, up
+}
+
+// ownSample is one cycle's OwnUtilization per engine.
+type ownSample struct {
+	at   time.Time
+	util map[string]float64
+}
+
+// ownSeenKeep bounds how far back ownSeen reaches: longer than any
+// evidence window a tracker is run with.
+const ownSeenKeep = 2 * time.Minute
+
+// rememberOwn appends a cycle's own utilizations to ownSeen and drops
+// what is older than ownSeenKeep (or from the future: a clock that went
+// back).
+func (c *Controller) rememberOwn(now time.Time, views []EngineView) {
+	util := make(map[string]float64, len(views))
+	for _, v := range views {
+		util[v.ID] = v.OwnUtilization
+	}
+	keep := c.ownSeen[:0]
+	for _, o := range c.ownSeen {
+		if now.Sub(o.at) <= ownSeenKeep && !o.at.After(now) {
+			keep = append(keep, o)
+		}
+	}
+	c.ownSeen = append(keep, ownSample{at: now, util: util})
+}
+
+// ownPeak is the most an engine's own utilization was in the cycles
+// since from (0 if none).
+func (c *Controller) ownPeak(id string, from time.Time) float64 {
+	peak := 0.0
+	for _, o := range c.ownSeen {
+		if !o.at.Before(from) {
+			peak = math.Max(peak, o.util[id])
+		}
+	}
+	return peak
 }
 
 // ownLoad is the load our traffic puts on each engine (reference req/s),

@@ -29,7 +29,9 @@ func TestDrillOverloadSeen(t *testing.T) {
 	tr := s.startTraffic(trafficOptions{rate: offered, maxTokens: 16, mix: map[string]float64{"high": 0.3, "low": 0.7}})
 	settle := time.Now().Add(8 * time.Second)
 	measureTo := settle.Add(12 * time.Second)
-	var demand, lowShed []float64
+	var demand, lowShed, highShed []float64
+	var sum [5]float64 // the engine views' background, own and observed utilization, penalty, correction
+	views := 0
 	if err := envoytestPollUntil(measureTo, func() {
 		if time.Now().Before(settle) {
 			return
@@ -46,6 +48,17 @@ func TestDrillOverloadSeen(t *testing.T) {
 		}
 		if p, err := s.published(0); err == nil {
 			lowShed = append(lowShed, p.Shed["low"])
+			highShed = append(highShed, p.Shed["high"])
+		}
+		if v, err := s.cycleView(0); err == nil {
+			views++
+			for _, x := range v {
+				sum[0] += x.Background
+				sum[1] += x.Own
+				sum[2] += x.Utilization
+				sum[3] += x.Penalty
+				sum[4] += x.Correction
+			}
 		}
 	}); err != nil {
 		t.Fatal(err)
@@ -61,6 +74,12 @@ func TestDrillOverloadSeen(t *testing.T) {
 	med := demand[len(demand)/2]
 	t.Logf("planned demand: median %.1f/s (%.0f%% of the offered %.1f/s), range %.1f–%.1f; low shed median %.2f",
 		med, 100*med/offered, offered, demand[0], demand[len(demand)-1], lowShed[len(lowShed)/2])
+	slices.Sort(highShed)
+	if views > 0 {
+		n := float64(3 * views)
+		t.Logf("engines as the plan saw them (means over %d views): background %.2f, own utilization %.2f, observed %.2f, penalty %.2f, profile correction %.2f; planned top-priority shed median %.2f, max %.2f",
+			views, sum[0]/n, sum[1]/n, sum[2]/n, sum[3]/n, sum[4]/n, highShed[len(highShed)/2], highShed[len(highShed)-1])
+	}
 	metrics := s.cpAdmin[0] + "/metrics"
 	if n, err := metric(metrics, "inferlb_reports_rejected_total", `reason="rate"`); err == nil && n > 0 {
 		t.Errorf("%v genuine reports refused as above the rate bound", n)

@@ -325,6 +325,8 @@ type engineView struct {
 	ErrorRate    float64 `json:"error_rate"`
 	Utilization  float64 `json:"observed_utilization"`
 	Background   float64 `json:"background_load"`
+	Own          float64 `json:"own_utilization"`
+	Correction   float64 `json:"profile_correction"`
 	TTFTPredMs   float64 `json:"ttft_predicted_ms"`
 	Window       struct {
 		TTFTCount   float64 `json:"ttft_count"`

@@ -377,7 +377,7 @@ func edsHosts(cla *endpointv3.ClusterLoadAssignment, addr map[string]int) (js []
 func (x *inferlb) Admit(p *request) outcome {
 	o := decide(x.dec[p.front.ix], p)
 	if o == outcomeAdmitted && x.s.opt.Keys != nil {
-		x.s.opt.Keys(p.key)
+		x.s.opt.Keys(p.conv, p.arrival, p.key)
 	}
 	return o
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,12 +20,17 @@ var updateKeys = flag.Bool("update-keys", false, "rewrite testdata/keys-*.txt fr
 // a sign of sharing; issue 23): on azure-conv and overload, which share
 // nothing, the inferlb policy's run (ext_proc's decisions with the control
 // plane learning its table from their reports, 40 s of traffic) gives
-// every request the same affinity key, in order, as testdata/keys-*.txt,
-// which main's code wrote before the change (-update-keys rewrites them).
-// Rewritten once after the geo work (issue 22) changed admission: overload's
-// file only gained the 159 requests no longer shed, every earlier key in its
-// place (a diff of pure insertions), so the keys themselves did not move.
-// Equal keys in order mean equal placement: the figures cannot move.
+// every request the same affinity key as testdata/keys-*.txt, which
+// main's code wrote before the change (-update-keys rewrites them).
+//
+// Requests are matched by identity (conversation, arrival), not by
+// position: admission is the control plane's business and moves with it
+// (the geo work admitted 159 more of overload's requests, the fix of the
+// overload drills fewer), and a request admitted in one run and shed in
+// the other has no key to compare. The files were rewritten with identities
+// from keys-only files after checking that the keys were the old ones in
+// order with insertions and deletions only. Equal keys mean equal
+// placement; at least 90% of the recorded requests must be compared.
 func TestUnsharedTrafficKeepsItsKeys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: two 40 s simulations")
@@ -38,16 +42,18 @@ func TestUnsharedTrafficKeepsItsKeys(t *testing.T) {
 				t.Fatal(err)
 			}
 			sc.Duration, sc.Warmup = 40*time.Second, 5*time.Second
-			var got []uint64
+			var got []keyed
 			if _, err := Run(context.Background(), Options{Scenario: sc, Policy: PolicyInferlb, NoSeries: true,
-				Keys: func(k uint64) { got = append(got, k) }}); err != nil {
+				Keys: func(conv int32, arrival time.Duration, k uint64) {
+					got = append(got, keyed{requestID{conv, arrival}, k})
+				}}); err != nil {
 				t.Fatal(err)
 			}
 			path := filepath.Join("testdata", "keys-"+name+".txt")
 			if *updateKeys {
 				var b strings.Builder
 				for _, k := range got {
-					fmt.Fprintf(&b, "%016x\n", k)
+					fmt.Fprintf(&b, "%d %d %016x\n", k.id.conv, k.id.arrival.Microseconds(), k.key)
 				}
 				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 					t.Fatal(err)
@@ -55,43 +61,65 @@ func TestUnsharedTrafficKeepsItsKeys(t *testing.T) {
 				return
 			}
 			want := readKeys(t, path)
-			if len(got) != len(want) {
-				t.Errorf("%d keys, want %d", len(got), len(want))
+			byID := make(map[requestID]uint64, len(got))
+			for _, k := range got {
+				byID[requestID{k.id.conv, k.id.arrival.Truncate(time.Microsecond)}] = k.key
 			}
-			diff := 0
-			for i := range min(len(got), len(want)) {
-				if got[i] != want[i] {
+			compared, diff := 0, 0
+			for _, w := range want {
+				k, ok := byID[w.id]
+				if !ok {
+					continue
+				}
+				compared++
+				if k != w.key {
 					if diff < 5 {
-						t.Errorf("request %d: key %016x, want %016x", i, got[i], want[i])
+						t.Errorf("conversation %d, arrival %v: key %016x, want %016x", w.id.conv, w.id.arrival, k, w.key)
 					}
 					diff++
 				}
 			}
+			t.Logf("%d keys, %d recorded; %d requests in both compared", len(got), len(want), compared)
 			if diff > 0 {
-				t.Errorf("%d of %d keys differ", diff, len(want))
+				t.Errorf("%d of %d keys differ", diff, compared)
 			}
-			if len(want) < 1000 {
-				t.Errorf("only %d keys compared", len(want))
+			if len(want) < 1000 || float64(compared) < 0.9*float64(len(want)) {
+				t.Errorf("only %d of %d recorded keys compared (the others' requests were not admitted)", compared, len(want))
 			}
 		})
 	}
 }
 
-func readKeys(t *testing.T, path string) []uint64 {
+// requestID names a simulated request: its conversation and arrival.
+type requestID struct {
+	conv    int32
+	arrival time.Duration
+}
+
+type keyed struct {
+	id  requestID
+	key uint64
+}
+
+// readKeys reads a keys file: one "conversation arrival_µs key_hex" line
+// per admitted request.
+func readKeys(t *testing.T, path string) []keyed {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []uint64
+	var out []keyed
 	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, err := strconv.ParseUint(sc.Text(), 16, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", path, err)
+	for n := 1; sc.Scan(); n++ {
+		var conv int32
+		var us int64
+		var k uint64
+		if _, err := fmt.Sscanf(sc.Text(), "%d %d %x", &conv, &us, &k); err != nil {
+			t.Fatalf("%s:%d: %v (want \"conversation arrival_µs key_hex\")", path, n, err)
 		}
-		out = append(out, k)
+		out = append(out, keyed{requestID{conv, time.Duration(us) * time.Microsecond}, k})
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)

@@ -55,9 +55,10 @@ type Options struct {
 	// BalanceFactor for the inferlb policies (nil: its default).
 	BalanceFactor *float64
 	// Keys, if set, is told the affinity key ext_proc's decision gave each
-	// request the inferlb policies admit, in arrival order (tests compare
-	// keys request by request).
-	Keys func(key uint64)
+	// request the inferlb policies admit, in arrival order, with the
+	// request's identity (its conversation and arrival time): tests compare
+	// keys request by request, whatever admission let through.
+	Keys func(conv int32, arrival time.Duration, key uint64)
 }
 
 // lead is how long the control plane runs before traffic starts: its
