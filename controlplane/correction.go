@@ -47,7 +47,8 @@ import (
 // TTFT p99 81 ms against 72 ms with the deadband kept (medians of 3 seeds).
 //
 // An engine with a lasting queue (a window mean of correctionQueue waiting
-// requests or more) gives no evidence about its profile: once offered more
+// requests or more, or queue waits of at least half its TTFT) gives no
+// evidence about its profile: once offered more
 // than it serves, its TTFT is the queue's length times its service time,
 // and the queue's length is set by what admission lets through, not by the
 // curve. Taking that evidence blamed the profile for an overload: in the
@@ -82,9 +83,17 @@ func (c *Controller) correctProfiles(views []EngineView) (map[string]optimizer.P
 			k = 1
 		}
 		w := v.Window
-		queued := w.Seconds > 0 && w.Waiting >= correctionQueue
+		// Queued: a lasting queue, or one that waited at least half the
+		// observed TTFT (a burst: the window's mean queue may be short
+		// while its first tokens are mostly queue).
+		queueMs := 0.0
+		if w.CompletionsPerS > 0 {
+			queueMs = queueWaitMs(w, c.cfg.Penalty.MinSamples)
+		}
+		queued := w.Seconds > 0 && (w.Waiting >= correctionQueue || (w.TTFTMeanMs > 0 && queueMs >= w.TTFTMeanMs/2))
 		if queued && v.State == "up" && w.TTFTCount >= c.cfg.Penalty.MinSamples {
-			v.ProfileCorrectionWhy = fmt.Sprintf("held at %.2f× (a queue of %.1f requests over the window: its TTFT measures the queue, which admission governs, not the profile)", k, w.Waiting)
+			v.ProfileCorrectionWhy = fmt.Sprintf("held at %.2f× (a queue of %.1f requests over the window, %.0f ms of its %.0f ms TTFT: the TTFT measures the queue, which admission governs, not the profile)",
+				k, w.Waiting, queueMs, w.TTFTMeanMs)
 		} else if w.TTFTCount >= c.cfg.Penalty.MinSamples && w.TTFTMeanMs > 0 && w.CompletionsPerS > 0 && v.State == "up" {
 			// The requests the engine served: their uncached prompt (the
 			// cached part costs no prefill, so no TTFT), the reference

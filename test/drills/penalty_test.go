@@ -35,6 +35,13 @@ func TestDrillSlowEngine(t *testing.T) {
 	if detected > 10*time.Second {
 		t.Errorf("a 5× slowdown at 1 req/s per engine took %.1f s to detect, want ≤ 10 s", detected.Seconds())
 	}
+	// The control plane's log says why, with the evidence (a penalty
+	// takes traffic away; its cause must be readable after the fact).
+	if line := logLine(s.cps[0].log(), `msg="engine penalized" engine=e1 `); line == "" {
+		t.Errorf("no \"engine penalized\" line for e1 in the control plane's log")
+	} else if !strings.Contains(line, "profile predicts") || !strings.Contains(line, "ttft_residual=") {
+		t.Errorf("the penalty's log line gives no cause or evidence: %s", line)
+	}
 
 	// Still slow for 12 s: the penalty is held, the weight stays at the
 	// probe share: no flip-flop.
@@ -73,6 +80,14 @@ func TestDrillSlowEngine(t *testing.T) {
 	fixed := time.Now()
 	s.waitShare(t, "e1", func(x float64) bool { return x >= before/2 }, 60*time.Second, "half its share back after recovery")
 	t.Logf("recovered e1 got half its share back after %.1f s", time.Since(fixed).Seconds())
+	if err := envoytest.Poll(context.Background(), 30*time.Second, 200*time.Millisecond, func() error {
+		if logLine(s.cps[0].log(), `msg="engine penalty cleared" engine=e1`) == "" {
+			return fmt.Errorf("no \"engine penalty cleared\" line for e1 in the control plane's log after its recovery")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
 	tally := tr.stop()
 	t.Logf("traffic: %s", tally)
 	if tally.all.failed != 0 || tally.all.cut != 0 || tally.all.shed != 0 {
@@ -212,4 +227,14 @@ func TestDrillEngineRestart(t *testing.T) {
 	if after.all.failed+after.all.cut+after.all.shed != 0 {
 		t.Errorf("requests sent after the crash were lost: %s", after)
 	}
+}
+
+// logLine returns the first line of log that contains sub ("" if none).
+func logLine(log, sub string) string {
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, sub) {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
 }
