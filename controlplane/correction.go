@@ -3,6 +3,7 @@ package controlplane
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/inferlb/inferlb/optimizer"
 )
@@ -46,18 +47,23 @@ import (
 // weight churn 0.12/cycle and 2.9% of follow-ups remapped to cold caches,
 // TTFT p99 81 ms against 72 ms with the deadband kept (medians of 3 seeds).
 //
-// An engine with a lasting queue (a window mean of correctionQueue waiting
-// requests or more, or queue waits of at least half its TTFT) gives no
-// evidence about its profile: once offered more
-// than it serves, its TTFT is the queue's length times its service time,
-// and the queue's length is set by what admission lets through, not by the
-// curve. Taking that evidence blamed the profile for an overload: in the
-// overload drill (1.3× capacity) the factor climbed to 3.3× in 8 s, the
-// plan saw a third of the fleet's capacity, and shed the low priority
-// until admitted throughput fell to 54% of what the engines serve. An
-// engine that is really slower than its profile queues too; that is the
-// outlier penalty's case (it removes capacity), and once the queue drains
-// the correction resumes from the unqueued evidence.
+// A queued engine (a window mean of correctionQueue waiting requests or
+// more, or queue waits of at least half its TTFT) is offered more than it
+// serves, and its TTFT is the queue's length times its service time.
+// Whether that says anything about the profile depends on whose queue it
+// is. While the policy sheds (or did within the window the evidence
+// covers), the queue's length is what admission lets through, not the
+// curve: taking that evidence blamed the profile for an overload (in the
+// 1.3×-overload drill the factor climbed to 3.3× in 8 s, the plan saw a
+// third of the fleet's capacity and admitted 54% of what the engines
+// serve), so the factor holds. Likewise where the engine's token rates
+// show another tenant's work (its background load already removes the
+// capacity), and before anything is published (no plan to tell whose). But
+// where the plan's own load, unshed, queues an engine, the curve promised
+// a latency the engine does not give: that is the correction's case.
+// Holding it there too kept a two-engine region loaded while its queue
+// grew (the sim-against-real test: TTFT p99 1.7–5.0 s against 0.6 s, and
+// the far region's share 7.6–12.8% against the simulator's 13–20%).
 const (
 	correctionQueue  = 0.5
 	correctionGain   = 0.2
@@ -69,7 +75,10 @@ const (
 // evidence (views and c.profiles are in fleet order via c.problem.engines)
 // and returns the profiles to plan with, and the engines whose factor moved
 // past correctionReplan since their last replan.
-func (c *Controller) correctProfiles(views []EngineView) (map[string]optimizer.Profile, map[string]bool) {
+func (c *Controller) correctProfiles(now time.Time, views []EngineView) (map[string]optimizer.Profile, map[string]bool) {
+	if c.publishedSheds() {
+		c.shedAt = now
+	}
 	if c.correction == nil {
 		c.correction, c.correctionPlanned = map[string]float64{}, map[string]float64{}
 	}
@@ -91,9 +100,23 @@ func (c *Controller) correctProfiles(views []EngineView) (map[string]optimizer.P
 			queueMs = queueWaitMs(w, c.cfg.Penalty.MinSamples)
 		}
 		queued := w.Seconds > 0 && (w.Waiting >= correctionQueue || (w.TTFTMeanMs > 0 && queueMs >= w.TTFTMeanMs/2))
-		if queued && v.State == "up" && w.TTFTCount >= c.cfg.Penalty.MinSamples {
-			v.ProfileCorrectionWhy = fmt.Sprintf("held at %.2f× (a queue of %.1f requests over the window, %.0f ms of its %.0f ms TTFT: the TTFT measures the queue, which admission governs, not the profile)",
-				k, w.Waiting, queueMs, w.TTFTMeanMs)
+		// Whose queue: admission's, while the policy sheds or did within
+		// the window the evidence covers; someone else's, where the
+		// engine carries background load. Otherwise the queue is what
+		// the plan's load does to the engine, which its curve should
+		// have predicted: that evidence corrects it.
+		var whose string
+		switch {
+		case len(c.published) == 0:
+			whose = "nothing is published yet: whose queue it is cannot be told"
+		case c.publishedSheds() || (!c.shedAt.IsZero() && now.Sub(c.shedAt).Seconds() <= w.Seconds):
+			whose = "the policy sheds: admission sets that queue, not the profile"
+		case v.foreignWork:
+			whose = fmt.Sprintf("its token rates show another tenant's work (background load %.2f), and so is the queue", v.BackgroundLoad)
+		}
+		if queued && whose != "" && v.State == "up" && w.TTFTCount >= c.cfg.Penalty.MinSamples {
+			v.ProfileCorrectionWhy = fmt.Sprintf("held at %.2f× (a queue of %.1f requests over the window, %.0f ms of its %.0f ms TTFT; %s)",
+				k, w.Waiting, queueMs, w.TTFTMeanMs, whose)
 		} else if w.TTFTCount >= c.cfg.Penalty.MinSamples && w.TTFTMeanMs > 0 && w.CompletionsPerS > 0 && v.State == "up" {
 			// The requests the engine served: their uncached prompt (the
 			// cached part costs no prefill, so no TTFT), the reference

@@ -95,44 +95,52 @@ func runCorrection(t *testing.T, spec *fleet.Spec, truth optimizer.Profile, chec
 	return last, first
 }
 
-// TestProfileCorrectionIgnoresQueuedEngines: an engine with a lasting
-// queue reports a TTFT that the queue sets (here 8× the profile's
-// prediction): the correction holds at 1 with the queue as its reason,
-// for as long as the queue lasts, and resumes once the queue drains.
-func TestProfileCorrectionIgnoresQueuedEngines(t *testing.T) {
+// TestProfileCorrectionQueueWhose: a queued engine's TTFT (here 8× the
+// profile's prediction) is the queue's. While the policy sheds, admission
+// sets that queue: the correction holds at 1, saying why, for as long as
+// it lasts. Where the plan's own load, unshed, queues the engine, the
+// curve promised what the engine does not give: the correction moves.
+func TestProfileCorrectionQueueWhose(t *testing.T) {
 	spec := testFleet(t)
-	c, err := NewController(spec, DefaultConfig(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	truth, err := ProfileFromFleet(spec.Profiles[0], 200, 200)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	now := time.Unix(1_800_000_000, 0)
 	ttft, _ := truth.Latency(truth.Reference(), 0.5)
-	step := func(waiting, ttftMs float64) EngineView {
-		f := map[string]fake{}
-		for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
-			f[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: ttft}
-		}
-		f["e-east-1"] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: ttftMs, waiting: waiting}
-		r, err := c.Step(ctx, Inputs{Now: now, Engines: engines(now, f), Demand: demand(20, 20)})
+	run := func(t *testing.T, perFrontend float64, cycles int) EngineView {
+		c, err := NewController(spec, DefaultConfig(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		now = now.Add(5 * time.Second)
-		return view(r, "e-east-1")
-	}
-	for k := 0; k < 10; k++ {
-		v := step(4, 8*ttft)
-		if v.ProfileCorrection != 1 || !strings.Contains(v.ProfileCorrectionWhy, "queue") {
-			t.Fatalf("cycle %d, queue of 4, TTFT 8× the profile: correction %.2f (%q), want 1 held for the queue", k, v.ProfileCorrection, v.ProfileCorrectionWhy)
+		now := time.Unix(1_800_000_000, 0)
+		var v EngineView
+		for k := 0; k < cycles; k++ {
+			f := map[string]fake{}
+			for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
+				f[id] = fake{reqPerS: 4, promptTokS: 200, genTokS: 200, ttftMs: ttft}
+			}
+			// Token rates below our own load: no other tenant's work.
+			f["e-east-1"] = fake{reqPerS: 4, promptTokS: 200, genTokS: 200, ttftMs: 8 * ttft, waiting: 4}
+			r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, f), Demand: demand(perFrontend, perFrontend)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now = now.Add(5 * time.Second)
+			v = view(r, "e-east-1")
+			if k > 0 && perFrontend > truth.CapacityRPS && (v.ProfileCorrection != 1 || !strings.Contains(v.ProfileCorrectionWhy, "sheds")) {
+				t.Fatalf("cycle %d, shedding, queue of 4, TTFT 8× the profile: correction %.2f (%q), want 1 held for the shedding", k, v.ProfileCorrection, v.ProfileCorrectionWhy)
+			}
 		}
+		return v
 	}
-	v := step(0, 3*ttft)
-	if !(v.ProfileCorrection > 1.1) {
-		t.Errorf("queue drained, TTFT 3× the profile: correction %.2f (%q), want it to move up", v.ProfileCorrection, v.ProfileCorrectionWhy)
-	}
+	t.Run("the policy sheds", func(t *testing.T) {
+		run(t, 4*truth.CapacityRPS, 10) // twice the fleet's capacity
+	})
+	t.Run("our own load queues it", func(t *testing.T) {
+		v := run(t, 0.4*truth.CapacityRPS, 5)
+		if !(v.ProfileCorrection > 1.5) {
+			t.Errorf("no shedding, no other tenant's work, queue of 4, TTFT 8× the profile: correction %.2f (%q), background %.2f; want the correction above 1.5",
+				v.ProfileCorrection, v.ProfileCorrectionWhy, v.BackgroundLoad)
+		}
+	})
 }

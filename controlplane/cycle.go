@@ -288,6 +288,10 @@ type EngineView struct {
 	// engine's evidence window (this cycle's included): what its queue
 	// and token rates, which cover that window, are measured against.
 	OwnWindowUtilization float64 `json:"own_window_utilization"`
+	// foreignWork: the engine's token rates exceed OwnWindowUtilization
+	// by more than BackgroundFloor (someone else's requests run there),
+	// as opposed to background load read from a queue alone.
+	foreignWork bool
 	// SolvedUtilization is what this cycle's allocation plans for the
 	// engine, UtilizationLimit the cap it was planned under (the headroom,
 	// or lower where MaxStretch puts the engine's hockey stick).
@@ -379,6 +383,9 @@ type Controller struct {
 	// capped holds the engines the balance bound capped in this cycle's
 	// plan (balance.go); reset by allocate. Step's goroutine only.
 	capped map[string]bool
+	// shedAt is the last cycle at which the published policy shed
+	// (correction.go). Step's goroutine only.
+	shedAt time.Time
 	// ownSeen is each cycle's OwnUtilization per engine, oldest first,
 	// kept ownSeenKeep (observe reads it, assessEngines appends). Step's
 	// goroutine only.

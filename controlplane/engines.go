@@ -48,7 +48,7 @@ func (c *Controller) assessEngines(in Inputs, decay float64, res *Result) engine
 	views, states, as, up := c.observe(in)
 	c.rememberOwn(in.Now, views)
 	st.up = up
-	profiles, replan := c.correctProfiles(views)
+	profiles, replan := c.correctProfiles(in.Now, views)
 	res.PenaltyNotes = notFaults(as)
 	for j, e := range c.problem.engines {
 		v, state := views[j], states[j]

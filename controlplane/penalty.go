@@ -108,6 +108,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			}
 			ownWin := v.OwnWindowUtilization
 			used := v.ObservedUtilization
+			rates := used // the token rates' load, before a queue counts
 			// A queue that lasts (the evidence window's mean, not one
 			// scrape's burst) means no spare capacity.
 			waiting, running := s.Waiting, s.Running
@@ -118,7 +119,6 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 				v.ObservedUtilization = math.Max(v.ObservedUtilization, 0.95)
 			}
 			if waiting >= 1 && ownWin < ownQueue {
-				served := used // the token rates' load, before the queue counts
 				used = math.Max(used, 0.95)
 				// Full, and offered more than it serves by the queue
 				// over the running batch (Little's law: the waiting
@@ -136,7 +136,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 				// in turn: shares swung 0.02–0.91 over 3 equal
 				// engines and the overload drill admitted 54–72% of
 				// what they serve (≥ 90% before, and again now).
-				if over := 1.0; running > 0 && served-ownWin > c.cfg.BackgroundFloor {
+				if over := 1.0; running > 0 && rates-ownWin > c.cfg.BackgroundFloor {
 					over += waiting / running
 					used = math.Max(used, 0.95*over)
 				}
@@ -148,6 +148,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			// with: every engine's load would read as background.
 			if len(c.published) > 0 {
 				v.BackgroundLoad = clamp(used-ownWin-c.cfg.BackgroundFloor, 0, 0.95)
+				v.foreignWork = v.ObservedUtilization > 0 && rates-ownWin > c.cfg.BackgroundFloor
 			}
 			up[e.ID] = true
 		} else {
