@@ -102,7 +102,8 @@ func (c *Controller) correctProfiles(now time.Time, views []EngineView) (map[str
 		queued := w.Seconds > 0 && (w.Waiting >= correctionQueue || (w.TTFTMeanMs > 0 && queueMs >= w.TTFTMeanMs/2))
 		// Whose queue: admission's, while the policy sheds or did within
 		// the window the evidence covers; someone else's, where the
-		// engine carries background load. Otherwise the queue is what
+		// engine's token rates show another tenant's work (not background
+		// read from a queue alone). Otherwise the queue is what
 		// the plan's load does to the engine, which its curve should
 		// have predicted: that evidence corrects it.
 		var whose string
