@@ -109,6 +109,9 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			ownWin := v.OwnWindowUtilization
 			used := v.ObservedUtilization
 			rates := used // the token rates' load, before a queue counts
+			// Work beyond ours: the token rates exceed the most our
+			// traffic loaded the engine by more than the noise floor.
+			foreign := rates-ownWin > c.cfg.BackgroundFloor
 			// A queue that lasts (the evidence window's mean, not one
 			// scrape's burst) means no spare capacity.
 			waiting, running := s.Waiting, s.Running
@@ -136,7 +139,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 				// in turn: shares swung 0.02–0.91 over 3 equal
 				// engines and the overload drill admitted 54–72% of
 				// what they serve (≥ 90% before, and again now).
-				if over := 1.0; running > 0 && rates-ownWin > c.cfg.BackgroundFloor {
+				if over := 1.0; running > 0 && foreign {
 					over += waiting / running
 					used = math.Max(used, 0.95*over)
 				}
@@ -148,7 +151,7 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			// with: every engine's load would read as background.
 			if len(c.published) > 0 {
 				v.BackgroundLoad = clamp(used-ownWin-c.cfg.BackgroundFloor, 0, 0.95)
-				v.foreignWork = v.ObservedUtilization > 0 && rates-ownWin > c.cfg.BackgroundFloor
+				v.foreignWork = v.ObservedUtilization > 0 && foreign
 			}
 			up[e.ID] = true
 		} else {

@@ -110,11 +110,7 @@ type Runner struct {
 	// scraped is closed after the first complete scrape round.
 	scraped     chan struct{}
 	scrapedOnce sync.Once
-	// penalized marks the engines the last cycle left with a penalty, to
-	// log when one is set and when it clears. The cycle loop's only.
-	penalized map[string]bool
-
-	m struct {
+	m           struct {
 		cycles       *prometheus.CounterVec
 		cycleSeconds prometheus.Histogram
 		penalty      *prometheus.GaugeVec
@@ -173,7 +169,7 @@ func NewRunner(cfg RunConfig) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: cfg, log: lg, reg: prometheus.NewRegistry(), ctrl: ctrl, kick: make(chan struct{}, 1), started: make(chan struct{}),
-		scraped: make(chan struct{}), scrapeDone: make(chan struct{}, 1), hist: newHistory(cfg.Fleet, cfg.History), fleet: cfg.Fleet, penalized: map[string]bool{}}
+		scraped: make(chan struct{}), scrapeDone: make(chan struct{}, 1), hist: newHistory(cfg.Fleet, cfg.History), fleet: cfg.Fleet}
 	var ids []string
 	ids, r.targets = targetsOf(cfg.Fleet)
 	r.m.adjusted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_reports_adjusted_total",
@@ -544,6 +540,14 @@ func (r *Runner) cycle(ctx context.Context) {
 		r.log.Info("balance bound not applied this cycle; the unbounded plan stands", "reason", res.BalanceSkipped)
 	}
 	r.mu.Lock()
+	// The engines the previous successful cycle left with a penalty: a
+	// penalty is logged when it is set and when it clears.
+	penalized := map[string]bool{}
+	if r.last != nil {
+		for _, v := range r.last.Engines {
+			penalized[v.ID] = v.Penalty > 0
+		}
+	}
 	r.last, r.ready = res, true
 	r.cycles++
 	r.mu.Unlock()
@@ -592,17 +596,16 @@ func (r *Runner) cycle(ctx context.Context) {
 		r.m.penalty.WithLabelValues(v.ID).Set(v.Penalty)
 		r.m.correction.WithLabelValues(v.ID).Set(v.ProfileCorrection)
 		switch w := v.Window; {
-		case v.Penalty > 0 && !r.penalized[v.ID]:
+		case v.Penalty > 0 && !penalized[v.ID]:
 			// With the evidence that set it: a penalty takes traffic
 			// away, and its cause must be readable after the fact.
 			r.log.Warn("engine penalized", "engine", v.ID, "penalty", v.Penalty, "why", v.PenaltyWhy,
 				"ttft_residual", v.TTFTResidual, "tbot_residual", v.TBOTResidual, "e2e_residual", v.E2EResidual, "error_rate", v.ErrorRate,
 				"ttft_ms", w.TTFTMeanMs, "ttft_predicted_ms", v.TTFTPredMs, "first_tokens", w.TTFTCount, "tbot_ms", w.TBOTMeanMs, "tbot_predicted_ms", v.TBOTPredMs, "queue_mean_ms", w.QueueMeanMs, "queue_count", w.QueueCount,
 				"running", w.Running, "waiting", w.Waiting, "completions_per_s", w.CompletionsPerS, "window_s", w.Seconds)
-		case v.Penalty == 0 && r.penalized[v.ID]:
+		case v.Penalty == 0 && penalized[v.ID]:
 			r.log.Info("engine penalty cleared", "engine", v.ID, "why", v.PenaltyWhy)
 		}
-		r.penalized[v.ID] = v.Penalty > 0
 		if strings.Contains(v.ProfileCorrectionWhy, "replanned") {
 			r.log.Info("profile corrected", "engine", v.ID, "factor", v.ProfileCorrection, "why", v.ProfileCorrectionWhy)
 		}

@@ -16,6 +16,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc/picker"
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 // TestEndpointPickerSubsetHint: with the gateway's subset hint every pick
@@ -65,17 +66,13 @@ func TestEndpointPickerSubsetHint(t *testing.T) {
 // pollStatus polls until a request is answered with want (Envoy may take a
 // moment to reach the picker).
 func pollStatus(url string, want int, last *reply) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	return envoytest.Poll(context.Background(), 20*time.Second, 20*time.Millisecond, func() error {
 		*last = post(url, conversation(0), nil)
-		if last.status == want {
-			return nil
-		}
-		if time.Now().After(deadline) {
+		if last.status != want {
 			return fmt.Errorf("status %d (%s), want %d", last.status, last.body, want)
 		}
-		time.Sleep(20 * time.Millisecond) // a poll's pace, not a wait for an event
-	}
+		return nil
+	})
 }
 
 // TestEndpointPickerShedAndUnavailable: a shed request is answered 429 with
@@ -189,14 +186,7 @@ func TestEndpointPickerServedEvidence(t *testing.T) {
 }
 
 func pollUntil(f func() error) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond) // a poll's pace
-	}
+	return envoytest.Poll(context.Background(), 10*time.Second, 20*time.Millisecond, f)
 }
 
 // TestEndpointPickerFailOpen: with the picker down, a gateway on

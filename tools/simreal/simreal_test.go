@@ -50,10 +50,11 @@ policies: [inferlb]
 // The routing and the hit rate are the model's too, up to one close call:
 // at this load, whether and where the plan spills to the far regions
 // (b, c) is decided by a few milliseconds of predicted latency, and the
-// two sides do not decide it alike. Nor does the simulator in two
-// processes with the same seed (served 350–364, spill 0–11%; three runs
-// in one process agree exactly: something process-wide is not seeded, an
-// open question of issue 22). Over 7 runs after the geo work (issue 22),
+// two sides do not decide it alike. Nor does the simulator with the same
+// seed and other engine addresses: prepare gives the engines fresh ports,
+// which build other Maglev tables, so conversations land differently
+// (four sets of ports in one process: served 352–362, TTFT p99
+// 1,108–1,669 ms; each set run twice gave identical figures). Over 7 runs after the geo work (issue 22),
 // before and after the overload fixes, an engine's share differed by up to
 // 10.4 points and the hit rate by up to 5.9, and 5 of the 7 failed the 5
 // points each had been allowed:
