@@ -11,7 +11,7 @@ import (
 )
 
 // An engine failing half its requests loses its share at once, down to
-// its probe share; without evidence its penalty is held (no traffic proves
+// its probe share from the frontends nearest to it; without evidence its penalty is held (no traffic proves
 // nothing); once its probe traffic comes back clean the penalty decays and
 // it gets its share back, even at a load so low that moving traffic back
 // gains almost no latency (where the stability term alone would hold the
@@ -51,6 +51,12 @@ func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 	probe := cfg.Penalty.MaxProbeShare // 0.5 req/s of 0.3 req/s: the largest probe share
 	if got := share(r, "fe-east", "e-east-1"); math.Abs(got-probe) > 1e-9 {
 		t.Fatalf("failing engine has share %.3f (penalty %.2f), want its probe share %.2f", got, view(r, "e-east-1").Penalty, probe)
+	}
+	// The probe comes from the nearest frontend with traffic alone: the
+	// west frontend does not send a tenth of its traffic across regions
+	// to probe an east engine (it did before stop 31).
+	if got := share(r, "fe-west", "e-east-1"); got != 0 {
+		t.Fatalf("fe-west gives the penalized east engine share %.3f, want 0: probing is fe-east's", got)
 	}
 	// No evidence (its probe requests not answered yet): held, decaying
 	// heldSlowdown times slower than on evidence, not forgotten.

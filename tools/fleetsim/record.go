@@ -36,6 +36,7 @@ type record struct {
 	retries uint8
 	remap   int8 // −1 first turn, 0 same engine as the last turn, 1 moved
 	prio    int8 // index into the fleet's priorities, −1 none given
+	far     bool // served by an engine outside the frontend's region
 }
 
 // recorder accumulates a run's figures.
@@ -167,6 +168,7 @@ func (r *recorder) done(p *request, out outcome) {
 			rec.tpot = float32((p.mr.LastToken - p.mr.FirstToken).Seconds() / float64(p.mr.Generated-1))
 		}
 		rec.cached = int32(p.mr.CachedTokens)
+		rec.far = r.s.engines[p.engine].region != p.front.spec.Region
 		if r.measured(p.arrival) {
 			c := r.tokSec[p.engine]
 			r.work[p.engine] += float64(len(p.prompt)-p.mr.CachedTokens)*c.prompt + float64(p.mr.Generated)*c.output

@@ -202,12 +202,12 @@ func (q Quantiles) MarshalJSON() ([]byte, error) {
 
 // WriteTable writes one scenario's table as Markdown: one row per policy.
 func WriteTable(w io.Writer, r *ScenarioResult) {
-	fmt.Fprintf(w, "| policy | TTFT p50 | p90 | p99 | TPOT p50 | p99 | SLO goodput | hit rate | shed | failed | retries | churn/cycle | remapped | max/mean load | max/mean util |\n")
-	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| policy | TTFT p50 | p90 | p99 | TPOT p50 | p99 | SLO goodput | hit rate | cross-region | shed | failed | retries | churn/cycle | remapped | max/mean load | max/mean util |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Policies {
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %d | %.3f | %.1f%% | %.2f | %.2f |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %d | %.3f | %.1f%% | %.2f | %.2f |\n",
 			p.Policy, msStr(p.TTFT.P50), msStr(p.TTFT.P90), msStr(p.TTFT.P99), msStr(p.TPOTP50Ms), msStr(p.TPOTP99Ms),
-			100*p.Goodput, 100*p.HitRate, p.ShedPct, pct(p.Failed, p.Arrived), p.Retries, p.ChurnPerCycle, 100*p.Remapped, p.MaxMeanLoad, p.MaxMeanUtil)
+			100*p.Goodput, 100*p.HitRate, p.CrossRegionPct, p.ShedPct, pct(p.Failed, p.Arrived), p.Retries, p.ChurnPerCycle, 100*p.Remapped, p.MaxMeanLoad, p.MaxMeanUtil)
 	}
 	if len(r.Seeds) > 1 {
 		fmt.Fprintf(w, "\nMedians over %d seeds (%d–%d); counts (retries) are totals.\n", len(r.Seeds), r.Seeds[0], r.Seeds[len(r.Seeds)-1])

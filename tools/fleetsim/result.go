@@ -26,7 +26,11 @@ type PolicyResult struct {
 	GoodputPerS float64 `json:"slo_goodput_per_s"`
 	// HitRate is cached prompt tokens / prompt tokens of served requests.
 	HitRate float64 `json:"prefix_hit_rate"`
-	ShedPct float64 `json:"shed_pct"`
+	// CrossRegionPct is the share of the served requests (%) that an
+	// engine outside their frontend's region served: what paid a
+	// round trip between regions.
+	CrossRegionPct float64 `json:"cross_region_pct"`
+	ShedPct        float64 `json:"shed_pct"`
 	// ShedPctByPriority is, per priority the workload gives its requests,
 	// the share of its arrivals shed (%).
 	ShedPctByPriority map[string]float64 `json:"shed_pct_by_priority,omitempty"`
@@ -131,6 +135,9 @@ func (s *Sim) result() (*PolicyResult, error) {
 		switch rec.out {
 		case outcomeServed:
 			res.Served++
+			if rec.far {
+				res.CrossRegionPct++
+			}
 			t := float64(rec.ttft)
 			ttft = append(ttft, t)
 			if rec.tpot > 0 {
@@ -184,6 +191,9 @@ func (s *Sim) result() (*PolicyResult, error) {
 		res.Goodput = float64(good) / float64(res.Arrived)
 		res.ShedPct = 100 * float64(res.Shed) / float64(res.Arrived)
 		res.RetriedPct = 100 * res.RetriedPct / float64(res.Arrived)
+	}
+	if res.Served > 0 {
+		res.CrossRegionPct = 100 * res.CrossRegionPct / float64(res.Served)
 	}
 	for i, n := range prioArrived {
 		if res.ShedPctByPriority == nil {

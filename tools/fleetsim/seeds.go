@@ -67,6 +67,7 @@ func medianResult(runs []*PolicyResult, seeds []uint64) *PolicyResult {
 		out.ShedPctByPriority[name] = m(func(r *PolicyResult) float64 { return r.ShedPctByPriority[name] })
 	}
 	out.RetriedPct = m(func(r *PolicyResult) float64 { return r.RetriedPct })
+	out.CrossRegionPct = m(func(r *PolicyResult) float64 { return r.CrossRegionPct })
 	out.ChurnPerCycle = m(func(r *PolicyResult) float64 { return r.ChurnPerCycle })
 	out.Remapped = m(func(r *PolicyResult) float64 { return r.Remapped })
 	out.MaxMeanLoad = m(func(r *PolicyResult) float64 { return r.MaxMeanLoad })
