@@ -389,13 +389,18 @@ type Controller struct {
 	// ownSeen is each cycle's OwnUtilization per engine, oldest first,
 	// kept ownSeenKeep (observe reads it, assessEngines appends). Step's
 	// goroutine only.
-	ownSeen  []ownSample
-	cfg      Config
-	spec     *fleet.Spec
-	alloc    Allocator
-	fallback Allocator
-	profiles map[string]optimizer.Profile
-	problem  problemFrame
+	ownSeen []ownSample
+	// demanding is, per class, the frontends (node ids) with demand in
+	// the solution demandingSol (nearestProber's cache). Step's
+	// goroutine only.
+	demanding    map[string]map[string]bool
+	demandingSol *optimizer.Solution
+	cfg          Config
+	spec         *fleet.Spec
+	alloc        Allocator
+	fallback     Allocator
+	profiles     map[string]optimizer.Profile
+	problem      problemFrame
 
 	// correction is each engine's online TTFT-curve correction factor,
 	// correctionPlanned its value at the engine's last replan

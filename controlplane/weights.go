@@ -57,11 +57,21 @@ func (c *Controller) nearestProber(node, class, engine string, sol *optimizer.So
 	if !ok || !ok2 {
 		return true
 	}
-	for k, fe := range f.frontends {
-		if f.rtt[k][j] >= f.rtt[i][j] {
-			continue
+	if c.demandingSol != sol {
+		// The nodes with demand per class, once per solution (Flow is a
+		// scan of every flow).
+		c.demandingSol, c.demanding = sol, map[string]map[string]bool{}
+		for _, fl := range sol.Flows {
+			if fl.DemandPerS > 0 {
+				if c.demanding[fl.Class] == nil {
+					c.demanding[fl.Class] = map[string]bool{}
+				}
+				c.demanding[fl.Class][fl.Frontend] = true
+			}
 		}
-		if fl := sol.Flow(fe.NodeID, class); fl != nil && fl.DemandPerS > 0 {
+	}
+	for k, fe := range f.frontends {
+		if f.rtt[k][j] < f.rtt[i][j] && c.demanding[class][fe.NodeID] {
 			return false // a nearer frontend has traffic to probe with
 		}
 	}
