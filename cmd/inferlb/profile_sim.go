@@ -1,11 +1,13 @@
 package main
 
 import (
-	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"os"
+	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
@@ -172,25 +174,59 @@ func fleetCurve(c optimizer.Curve) *fleet.Curve {
 }
 
 // writeFleetCurves sets capacity_rps, ttft_curve and tbot_curve of the
-// fleet file's (gpu, model) profile entry, keeping the rest of the file
-// (comments, the step model the engine simulator runs) as it is; the
-// result must still load.
+// fleet file's (gpu, model) profile entry and leaves every other byte of
+// the file as it was (comments, blank lines, alignment, the step model the
+// engine simulator runs): the entry's existing values are replaced where
+// they stand, missing keys are added after its last key, in its style
+// (block or flow). Re-encoding the parsed document instead dropped every
+// blank line and comment alignment and folded flow entries into one line.
+// The result must load, with the fitted values.
 func writeFleetCurves(path, gpu, modelName string, f optimizer.Fit) error {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(src, &doc); err != nil {
+	out, err := setFleetCurves(src, gpu, modelName, f)
+	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
+	return os.WriteFile(path, out, 0o644)
+}
+
+// setFleetCurves is writeFleetCurves on the file's text.
+func setFleetCurves(src []byte, gpu, modelName string, f optimizer.Fit) ([]byte, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(src, &doc); err != nil {
+		return nil, err
+	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
-		return fmt.Errorf("%s: not a mapping", path)
+		return nil, errors.New("not a mapping")
 	}
 	profiles := mapValue(doc.Content[0], "profiles")
 	if profiles == nil || profiles.Kind != yaml.SequenceNode {
-		return fmt.Errorf("%s: no profiles list", path)
+		return nil, errors.New("no profiles list")
 	}
+	num := func(v float64) string { return strconv.FormatFloat(round3(v), 'f', -1, 64) }
+	curve := func(c optimizer.Curve) string {
+		return fmt.Sprintf("{base_ms: %s, linear_ms: %s, queue_ms: %s}", num(c.Base), num(c.Linear), num(c.Queue))
+	}
+	values := []struct{ key, text string }{
+		{"capacity_rps", num(f.CapacityRPS)}, {"ttft_curve", curve(f.TTFT)}, {"tbot_curve", curve(f.TBOT)},
+	}
+	lines := strings.SplitAfter(string(src), "\n")
+	// offset is the byte offset of a node's (1-based) line and column.
+	offset := func(line, col int) int {
+		o := 0
+		for _, l := range lines[:line-1] {
+			o += len(l)
+		}
+		return o + col - 1
+	}
+	type edit struct {
+		at, end int // replace src[at:end]
+		text    string
+	}
+	var edits []edit
 	found := false
 	for _, e := range profiles.Content {
 		if e.Kind != yaml.MappingNode {
@@ -200,40 +236,111 @@ func writeFleetCurves(path, gpu, modelName string, f optimizer.Fit) error {
 			continue
 		}
 		found = true
-		num := func(v float64) *yaml.Node {
-			return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(round3(v), 'f', -1, 64)}
-		}
-		curve := func(c optimizer.Curve) *yaml.Node {
-			n := &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle}
-			for _, kv := range []struct {
-				k string
-				v float64
-			}{{"base_ms", c.Base}, {"linear_ms", c.Linear}, {"queue_ms", c.Queue}} {
-				n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: kv.k}, num(kv.v))
+		var add []string
+		for _, v := range values {
+			old := mapValue(e, v.key)
+			if old == nil {
+				add = append(add, v.key+": "+v.text)
+				continue
 			}
-			return n
+			at := offset(old.Line, old.Column)
+			end, err := valueEnd(src, at, old)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", v.key, err)
+			}
+			edits = append(edits, edit{at, end, v.text})
 		}
-		setMapValue(e, "capacity_rps", num(f.CapacityRPS))
-		setMapValue(e, "ttft_curve", curve(f.TTFT))
-		setMapValue(e, "tbot_curve", curve(f.TBOT))
+		if len(add) == 0 {
+			continue
+		}
+		last := e.Content[len(e.Content)-1]
+		lastEnd, err := valueEnd(src, offset(last.Line, last.Column), last)
+		if err != nil {
+			return nil, err
+		}
+		if e.Style&yaml.FlowStyle != 0 {
+			// {..., last: v} → {..., last: v,
+			//  <indent of the last line>capacity_rps: ..., ...}
+			indent := leadingSpace(lines[last.Line-1])
+			if last.Line == e.Line {
+				indent = strings.Repeat(" ", e.Column) // just inside the brace
+			}
+			edits = append(edits, edit{lastEnd, lastEnd, ",\n" + indent + strings.Join(add, ", ")})
+			continue
+		}
+		// Block style: new lines after the last key's line, at the
+		// entry's key indentation.
+		eol := strings.IndexByte(string(src[lastEnd:]), '\n')
+		at := len(src)
+		if eol >= 0 {
+			at = lastEnd + eol + 1
+		}
+		indent := strings.Repeat(" ", e.Content[0].Column-1)
+		text := ""
+		if eol < 0 {
+			text = "\n"
+		}
+		for _, a := range add {
+			text += indent + a + "\n"
+		}
+		edits = append(edits, edit{at, at, text})
 	}
 	if !found {
-		return fmt.Errorf("%s: no profile for gpu %q model %q", path, gpu, modelName)
+		return nil, fmt.Errorf("no profile for gpu %q model %q", gpu, modelName)
 	}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(&doc); err != nil {
-		return err
+	sort.Slice(edits, func(a, b int) bool { return edits[a].at > edits[b].at })
+	out := append([]byte(nil), src...)
+	for _, ed := range edits {
+		out = append(out[:ed.at], append([]byte(ed.text), out[ed.end:]...)...)
 	}
-	if err := enc.Close(); err != nil {
-		return err
+	spec, err := fleet.Parse(out)
+	if err != nil {
+		return nil, fmt.Errorf("with the fitted curves the file does not load: %w", err)
 	}
-	if _, err := fleet.Parse(buf.Bytes()); err != nil {
-		return fmt.Errorf("%s with the fitted curves does not load: %w", path, err)
+	if p, ok := spec.Profile(gpu, modelName); !ok || p.CapacityRPS != round3(f.CapacityRPS) || p.TTFTCurve == nil || p.TBOTCurve == nil {
+		return nil, errors.New("the fitted values did not land in the profile entry")
 	}
-	return os.WriteFile(path, buf.Bytes(), 0o644)
+	return out, nil
 }
+
+// valueEnd returns the end offset of value node n starting at at: a plain
+// or quoted scalar, or a one-line flow mapping.
+func valueEnd(src []byte, at int, n *yaml.Node) (int, error) {
+	switch {
+	case n.Kind == yaml.ScalarNode && n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0:
+		q := src[at]
+		for k := at + 1; k < len(src); k++ {
+			if src[k] == q && (q != '"' || src[k-1] != '\\') {
+				return k + 1, nil
+			}
+		}
+	case n.Kind == yaml.ScalarNode && n.Style&(yaml.LiteralStyle|yaml.FoldedStyle) == 0:
+		k := at
+		for k < len(src) && !strings.ContainsRune(",}]\n#", rune(src[k])) {
+			k++
+		}
+		for k > at && src[k-1] == ' ' {
+			k--
+		}
+		return k, nil
+	case n.Kind == yaml.MappingNode && n.Style&yaml.FlowStyle != 0:
+		depth := 0
+		for k := at; k < len(src); k++ {
+			switch src[k] {
+			case '{':
+				depth++
+			case '}':
+				depth--
+				if depth == 0 {
+					return k + 1, nil
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("line %d: a value this writer cannot replace in place", n.Line)
+}
+
+func leadingSpace(s string) string { return s[:len(s)-len(strings.TrimLeft(s, " "))] }
 
 func mapValue(m *yaml.Node, key string) *yaml.Node {
 	for i := 0; i+1 < len(m.Content); i += 2 {
@@ -242,14 +349,4 @@ func mapValue(m *yaml.Node, key string) *yaml.Node {
 		}
 	}
 	return nil
-}
-
-func setMapValue(m *yaml.Node, key string, v *yaml.Node) {
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value == key {
-			m.Content[i+1] = v
-			return
-		}
-	}
-	m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: key}, v)
 }

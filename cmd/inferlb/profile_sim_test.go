@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -88,6 +89,11 @@ func TestProfileEngineSimWrite(t *testing.T) {
 	if err := os.WriteFile(path, src, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	before, err := fleet.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h0, _ := before.Profile("H100", "llama-3.1-8b")
 	var out bytes.Buffer
 	rootCmd.SetOut(&out)
 	rootCmd.SetArgs([]string{"profile", "--engine-sim", "--write", "--fleet", path, "--gpu", "A100", "--model", "llama-3.1-8b", "--requests", "8000"})
@@ -108,11 +114,78 @@ func TestProfileEngineSimWrite(t *testing.T) {
 	if a.DecodeStepMs != 13 || a.PrefillTokensPerS != 11000 || a.DecodeStepPerSeqMs != 0.09 {
 		t.Errorf("--write changed the step model the simulator runs: %+v", a)
 	}
-	if h.TTFTCurve != nil || h.CapacityRPS != 0 {
-		t.Errorf("--write touched the H100 entry: %+v", h)
+	if !reflect.DeepEqual(h, h0) {
+		t.Errorf("--write touched the H100 entry: %+v, was %+v", h, h0)
 	}
 	got, _ := os.ReadFile(path)
 	if !strings.Contains(string(got), "# GORGO's setup") {
 		t.Errorf("--write dropped the file's comments:\n%s", got)
+	}
+}
+
+// TestSetFleetCurvesKeepsTheFile: the fitted values go into the entry, in
+// its style, and every other byte stays (blank lines, comment alignment,
+// the other entry); writing again replaces the values in place.
+func TestSetFleetCurvesKeepsTheFile(t *testing.T) {
+	const src = `name: t
+
+# profiles, one block entry and one flow entry
+profiles:
+  - gpu: H100
+    model: m
+    prefill_tokens_per_s: 25000   # aligned comment
+    decode_step_per_seq_ms: 0.055
+    kv_capacity_tokens: 450000
+    decode_step_ms: 6.5
+
+  - {gpu: A100, model: m, prefill_tokens_per_s: 11000, decode_step_per_seq_ms: 0.09, kv_capacity_tokens: 450000,
+     decode_step_ms: 13}
+models:
+  - {name: m, max_context_tokens: 8192}
+regions: [{name: r}]
+frontends:
+  - {name: f, region: r}
+classes:
+  - {name: c, model: m}
+engines:
+  - {id: e, address: "127.0.0.1:1", region: r, gpu: H100, model: m}
+  - {id: a, address: "127.0.0.1:2", region: r, gpu: A100, model: m}
+`
+	fit := optimizer.Fit{CapacityRPS: 40.4791, TTFT: optimizer.Curve{Base: 27.5, Linear: 11.3, Queue: 1.5}, TBOT: optimizer.Curve{Base: 4.4, Linear: 14.6, Queue: 0.2}}
+	out, err := setFleetCurves([]byte(src), "H100", "m", fit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantBlock := strings.Replace(src, "    decode_step_ms: 6.5\n", "    decode_step_ms: 6.5\n    capacity_rps: 40.479\n"+
+		"    ttft_curve: {base_ms: 27.5, linear_ms: 11.3, queue_ms: 1.5}\n    tbot_curve: {base_ms: 4.4, linear_ms: 14.6, queue_ms: 0.2}\n", 1)
+	if string(out) != wantBlock {
+		t.Fatalf("block entry:\n%s\nwant\n%s", out, wantBlock)
+	}
+	out, err = setFleetCurves(out, "A100", "m", fit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFlow := strings.Replace(wantBlock, "     decode_step_ms: 13}", "     decode_step_ms: 13,\n     capacity_rps: 40.479, "+
+		"ttft_curve: {base_ms: 27.5, linear_ms: 11.3, queue_ms: 1.5}, tbot_curve: {base_ms: 4.4, linear_ms: 14.6, queue_ms: 0.2}}", 1)
+	if string(out) != wantFlow {
+		t.Fatalf("flow entry:\n%s\nwant\n%s", out, wantFlow)
+	}
+	// Again, with other values: replaced where they stand.
+	fit2 := fit
+	fit2.CapacityRPS, fit2.TTFT.Base = 41, 30
+	again, err := setFleetCurves(out, "H100", "m", fit2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err = setFleetCurves(again, "A100", "m", fit2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want2 := strings.ReplaceAll(strings.ReplaceAll(wantFlow, "capacity_rps: 40.479", "capacity_rps: 41"), "ttft_curve: {base_ms: 27.5,", "ttft_curve: {base_ms: 30,")
+	if string(again) != want2 {
+		t.Fatalf("rewritten:\n%s\nwant\n%s", again, want2)
+	}
+	if _, err := setFleetCurves([]byte(src), "B200", "m", fit); err == nil || !strings.Contains(err.Error(), `no profile for gpu "B200"`) {
+		t.Errorf("unknown profile: %v", err)
 	}
 }

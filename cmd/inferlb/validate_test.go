@@ -38,9 +38,10 @@ func TestValidateReportsEveryError(t *testing.T) {
 	if err == nil {
 		t.Fatal("invalid spec accepted")
 	}
+	// Line numbers in the edited copy of fleet-minimal.yaml.
 	want := path + ":23: profiles[0].colour: unknown key\n" +
-		path + `:25: engines[0].region: unknown region "locl" (known: "local")` + "\n" +
-		path + `:25: engines[0].gpu: no profile for gpu "L40S" and model "llama-3.1-8b"` + "\n"
+		path + `:28: engines[0].region: unknown region "locl" (known: "local")` + "\n" +
+		path + `:28: engines[0].gpu: no profile for gpu "L40S" and model "llama-3.1-8b"` + "\n"
 	if errOut.String() != want || out.Len() != 0 {
 		t.Errorf("stderr:\n%s\nwant:\n%s\nstdout:\n%s", errOut.String(), want, out.String())
 	}
