@@ -70,7 +70,7 @@ sim-report: build
 # tbot_curve of every profiles: entry) fitted to the engine simulator
 # running each entry's step model, at the fleet's reference request
 # (docs/optimizer.md, "Profiles fitted to the engine"). A minute or two.
-PROFILE_FLEETS ?= examples/fleet-3region.yaml examples/fleet-demo.yaml examples/fleet-engines.yaml examples/fleet-minimal.yaml $(wildcard examples/sim/fleet-*.yaml)
+PROFILE_FLEETS ?= examples/fleet-3region.yaml examples/fleet-demo.yaml examples/fleet-engines.yaml examples/fleet-minimal.yaml examples/simreal/fleet.yaml $(wildcard examples/sim/fleet-*.yaml)
 profiles: build
 	for f in $(PROFILE_FLEETS); do $(BIN) profile --engine-sim --write --fleet $$f || exit 1; done
 
