@@ -42,6 +42,7 @@ test:
 	$(GO) test $(TESTFLAGS) ./test/drills
 	$(GO) test -run 'TestAffinityBar' ./tools/fleetsim
 	$(GO) test -run 'TestSimAgainstReal' ./tools/simreal
+	$(GO) test -run 'TestMooncakeThroughEnvoyMatchesTheSimulator' ./tools/affinitybench
 	$(MAKE) test-helm
 
 # The Helm chart's test lives in its own module (deploy/helm/charttest):
