@@ -110,7 +110,8 @@ type Runner struct {
 	// scraped is closed after the first complete scrape round.
 	scraped     chan struct{}
 	scrapedOnce sync.Once
-	m           struct {
+
+	m struct {
 		cycles       *prometheus.CounterVec
 		cycleSeconds prometheus.Histogram
 		penalty      *prometheus.GaugeVec
