@@ -19,6 +19,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/llamacpp"
@@ -183,22 +184,45 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	args = append(args, o.extArgs...)
 	s.ext = startProc(t, s.dir, "extproc", bin, args...)
 
-	listen := envoytest.FreePort(t)
-	p := envoyconfigs.Params{Variant: o.variant, NodeID: nodeID, Region: "east", ListenPort: listen,
-		ExtProcPort: port(t, s.extGRPC), XDSPort: port(t, s.cpXDS[0]), XDSAddresses: s.cpXDS,
-		BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(), ExtProcToken: s.auth.extToken,
-		// No drill is about ext_proc's round-trip bound (ExtProcDeath
-		// kills it: refused at once). With the 1-s default, one decision
-		// of a starved race-built ext_proc is a 504, which every drill's
-		// zero-failure check counts as lost.
-		MessageTimeout: "10s"}
-	if o.envoy != nil {
-		o.envoy(&p)
+	// The listen port was free a moment ago; an outgoing connection of
+	// another process may take it (ephemeral ports share the range)
+	// before Envoy binds it. Envoy then exits with "Address already in
+	// use", and the stack is tried again on another port (a clean-clone CI
+	// run lost TestDrillMutualTLS to this once).
+	var listen int
+	for attempt := 1; ; attempt++ {
+		listen = envoytest.FreePort(t)
+		p := envoyconfigs.Params{Variant: o.variant, NodeID: nodeID, Region: "east", ListenPort: listen,
+			ExtProcPort: port(t, s.extGRPC), XDSPort: port(t, s.cpXDS[0]), XDSAddresses: s.cpXDS,
+			BodyLimit: 1 << 20, FallbackCluster: "inferlb_chat", XDSAuth: s.auth.envoyAuth(), ExtProcToken: s.auth.extToken,
+			// No drill is about ext_proc's round-trip bound (ExtProcDeath
+			// kills it: refused at once). With the 1-s default, one decision
+			// of a starved race-built ext_proc is a 504, which every drill's
+			// zero-failure check counts as lost.
+			MessageTimeout: "10s"}
+		if o.envoy != nil {
+			o.envoy(&p)
+		}
+		if s.bootstrap, err = envoyconfigs.Render(p); err != nil {
+			t.Fatal(err)
+		}
+		e, err := envoyrun.Start(envoytest.Options{Bootstrap: s.bootstrap, Concurrency: o.envoyWorkers}, t.TempDir())
+		if err != nil && attempt < 3 && strings.Contains(err.Error(), "Address already in use") {
+			t.Logf("envoy start, attempt %d: listen port %d taken meanwhile; another port", attempt, listen)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("envoy: %v", err)
+		}
+		s.envoy = e
+		t.Cleanup(func() {
+			e.Stop()
+			if t.Failed() {
+				t.Logf("envoy log tail:\n%s", e.LogTail(60))
+			}
+		})
+		break
 	}
-	if s.bootstrap, err = envoyconfigs.Render(p); err != nil {
-		t.Fatal(err)
-	}
-	s.envoy = envoytest.Start(t, envoytest.Options{Bootstrap: s.bootstrap, Concurrency: o.envoyWorkers})
 	s.url = fmt.Sprintf("http://127.0.0.1:%d", listen)
 	if !o.noWait {
 		s.waitServing()
