@@ -13,11 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,14 +27,62 @@ import (
 	"github.com/inferlb/inferlb/internal/envoybin"
 )
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// below the kernel's ephemeral range when there is room there: a port
+// from the range (what listening on port 0 gives) may be taken by any
+// process's outgoing connection between this call and the caller's bind,
+// and two clean-clone CI runs lost a drill to "address already in use"
+// that way (an Envoy listener, a control plane's admin port). Ports are
+// not handed out twice by one process. Falls back to port 0's pick.
 func FreePort() (int, error) {
+	lo, hi := 20000, ephemeralLow()
+	freePorts.Lock()
+	defer freePorts.Unlock()
+	if hi-lo >= 1000 {
+		for range 200 {
+			p := lo + rand.IntN(hi-lo)
+			if freePorts.given[p] {
+				continue
+			}
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				continue
+			}
+			l.Close()
+			freePorts.given[p] = true
+			return p, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// freePorts are the ports FreePort handed out in this process.
+var freePorts = struct {
+	sync.Mutex
+	given map[int]bool // guarded by the mutex
+}{given: map[int]bool{}}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default 32768 where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n <= 0 {
+		return 32768
+	}
+	return n
 }
 
 // Envoy is a running Envoy process.
