@@ -110,7 +110,7 @@ func (c *Controller) correctProfiles(now time.Time, views []EngineView) (map[str
 		switch {
 		case len(c.published) == 0:
 			whose = "nothing is published yet: whose queue it is cannot be told"
-		case c.publishedSheds() || (!c.shedAt.IsZero() && now.Sub(c.shedAt).Seconds() <= w.Seconds):
+		case !c.shedAt.IsZero() && now.Sub(c.shedAt).Seconds() <= w.Seconds: // shedAt is now while it sheds
 			whose = "the policy sheds: admission sets that queue, not the profile"
 		case v.foreignWork:
 			whose = fmt.Sprintf("its token rates show another tenant's work (background load %.2f), and so is the queue", v.BackgroundLoad)

@@ -533,7 +533,7 @@ func (c *Controller) nextPenalty(id string, prev float64, a assessment, decay fl
 }
 
 // probe gives every penalized engine that is up, and that this frontend is
-// to probe (from; nil: every one), at least its probe share of a class's
+// to probe (from), at least its probe share of a class's
 // weights (scaling the others down), so that its recovery shows.
 func (c *Controller) probe(w map[string]float64, demandPerS float64, penalties map[string]float64, up map[string]bool, from func(engine string) bool) {
 	po := c.cfg.Penalty
@@ -549,7 +549,7 @@ func (c *Controller) probe(w map[string]float64, demandPerS float64, penalties m
 	total, rest := ordered.Sum(w), 0.0
 	raised := map[string]bool{}
 	for id := range w {
-		if penalties[id] > 0 && up[id] && (from == nil || from(id)) {
+		if penalties[id] > 0 && up[id] && from(id) {
 			raised[id] = true
 		}
 	}
