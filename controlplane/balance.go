@@ -54,8 +54,17 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 	if err != nil {
 		return sol, fmt.Sprintf("bounded plan failed: %v", err)
 	}
+	if sheds(s2) && !sheds(sol) && liftForShed(&q, s2, headroom) {
+		if s2, err = c.alloc.Allocate(ctx, &q); err != nil {
+			return sol, fmt.Sprintf("bounded plan failed: %v", err)
+		}
+	}
 	if sheds(s2) && !sheds(sol) {
 		return sol, "bounded plan would shed where the unbounded one does not"
+	}
+	caps = caps[:0]
+	for _, e := range q.Engines {
+		caps = append(caps, e.MaxUtilization)
 	}
 	for j, e := range s2.Engines {
 		if caps[j] > 0 && e.LoadRPS >= caps[j]*e.CapacityRPS*(1-1e-3) {
@@ -63,6 +72,58 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 		}
 	}
 	return s2, ""
+}
+
+// liftForShed makes room, under the caps of the bounded problem q, for
+// the traffic its plan sol shed: every engine eligible for a shed flow's
+// class has its cap raised by that traffic's utilization on it (a cap
+// reaching the headroom is dropped), and it reports whether any cap moved.
+//
+// Why: with every engine at its cap, the few engines a restricted class may
+// use (the H100s of a long-context class) are full of the traffic everyone
+// may serve, and the optimizer sheds the restricted flow rather than pay
+// to move that traffic elsewhere. Without the lift the whole unbounded plan
+// stood for that cycle and the bounded one came back the next: on the
+// mooncake scenario a 0.013 req/s long-context flow flipped every
+// frontend's weights by a quarter for a cycle, several times, remapping
+// the prefixes their keys had cached. The lift is at most the shed
+// traffic's own load on each engine, so the bound loosens by no more than
+// the work it crowded out.
+func liftForShed(q *optimizer.Problem, sol *optimizer.Solution, headroom float64) bool {
+	classIdx := make(map[string]int, len(q.Classes))
+	for c, cl := range q.Classes {
+		classIdx[cl.ID] = c
+	}
+	frontIdx := make(map[string]int, len(q.Frontends))
+	for i, fe := range q.Frontends {
+		frontIdx[fe.ID] = i
+	}
+	lifted := false
+	for _, fl := range sol.Flows {
+		rate := 0.0
+		for _, sh := range fl.Shed {
+			rate += sh.RatePerS
+		}
+		c, ok := classIdx[fl.Class]
+		if !(rate > 1e-9) || !ok {
+			continue
+		}
+		shape := q.FlowShape(frontIdx[fl.Frontend], c)
+		for _, j := range q.Classes[c].Eligible {
+			e := &q.Engines[j]
+			capa := sol.Engines[j].CapacityRPS
+			rc := e.Profile.Capacity(shape)
+			if !(e.MaxUtilization > 0) || !(rc > 0) || !(capa > 0) {
+				continue
+			}
+			e.MaxUtilization += rate * e.Profile.CapacityRPS / rc / capa
+			if e.MaxUtilization >= headroom {
+				e.MaxUtilization = 0
+			}
+			lifted = true
+		}
+	}
+	return lifted
 }
 
 // balancePools numbers each engine's balance pool: engines of one region

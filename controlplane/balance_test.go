@@ -213,3 +213,62 @@ func TestBalanceEvenUtilization(t *testing.T) {
 		t.Errorf("even utilization %.4f not above the planned load over capacity %.4f: the test does not reach the difference", u, planned)
 	}
 }
+
+// TestLiftForShed: a flow the bounded plan shed gets its work back as room
+// under the caps of the engines its class may use, and only those (the
+// A100 the long-context class may not use keeps its cap); a cap lifted to
+// the headroom is no cap; a plan that shed nothing lifts nothing.
+func TestLiftForShed(t *testing.T) {
+	spec, err := fleet.Load("../examples/fleet-3region.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var profs []optimizer.Profile
+	for _, fp := range spec.Profiles {
+		pr, err := ProfileFromFleet(fp, 200, 200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		profs = append(profs, pr)
+	}
+	problem := func(hcap float64) *optimizer.Problem {
+		return &optimizer.Problem{
+			Frontends: []optimizer.Frontend{{ID: "fe"}},
+			Classes: []optimizer.Class{
+				{ID: "general", PromptTokens: 200, OutputTokens: 200, Eligible: []int{0, 1}},
+				{ID: "long", PromptTokens: 40000, OutputTokens: 500, Eligible: []int{0}},
+			},
+			Engines: []optimizer.Engine{{ID: "h100", Profile: profs[0], MaxUtilization: hcap}, {ID: "a100", Profile: profs[1], MaxUtilization: 0.3}},
+			Demand:  [][]optimizer.Demand{{{RatePerS: []float64{5}}, {RatePerS: []float64{0.05}}}},
+		}
+	}
+	const shed = 0.02
+	sol := func(rate float64) *optimizer.Solution {
+		return &optimizer.Solution{
+			Flows: []optimizer.Flow{{Frontend: "fe", Class: "long", Shed: []optimizer.Shed{{Priority: "standard", RatePerS: rate}}}},
+			Engines: []optimizer.EngineResult{
+				{ID: "h100", CapacityRPS: profs[0].CapacityRPS}, {ID: "a100", CapacityRPS: profs[1].CapacityRPS},
+			},
+		}
+	}
+	q := problem(0.3)
+	h := &profs[0]
+	want := 0.3 + shed*h.CapacityRPS/h.Capacity(q.FlowShape(0, 1))/h.CapacityRPS
+	if !liftForShed(q, sol(shed), 0.9) {
+		t.Fatal("a shed flow lifted no cap")
+	}
+	if got := q.Engines[0].MaxUtilization; math.Abs(got-want) > 1e-12 || !(got > 0.3) {
+		t.Errorf("h100 cap %.6f, want %.6f (its cap plus the shed flow's utilization on it)", got, want)
+	}
+	if got := q.Engines[1].MaxUtilization; got != 0.3 {
+		t.Errorf("a100 cap %.3f moved: the long class may not use it", got)
+	}
+	q = problem(0.9 - 1e-9)
+	if !liftForShed(q, sol(shed), 0.9) || q.Engines[0].MaxUtilization != 0 {
+		t.Errorf("a cap lifted to the headroom is %.6f, want 0 (no cap)", q.Engines[0].MaxUtilization)
+	}
+	q = problem(0.3)
+	if liftForShed(q, sol(0), 0.9) || q.Engines[0].MaxUtilization != 0.3 {
+		t.Errorf("nothing shed, yet a cap moved: %.6f", q.Engines[0].MaxUtilization)
+	}
+}

@@ -301,9 +301,14 @@ type EngineView struct {
 	// evidence): TTFT and TBOT from the engine's metrics, E2E from
 	// ext_proc's timing of whole requests. The predictions are in ms.
 	TTFTResidual float64 `json:"ttft_residual"`
-	TBOTResidual float64 `json:"tbot_residual"`
-	E2EResidual  float64 `json:"e2e_residual"`
-	TTFTPredMs   float64 `json:"ttft_predicted_ms"`
+	// TTFTResidualLow is what the window proves of the TTFT residual: the
+	// mean less ttftConfidence standard errors, over the prediction (the
+	// histogram's spread, Window.TTFTSDMs; equal to TTFTResidual without
+	// it). The latency penalty reads it.
+	TTFTResidualLow float64 `json:"ttft_residual_low"`
+	TBOTResidual    float64 `json:"tbot_residual"`
+	E2EResidual     float64 `json:"e2e_residual"`
+	TTFTPredMs      float64 `json:"ttft_predicted_ms"`
 	// ProfileCorrection is the factor on the TTFT curve the optimizer
 	// plans this engine with (correction.go: observed over predicted TTFT,
 	// smoothed, within [1/4, 4]; 1: the profile as configured), and

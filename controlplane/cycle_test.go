@@ -56,6 +56,9 @@ type fake struct {
 	// the requests the engine's queue-time histogram timed (0: none).
 	waiting float64
 	queueMs float64
+	// ttftSDMs is the spread of the window's first tokens (ms; 0: the
+	// scrape has no buckets to tell it).
+	ttftSDMs float64
 }
 
 // engines runs a tracker over two synthetic scrapes one second apart.
@@ -76,6 +79,13 @@ func engines(now time.Time, f map[string]fake) []signals.Engine {
 		m1.GenTokens += x.genTokS
 		m1.TTFTCount += x.reqPerS
 		m1.TTFTSum += x.reqPerS * x.ttftMs / 1000
+		if x.ttftSDMs > 0 {
+			// E[x²] = mean² + sd², over the window's first tokens.
+			mean, sd := x.ttftMs/1000, x.ttftSDMs/1000
+			m0.TTFTSquares = 10
+			m1.TTFTSquares = m0.TTFTSquares + x.reqPerS*(mean*mean+sd*sd)
+			tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
+		}
 		m1.ITLCount += x.genTokS
 		m1.ITLSum += x.genTokS * x.tbotMs / 1000
 		m0.Waiting, m1.Waiting = x.waiting, x.waiting
@@ -246,6 +256,51 @@ func TestCycleMeasuredQueueingIsNotAFault(t *testing.T) {
 			t.Logf("TTFT residual %.2f (predicted %.0f ms), penalty %.2f %s", v.TTFTResidual, v.TTFTPredMs, v.Penalty, v.PenaltyWhy)
 			if got := v.Penalty > 0; got != tc.penalize {
 				t.Errorf("penalized %v, want %v: residual %.2f, predicted %.0f ms", got, tc.penalize, v.TTFTResidual, v.TTFTPredMs)
+			}
+		})
+	}
+}
+
+// A window's mean TTFT is judged on what it proves: with prompts of very
+// different lengths, a dozen first tokens whose mean is 2× the prediction
+// but which spread as widely as the mean (some waited behind a long
+// prefill, most did not) are noise, not a fault; the same mean with a
+// narrow spread, or with no histogram to tell the spread, is a fault
+// (issue 23: the Mooncake trace's false penalties remapped its prefixes).
+func TestCycleNoisyTTFTIsNotAFault(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sdMs     float64
+		penalize bool
+	}{
+		{"no spread known: the mean", 0, true},
+		{"narrow spread: every request slow", 5, true},
+		{"wide spread over 10 first tokens: noise", 60, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := NewController(testFleet(t), DefaultConfig(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Unix(1_800_000_000, 0)
+			f := map[string]fake{}
+			for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
+				f[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: 30, tbotMs: 8}
+			}
+			x := f["e-east-1"]
+			x.ttftMs, x.ttftSDMs = 60, tc.sdMs // about 2× the prediction
+			f["e-east-1"] = x
+			r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, f), Demand: demand(40, 20)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := view(r, "e-east-1")
+			t.Logf("TTFT residual %.2f, proven %.2f, penalty %.2f %s", v.TTFTResidual, v.TTFTResidualLow, v.Penalty, v.PenaltyWhy)
+			if got := v.Penalty > 0; got != tc.penalize {
+				t.Errorf("penalized %v, want %v: residual %.2f, proven %.2f", got, tc.penalize, v.TTFTResidual, v.TTFTResidualLow)
+			}
+			if tc.sdMs == 0 && v.TTFTResidualLow != v.TTFTResidual {
+				t.Errorf("without a spread the proven residual %.3f is not the mean's %.3f", v.TTFTResidualLow, v.TTFTResidual)
 			}
 		})
 	}

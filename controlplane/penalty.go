@@ -331,6 +331,30 @@ func queueWaitMs(w signals.Window, minSamples float64) float64 {
 	return queueSlack * little
 }
 
+// ttftConfidence is how many standard errors of the window's mean TTFT
+// the penalty leaves out: a latency penalty needs a mean that is high
+// beyond its sampling noise (one-sided, about 98% for a normal mean).
+//
+// Why: with prompts of very different lengths (the Mooncake trace: a few
+// hundred to 30,000 tokens), a first token waits for whatever long prefill
+// is ahead of it, so one window's mean TTFT over a dozen requests swings
+// by 2-5× around what the profile predicts from the mean prompt, on healthy
+// engines at 5-30% load. Each swing set a penalty (0.02-0.9), the penalty
+// moved the engine's share and the probe brought it back, and every move
+// remapped the long shared prefixes Maglev had placed: a quarter of the
+// scenario's lost cache hits. A faulty engine is slow on every request, so
+// its mean stands well clear of the noise and keeps its penalty.
+const ttftConfidence = 2.0
+
+// ttftProven is the window's mean TTFT less ttftConfidence standard errors
+// (not below 0), in ms: the mean itself without the spread.
+func ttftProven(w signals.Window) float64 {
+	if !(w.TTFTSDMs > 0) || w.TTFTCount < 2 {
+		return w.TTFTMeanMs
+	}
+	return math.Max(w.TTFTMeanMs-ttftConfidence*w.TTFTSDMs/math.Sqrt(w.TTFTCount), 0)
+}
+
 // assessment is one engine's evidence in one cycle: targets from its own
 // metrics (scrape), from ext_proc's timing (e2e) and from errors.
 type assessment struct {
@@ -365,6 +389,7 @@ func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence
 			v.TTFTPredMs = fp.OverheadMs + 1000*prompt/fp.PrefillTokensPerS + 1.5*tbot + queue
 			if w.TTFTCount >= po.MinSamples && w.TTFTMeanMs > 0 {
 				v.TTFTResidual = w.TTFTMeanMs / v.TTFTPredMs
+				v.TTFTResidualLow = ttftProven(w) / v.TTFTPredMs
 			}
 			// ext_proc's timing of whole requests: per request overhead,
 			// queue, prefill and the round trip from its frontend, then
@@ -393,10 +418,13 @@ func (c *Controller) judge(e fleet.Engine, s signals.Engine, ev signals.Evidence
 		return (r - 1 - po.LatencyTolerance) / po.LatencyScale,
 			fmt.Sprintf("%s %.2f× what its profile predicts at its load (%.1f running, %.1f waiting)", which, r, w.Running, w.Waiting)
 	}
-	if r := math.Max(v.TTFTResidual, v.TBOTResidual); r > 0 {
+	if r := math.Max(v.TTFTResidualLow, v.TBOTResidual); r > 0 {
 		which := "TBOT"
-		if r == v.TTFTResidual {
+		if r == v.TTFTResidualLow {
 			which = "TTFT"
+			if v.TTFTResidualLow < v.TTFTResidual {
+				which = fmt.Sprintf("TTFT (mean %.2f×, less %g standard errors)", v.TTFTResidual, ttftConfidence)
+			}
 		}
 		a.hasScrape = true
 		a.scrapeTarget, a.scrapeWhy = target(r, which)

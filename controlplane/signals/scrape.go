@@ -59,8 +59,14 @@ type Metrics struct {
 	// PrefixHitRate is a server's own hit-rate gauge (SGLang's
 	// cache_hit_rate, vLLM v0's gpu_prefix_cache_hit_rate), read when the
 	// hit and query counters are absent.
-	PrefixHitRate           float64
-	TTFTSum, TTFTCount      float64
+	PrefixHitRate      float64
+	TTFTSum, TTFTCount float64
+	// TTFTSquares is the sum of the squared first-token times (s²), for
+	// the spread of a window's TTFT: estimated from the histogram's
+	// buckets, each sample at its bucket's midpoint (the overflow at the
+	// last bound), so that it adds up over scrapes like the sum. 0 or NaN
+	// when unknown (a sum of squares of positive times is never 0).
+	TTFTSquares             float64
 	ITLSum, ITLCount        float64
 	Success                 float64
 	PromptTokens, GenTokens float64
@@ -78,6 +84,41 @@ type Metrics struct {
 	BlockSize, KVBlocks, KVTokens float64
 	// Missing names the mapped signals the page lacked.
 	Missing []string
+}
+
+// histSquares estimates the sum of squared samples of the first of names
+// that is a histogram: each bucket's samples at its midpoint, the
+// overflow's at the last finite bound (NaN when there is none, or no
+// bucket).
+func histSquares(fams map[string]*dto.MetricFamily, names []string) float64 {
+	for _, n := range names {
+		f, ok := fams[n]
+		if !ok || f.GetType() != dto.MetricType_HISTOGRAM {
+			continue
+		}
+		sq, any := 0.0, false
+		for _, x := range f.Metric {
+			h := x.GetHistogram()
+			lo, below := 0.0, 0.0
+			for _, b := range h.GetBucket() {
+				ub, cum := b.GetUpperBound(), float64(b.GetCumulativeCount())
+				if math.IsInf(ub, 1) {
+					break
+				}
+				mid := (lo + ub) / 2
+				sq += (cum - below) * mid * mid
+				lo, below, any = ub, cum, true
+			}
+			if over := float64(h.GetSampleCount()) - below; over > 0 {
+				sq += over * lo * lo
+			}
+		}
+		if !any {
+			return math.NaN()
+		}
+		return sq
+	}
+	return math.NaN()
 }
 
 // Mapping names a server kind's metrics, each with alternatives tried in
@@ -229,6 +270,7 @@ func (mp *Mapping) Parse(r io.Reader) (Metrics, error) {
 	m.PrefixHits, m.PrefixQueries, m.PrefixHitRate = first(mp.PrefixHits), first(mp.PrefixQueries), first(mp.PrefixHitRate)
 	m.Success, m.PromptTokens, m.GenTokens = first(mp.Success), first(mp.PromptTokens), first(mp.GenTokens)
 	m.TTFTSum, m.TTFTCount = hist(mp.TTFT)
+	m.TTFTSquares = histSquares(fams, mp.TTFT)
 	m.ITLSum, m.ITLCount = hist(mp.ITL)
 	m.QueueSum, m.QueueCount = hist(mp.Queue)
 	m.E2ESum, m.E2ECount = hist(mp.E2E)

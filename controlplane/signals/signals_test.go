@@ -515,3 +515,62 @@ func TestIntakeSetBounds(t *testing.T) {
 		t.Errorf("under a 200/s bound, with 10.0.0.2 an engine: adjusted %v, want nothing", adjusted)
 	}
 }
+
+// The TTFT histogram's buckets give the window's spread (the penalty's
+// confidence in a mean, controlplane/penalty.go): each sample at its
+// bucket's midpoint, the overflow at the last bound; a window with a
+// scrape that had no buckets has no spread (0), never a made-up one.
+func TestTTFTSpreadFromBuckets(t *testing.T) {
+	page := func(n0, n1, n2 float64) string {
+		return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 1
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.1
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} %g
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} %g
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} %g
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} %g
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} %g
+`, n0, n0+n1, n0+n1+n2, 0.05*n0+0.3*n1+0.9*n2, n0+n1+n2)
+	}
+	m, err := ParseMetrics(strings.NewReader(page(4, 2, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 at 0.05 s, 2 at 0.3 s, 1 past 0.5 s counted at 0.5 s.
+	if want := 4*0.05*0.05 + 2*0.3*0.3 + 0.5*0.5; math.Abs(m.TTFTSquares-want) > 1e-12 {
+		t.Fatalf("sum of squares %v, want %v", m.TTFTSquares, want)
+	}
+	noBuckets, err := ParseMetrics(strings.NewReader(vllmText(1, 0, 0.1, 10, 1, 10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name   string
+		second Metrics
+		sdMs   float64
+	}{
+		// 10 first tokens: 5 at 50 ms, 5 at 300 ms: mean 175, sd 125.
+		{"buckets", func() Metrics { x, _ := ParseMetrics(strings.NewReader(page(9, 7, 1))); return x }(), 125},
+		{"a scrape without buckets", noBuckets, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker(TrackerOptions{StaleAfter: 5 * time.Second, EvidenceWindow: 10 * time.Second}, []string{"e"})
+			first := m
+			if tc.sdMs == 0 {
+				first.TTFTSquares = math.NaN()
+				first.TTFTSum, first.TTFTCount = tc.second.TTFTSum-1, tc.second.TTFTCount-5
+			}
+			tr.Observe(Sample{ID: "e", At: t0, Healthy: true, Metrics: first})
+			tr.Observe(Sample{ID: "e", At: t0.Add(time.Second), Healthy: true, Metrics: tc.second})
+			w := tr.Engines(t0.Add(time.Second))[0].Window
+			if math.Abs(w.TTFTSDMs-tc.sdMs) > 1e-6 {
+				t.Fatalf("TTFT spread %.3f ms, want %.3f (window %+v)", w.TTFTSDMs, tc.sdMs, w)
+			}
+		})
+	}
+}

@@ -110,6 +110,10 @@ type Window struct {
 	// 0 without samples).
 	TTFTCount  float64 `json:"ttft_count"`
 	TTFTMeanMs float64 `json:"ttft_mean_ms"`
+	// TTFTSDMs is the first tokens' standard deviation (ms) where every
+	// scrape with first tokens had the histogram's buckets (Metrics.TTFTSquares);
+	// 0 when unknown.
+	TTFTSDMs   float64 `json:"ttft_sd_ms,omitempty"`
 	ITLCount   float64 `json:"itl_count"`
 	TBOTMeanMs float64 `json:"tbot_mean_ms"`
 	// Requests scheduled (their queue wait ended) and their mean wait in
@@ -132,6 +136,7 @@ type delta struct {
 	at                                 time.Time
 	dt                                 float64 // seconds since the previous scrape
 	ttftSum, ttftCount, itlSum, itlCnt float64
+	ttftSq                             float64 // 0: unknown
 	queueSum, queueCount               float64
 	success, uncached, gen             float64
 	running, waiting                   float64
@@ -322,6 +327,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 				return cur - prev
 			}
 			d.ttftSum, d.ttftCount = pos(m.TTFTSum, p.TTFTSum), pos(m.TTFTCount, p.TTFTCount)
+			d.ttftSq = pos(m.TTFTSquares, p.TTFTSquares)
 			d.queueSum, d.queueCount = pos(m.QueueSum, p.QueueSum), pos(m.QueueCount, p.QueueCount)
 			d.itlSum, d.itlCnt = pos(m.ITLSum, p.ITLSum), pos(m.ITLCount, p.ITLCount)
 			d.success, d.gen = pos(m.Success, p.Success), pos(m.GenTokens, p.GenTokens)
@@ -343,7 +349,8 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 // window sums the evidence of the scrapes within the window before now.
 func (t *Tracker) window(tr *track, now time.Time) Window {
 	var w Window
-	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount float64
+	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount, sq float64
+	sqKnown := true
 	n := 0
 	for _, d := range tr.deltas {
 		if now.Sub(d.at) > t.evidenceWindow() {
@@ -352,6 +359,10 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 		w.Seconds += d.dt
 		w.TTFTCount += d.ttftCount
 		ttft += d.ttftSum
+		sq += d.ttftSq
+		if d.ttftCount > 0 && !(d.ttftSq > 0) {
+			sqKnown = false
+		}
 		qSum += d.queueSum
 		qCount += d.queueCount
 		w.ITLCount += d.itlCnt
@@ -368,6 +379,11 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 	}
 	if w.TTFTCount > 0 {
 		w.TTFTMeanMs = 1000 * ttft / w.TTFTCount
+		if mean := ttft / w.TTFTCount; sqKnown && w.TTFTCount >= 2 {
+			// The bucket midpoints can put E[x²] a little under mean²
+			// when every sample is in one bucket: no spread to speak of.
+			w.TTFTSDMs = 1000 * math.Sqrt(math.Max(sq/w.TTFTCount-mean*mean, 0))
+		}
 		// An engine whose TTFT leaves out queueing (ttftEvidence) has it
 		// added back: the prediction it is judged against includes the
 		// queue.

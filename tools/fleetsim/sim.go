@@ -145,6 +145,7 @@ type engine struct {
 	// Counters a /metrics scrape would read (vLLM's histograms' sums and
 	// counts).
 	ttftSum, ttftCount, itlSum, itlCount, success float64
+	ttftSq                                        float64 // as a scrape estimates it from vLLM's buckets
 }
 
 // frontend is one frontend node (one Envoy, one ext_proc).
@@ -202,6 +203,7 @@ type listener struct {
 func (l *listener) Token(r *model.Request, t time.Duration) {
 	if r.Generated == 1 {
 		l.e.ttftSum += (t - r.Arrival).Seconds()
+		l.e.ttftSq += bucketSquare((t - r.Arrival).Seconds())
 		l.e.ttftCount++
 	}
 }
@@ -352,7 +354,7 @@ func (s *Sim) restart(e *engine) error {
 	e.reps = reps
 	e.pending = false
 	// A new process: its counters start over.
-	e.ttftSum, e.ttftCount, e.itlSum, e.itlCount, e.success = 0, 0, 0, 0, 0
+	e.ttftSum, e.ttftCount, e.itlSum, e.itlCount, e.success, e.ttftSq = 0, 0, 0, 0, 0, 0
 	e.gen++
 	if e.slow != 1 || e.hung {
 		s.setFaults(e, e.slow, e.hung, s.now)
@@ -1025,4 +1027,19 @@ func (s *Sim) recover(e *engine) {
 	if err := s.restart(e); err != nil {
 		panic(err) // the config was valid at start
 	}
+}
+
+// bucketSquare is what a scrape of vLLM's TTFT histogram makes of a first
+// token at v seconds in the sum of squares (signals.Metrics.TTFTSquares):
+// its bucket's midpoint, squared, or the last bound's past it.
+func bucketSquare(v float64) float64 {
+	lo := 0.0
+	for _, ub := range model.TTFTBuckets {
+		if v <= ub {
+			m := (lo + ub) / 2
+			return m * m
+		}
+		lo = ub
+	}
+	return lo * lo
 }

@@ -691,3 +691,8 @@ func (e *Engine) CachedBlocks(hashes []uint64) int {
 	}
 	return k
 }
+
+// TTFTBuckets are vLLM's bucket bounds of vllm:time_to_first_token_seconds
+// (vllm/v1/metrics/loggers.py), in seconds.
+var TTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+	0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
