@@ -122,6 +122,10 @@ func DefaultOptions() Options {
 // Phase is one mode's measurement.
 type Phase struct {
 	Mode string `json:"mode"`
+	// EngineAddrs are the engines' addresses (their recording proxies'),
+	// in fleet order: Envoy's Maglev table is built from them, so a
+	// simulation of the same run uses them too.
+	EngineAddrs []string `json:"engine_addresses"`
 	// Requests the engines served (through Envoy) and the load
 	// generator's report.
 	Requests int             `json:"requests"`
@@ -478,7 +482,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 	if err != nil {
 		return nil, err
 	}
-	ph = &Phase{Mode: mode, Loadgen: lg, WeightChanges: changes, WeightTV: math.Round(moved*1000) / 1000}
+	ph = &Phase{Mode: mode, EngineAddrs: addrs, Loadgen: lg, WeightChanges: changes, WeightTV: math.Round(moved*1000) / 1000}
 	if a := ext.Policy(); a != nil {
 		for _, c := range a.Classes() {
 			ph.TableRules, ph.TableVersion = c.TableRules()

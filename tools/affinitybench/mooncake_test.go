@@ -17,8 +17,8 @@ import (
 // Issue 23's Envoy check: the first 600 rows of Mooncake's trace (prompts
 // sharing long prefixes inside one user message each, 64 words per hash
 // id, 4× faster) through a real Envoy, ext_proc and control plane get a
-// prefix-cache hit rate within 25% of the simulator's on the same rows,
-// fleet (bench affinity's 4 H100s), trace seed, hash_balance_factor and
+// prefix-cache hit rate within 15% of the simulator's on the same rows,
+// fleet (bench affinity's 4 H100s, at the rig's engine addresses), trace seed, hash_balance_factor and
 // control periods (the rig's, in simulated time), and the control plane
 // learns the split table's shared-prefix depth.
 // Needs the shared data directory (skipped without it).
@@ -62,13 +62,12 @@ func TestMooncakeThroughEnvoyMatchesTheSimulator(t *testing.T) {
 		t.Error("the control plane learned no shared-prefix depth")
 	}
 
-	// The simulator on the same rows and fleet.
+	// The simulator on the same rows and fleet, at the same engine
+	// addresses: Maglev's table is built from them, and other addresses
+	// place the same keys on other engines (the simulator gave 0.098 at
+	// 127.0.0.1:19001-19004 whatever the rig's ports were).
 	dir := t.TempDir()
-	var addrs []string
-	for i := range o.Engines {
-		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", 19001+i))
-	}
-	if err := os.WriteFile(filepath.Join(dir, "fleet.yaml"), []byte(fleetYAML(o, ModePrefix, addrs)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "fleet.yaml"), []byte(fleetYAML(o, ModePrefix, p.EngineAddrs)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// The rig's control plane cycles every 500 ms and scrapes every 200 ms,
@@ -99,12 +98,13 @@ control: {interval: %s, scrape_interval: %s, report_interval: %s}
 		t.Fatal(err)
 	}
 	t.Logf("simulator: hit rate %.3f; Envoy/simulator %.2f", res.HitRate, p.HitRate()/res.HitRate)
-	// Issue 23 asks for 15%. At a hit rate near 0.1, 600 requests hold
-	// about 60 that hit, whose count alone varies by ±13% (one standard
-	// deviation, √60/60); over 11 runs at stop 31 the ratio was 0.75–0.99
-	// (race-built) and 0.84–0.94 (not), and 15% failed 4 of them. The
-	// bound is 25%: a loosened test, and the 15% stays open in issue 23.
-	if r := p.HitRate() / res.HitRate; !(r >= 0.75 && r <= 1.25) {
-		t.Errorf("hit rate through Envoy %.3f is %.2f× the simulator's %.3f, want within 25%%", p.HitRate(), r, res.HitRate)
+	// Issue 23's bound, 15%. Until stop 32 the simulator ran at fixed
+	// addresses while the rig's engines had fresh ports, so each side had
+	// its own Maglev table: the ratio spread 0.75-0.99 and the bound was
+	// 25%. At the rig's own addresses, nine runs gave 0.87-1.00 (median
+	// 0.98); what is left is timing (the control plane's cycles and
+	// ext_proc's reports in real time).
+	if r := p.HitRate() / res.HitRate; !(r >= 0.85 && r <= 1.15) {
+		t.Errorf("hit rate through Envoy %.3f is %.2f× the simulator's %.3f, want within 15%%", p.HitRate(), r, res.HitRate)
 	}
 }
