@@ -441,6 +441,9 @@ type Controller struct {
 	shapes    map[string]*shapeState
 	shapeView map[string]ClassShape
 	traffic   map[string]map[string]float64
+	// tight holds the classes whose clusters run at the tightest bounded
+	// load (boundedload.go).
+	tight map[string]bool
 }
 
 type problemFrame struct {
@@ -471,7 +474,7 @@ func NewController(spec *fleet.Spec, cfg Config, alloc Allocator) (*Controller, 
 	c := &Controller{cfg: cfg, spec: spec, alloc: alloc, fallback: ProportionalAllocator{},
 		profiles: map[string]optimizer.Profile{}, penalties: map[string]float64{}, cause: map[string]string{}, impaired: map[string]bool{},
 		published: map[string]*NodeDecision{}, planned: map[string]float64{}, tables: map[string][]translate.PrefixRule{}, depths: map[string]uint32{},
-		shapes: map[string]*shapeState{}}
+		shapes: map[string]*shapeState{}, tight: map[string]bool{}}
 	f := &c.problem
 	f.frontends, f.classes, f.engines = spec.Frontends, spec.Classes, spec.Engines
 	f.priorities = slices.Clone(spec.Priorities)
@@ -645,6 +648,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 func (c *Controller) observeDemand(in Inputs, res *Result) map[signals.DemandKey]signals.DemandRate {
 	c.traffic = c.classTraffic(in.Demand)
 	c.shapeView = c.updateShapes(in.Now, in.Demand, in.Engines, c.traffic)
+	c.updateBounds(in.Prefixes)
 	res.Shapes = c.shapeView
 	c.planned, c.plannedReq = c.plannedFromPublished(in.Demand)
 	return c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
@@ -957,5 +961,6 @@ func (c *Controller) inherit(old *Controller) {
 	c.smoothed, c.smoothedAt = old.smoothed, old.smoothedAt
 	c.ownSeen = old.ownSeen
 	c.shapes = old.shapes
+	c.tight = old.tight
 	c.tables = old.tables
 }

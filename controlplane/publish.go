@@ -24,7 +24,8 @@ func (c *Controller) classPolicy(cl fleet.Class, cd *ClassDecision, util float64
 		MaxRetries: retries, LocalInflightLimit: uint32(c.InflightLimit(cl.Name)), Utilization: util,
 		MeanOutputTokens: uint32(math.Round(cl.MeanOutputTokens)),
 		Affinity: translate.Affinity{Keys: cl.Affinity.Keys, Off: cl.Affinity.Mode == fleet.AffinityOff,
-			Rules: av.rules, SharedDepthBytes: av.SharedDepthBytes}}
+			Rules: av.rules, SharedDepthBytes: av.SharedDepthBytes},
+		HashBalanceFactor: c.hashBalanceFactor(cl.Name)}
 	if m, ok := c.spec.ModelByName(cl.Model); ok {
 		tc.TokenizerSHA256, tc.ChatTemplateTokens = m.TokenizerSHA256, uint32(m.ChatTemplateTokens)
 	}

@@ -79,6 +79,10 @@ type ClassShape struct {
 	// Bounded names the bound that clipped this cycle's observation, if
 	// any ("prompt above what the engines processed", ...).
 	Bounded string `json:"bounded,omitempty"`
+	// HashBalanceFactor is the bounded-load factor the class's clusters
+	// get when it is not the translation's (boundedload.go: the tightest,
+	// 100, while the class reuses no cache); 0 otherwise.
+	HashBalanceFactor uint32 `json:"hash_balance_factor,omitempty"`
 }
 
 // Shape is the optimizer's request shape.

@@ -335,12 +335,21 @@ func (x *inferlb) apply(f int, r *translate.Resources) error {
 	if _, _, err := x.dec[f].SetPolicy(r.Policy); err != nil {
 		return err
 	}
+	// The class clusters' bounded-load factors (CDS): a class the control
+	// plane tightened has its own (controlplane/boundedload.go).
+	factor := map[string]uint32{}
+	for _, c := range r.Clusters {
+		factor[c.GetName()] = c.GetCommonLbConfig().GetConsistentHashingLbConfig().GetHashBalanceFactor().GetValue()
+	}
 	for _, cla := range r.Endpoints {
+		cfg := x.lbCfg
+		cfg.HashBalanceFactor = factor[cla.ClusterName]
 		cl := x.clusters[f][cla.ClusterName]
 		if cl == nil {
-			cl = &lbCluster{cfg: x.lbCfg}
+			cl = &lbCluster{cfg: cfg}
 			x.clusters[f][cla.ClusterName] = cl
 		}
+		cl.cfg = cfg // set rebuilds the table with it, as Envoy does on a cluster update
 		js, w, pr, ok, err := edsHosts(cla, x.addr)
 		if err != nil {
 			return err

@@ -281,6 +281,11 @@ type Class struct {
 	// table (affinity.go); the zero value publishes none (ext_proc's
 	// defaults).
 	Affinity Affinity
+	// HashBalanceFactor, when not 0, is the class cluster's bounded-load
+	// factor in percent (≥ 100) instead of Options.HashBalanceFactor: the
+	// control plane tightens it for a class whose traffic reuses no cache.
+	// An endpoint picker keeps the policy's load balancer (Options').
+	HashBalanceFactor uint32
 }
 
 // Priority is a traffic priority.
@@ -364,7 +369,11 @@ func Translate(n Node, o Options) (*Resources, error) {
 			return nil, fmt.Errorf("translate node %s class %s: %w", n.NodeID, c.Name, err)
 		}
 		out.Weights[c.Name] = ew
-		out.Clusters = append(out.Clusters, classCluster(name, hc, o))
+		co := o
+		if c.HashBalanceFactor != 0 {
+			co.HashBalanceFactor = c.HashBalanceFactor
+		}
+		out.Clusters = append(out.Clusters, classCluster(name, hc, co))
 		out.Endpoints = append(out.Endpoints, cla)
 	}
 	out.Policy = policy(n, classes, out.Weights, o)
@@ -610,6 +619,9 @@ const fractionSlack = 1e-9
 // meant: a fraction outside [0, 1] or not a number would be clamped or
 // misread there, far from the cause.
 func checkClassPolicy(c Class) error {
+	if c.HashBalanceFactor != 0 && c.HashBalanceFactor < 100 {
+		return fmt.Errorf("hash_balance_factor %d: must be 0 (the options') or ≥ 100", c.HashBalanceFactor)
+	}
 	for _, l := range slices.Sorted(maps.Keys(c.ShedByLevel)) {
 		if f := c.ShedByLevel[l]; !(f >= -fractionSlack && f <= 1+fractionSlack) {
 			return fmt.Errorf("shed fraction of priority level %d must be in [0, 1], got %v", l, f)

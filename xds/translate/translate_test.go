@@ -262,6 +262,28 @@ func TestPolicyCarriesTheEDSAssignment(t *testing.T) {
 	}
 }
 
+// A class's own bounded-load factor (the control plane tightens it where
+// nothing is cached) goes to its cluster alone; the other class's cluster
+// and the policy's load balancer (an endpoint picker's) keep the options'.
+func TestClassHashBalanceFactor(t *testing.T) {
+	n, o := sampleNode(), DefaultOptions()
+	n.Classes[0].HashBalanceFactor = 100
+	r, err := Translate(n, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint32{}
+	for _, c := range r.Clusters {
+		got[c.GetName()] = c.GetCommonLbConfig().GetConsistentHashingLbConfig().GetHashBalanceFactor().GetValue()
+	}
+	if got[o.ClusterName("llama8b")] != 100 || got[o.ClusterName("llama70b-eu")] != o.HashBalanceFactor {
+		t.Errorf("cluster factors %v, want llama8b's 100 and llama70b-eu's %d", got, o.HashBalanceFactor)
+	}
+	if f := r.Policy.GetLoadBalancer().GetHashBalanceFactor(); f != o.HashBalanceFactor {
+		t.Errorf("policy load balancer factor %d, want the options' %d", f, o.HashBalanceFactor)
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	cases := map[string]struct {
 		mut  func(*Node, *Options)
@@ -273,9 +295,10 @@ func TestBadInput(t *testing.T) {
 		"bad address": {func(n *Node, o *Options) {
 			n.Engines["e1"] = Engine{ID: "e1", Address: "10.0.0.1"}
 		}, `address "10.0.0.1"`},
-		"duplicate class": {func(n *Node, o *Options) { n.Classes = append(n.Classes, n.Classes[0]) }, `class "llama8b" twice`},
-		"balance factor":  {func(n *Node, o *Options) { o.HashBalanceFactor = 50 }, "hash_balance_factor"},
-		"empty node":      {func(n *Node, o *Options) { n.NodeID = "" }, "node id is empty"},
+		"duplicate class":      {func(n *Node, o *Options) { n.Classes = append(n.Classes, n.Classes[0]) }, `class "llama8b" twice`},
+		"balance factor":       {func(n *Node, o *Options) { o.HashBalanceFactor = 50 }, "hash_balance_factor"},
+		"class balance factor": {func(n *Node, o *Options) { n.Classes[1].HashBalanceFactor = 99 }, "class llama70b-eu: hash_balance_factor 99"},
+		"empty node":           {func(n *Node, o *Options) { n.NodeID = "" }, "node id is empty"},
 		// Policy numbers ext_proc acts on: never passed on out of range.
 		"shed above one":     {func(n *Node, o *Options) { n.Classes[0].ShedByLevel = map[uint32]float64{2: 1.5} }, "shed fraction of priority level 2 must be in [0, 1], got 1.5"},
 		"negative shed":      {func(n *Node, o *Options) { n.Classes[0].ShedByLevel = map[uint32]float64{0: -0.1} }, "shed fraction of priority level 0"},
