@@ -90,14 +90,7 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 // traffic's own load on each engine, so the bound loosens by no more than
 // the work it crowded out.
 func liftForShed(q *optimizer.Problem, sol *optimizer.Solution, headroom float64) bool {
-	classIdx := make(map[string]int, len(q.Classes))
-	for c, cl := range q.Classes {
-		classIdx[cl.ID] = c
-	}
-	frontIdx := make(map[string]int, len(q.Frontends))
-	for i, fe := range q.Frontends {
-		frontIdx[fe.ID] = i
-	}
+	classIdx, frontIdx := problemIndex(q)
 	lifted := false
 	for _, fl := range sol.Flows {
 		rate := 0.0
@@ -124,6 +117,20 @@ func liftForShed(q *optimizer.Problem, sol *optimizer.Solution, headroom float64
 		}
 	}
 	return lifted
+}
+
+// problemIndex maps a problem's class and frontend ids to their indices
+// (a solution names flows by id; FlowShape takes indices).
+func problemIndex(p *optimizer.Problem) (classIdx, frontIdx map[string]int) {
+	classIdx = make(map[string]int, len(p.Classes))
+	for c, cl := range p.Classes {
+		classIdx[cl.ID] = c
+	}
+	frontIdx = make(map[string]int, len(p.Frontends))
+	for i, fe := range p.Frontends {
+		frontIdx[fe.ID] = i
+	}
+	return classIdx, frontIdx
 }
 
 // balancePools numbers each engine's balance pool: engines of one region
@@ -183,14 +190,7 @@ func poolLoads(p *optimizer.Problem, sol *optimizer.Solution, pools []int) (rest
 	for j, e := range p.Engines {
 		idx[e.ID] = j
 	}
-	classIdx := make(map[string]int, len(p.Classes))
-	for c, cl := range p.Classes {
-		classIdx[cl.ID] = c
-	}
-	frontIdx := make(map[string]int, len(p.Frontends))
-	for i, fe := range p.Frontends {
-		frontIdx[fe.ID] = i
-	}
+	classIdx, frontIdx := problemIndex(p)
 	// restricted[c][pool]: class c is eligible on only part of the pool.
 	restrictedIn := make([]map[int]bool, len(p.Classes))
 	for c, cl := range p.Classes {

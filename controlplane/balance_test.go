@@ -165,18 +165,7 @@ func TestBalanceSkippedIsReported(t *testing.T) {
 // cap the bound used to set, which left the bounded plan no room (it
 // shed on shared-preamble and the unbounded plan stood).
 func TestBalanceEvenUtilization(t *testing.T) {
-	spec, err := fleet.Load("../examples/fleet-3region.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var profs []optimizer.Profile
-	for _, fp := range spec.Profiles {
-		pr, err := ProfileFromFleet(fp, 200, 200)
-		if err != nil {
-			t.Fatal(err)
-		}
-		profs = append(profs, pr)
-	}
+	profs := exampleProfiles(t)
 	if len(profs) != 2 {
 		t.Fatalf("%d profiles, want the H100 and the A100", len(profs))
 	}
@@ -214,11 +203,10 @@ func TestBalanceEvenUtilization(t *testing.T) {
 	}
 }
 
-// TestLiftForShed: a flow the bounded plan shed gets its work back as room
-// under the caps of the engines its class may use, and only those (the
-// A100 the long-context class may not use keeps its cap); a cap lifted to
-// the headroom is no cap; a plan that shed nothing lifts nothing.
-func TestLiftForShed(t *testing.T) {
+// exampleProfiles are the optimizer profiles of examples/fleet-3region.yaml
+// (its H100 and its A100) at the 200/200-token reference request.
+func exampleProfiles(t *testing.T) []optimizer.Profile {
+	t.Helper()
 	spec, err := fleet.Load("../examples/fleet-3region.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -231,6 +219,15 @@ func TestLiftForShed(t *testing.T) {
 		}
 		profs = append(profs, pr)
 	}
+	return profs
+}
+
+// TestLiftForShed: a flow the bounded plan shed gets its work back as room
+// under the caps of the engines its class may use, and only those (the
+// A100 the long-context class may not use keeps its cap); a cap lifted to
+// the headroom is no cap; a plan that shed nothing lifts nothing.
+func TestLiftForShed(t *testing.T) {
+	profs := exampleProfiles(t)
 	problem := func(hcap float64) *optimizer.Problem {
 		return &optimizer.Problem{
 			Frontends: []optimizer.Frontend{{ID: "fe"}},

@@ -214,6 +214,30 @@ func TestCyclePenaltyFromOwnProfileDecays(t *testing.T) {
 	}
 }
 
+// stepWithOneEngine runs one cycle of a fresh controller over four engines
+// at 10 requests/s, e-east-1's scrape changed by set, and returns
+// e-east-1's view.
+func stepWithOneEngine(t *testing.T, set func(*fake)) EngineView {
+	t.Helper()
+	c, err := NewController(testFleet(t), DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	f := map[string]fake{}
+	for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
+		f[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: 30, tbotMs: 8}
+	}
+	x := f["e-east-1"]
+	set(&x)
+	f["e-east-1"] = x
+	r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, f), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return view(r, "e-east-1")
+}
+
 // An engine whose queue burst between scrapes (the gauge read 0.2 waiting
 // at both) while its requests waited 260 ms on average, as its queue-time
 // histogram says, is slow by queueing, not faulty: no latency penalty. The
@@ -236,23 +260,7 @@ func TestCycleMeasuredQueueingIsNotAFault(t *testing.T) {
 		{"a burst's onset: the gauges show the queue the histogram has not timed yet", 5, 3, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := NewController(testFleet(t), DefaultConfig(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			now := time.Unix(1_800_000_000, 0)
-			f := map[string]fake{}
-			for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
-				f[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: 30, tbotMs: 8}
-			}
-			x := f["e-east-1"]
-			x.ttftMs, x.waiting, x.queueMs = 300, tc.waiting, tc.queueMs
-			f["e-east-1"] = x
-			r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, f), Demand: demand(40, 20)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			v := view(r, "e-east-1")
+			v := stepWithOneEngine(t, func(x *fake) { x.ttftMs, x.waiting, x.queueMs = 300, tc.waiting, tc.queueMs })
 			t.Logf("TTFT residual %.2f (predicted %.0f ms), penalty %.2f %s", v.TTFTResidual, v.TTFTPredMs, v.Penalty, v.PenaltyWhy)
 			if got := v.Penalty > 0; got != tc.penalize {
 				t.Errorf("penalized %v, want %v: residual %.2f, predicted %.0f ms", got, tc.penalize, v.TTFTResidual, v.TTFTPredMs)
@@ -278,23 +286,7 @@ func TestCycleNoisyTTFTIsNotAFault(t *testing.T) {
 		{"wide spread over 10 first tokens: noise", 60, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := NewController(testFleet(t), DefaultConfig(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			now := time.Unix(1_800_000_000, 0)
-			f := map[string]fake{}
-			for _, id := range []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"} {
-				f[id] = fake{reqPerS: 10, promptTokS: 2000, genTokS: 2000, ttftMs: 30, tbotMs: 8}
-			}
-			x := f["e-east-1"]
-			x.ttftMs, x.ttftSDMs = 60, tc.sdMs // about 2× the prediction
-			f["e-east-1"] = x
-			r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, f), Demand: demand(40, 20)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			v := view(r, "e-east-1")
+			v := stepWithOneEngine(t, func(x *fake) { x.ttftMs, x.ttftSDMs = 60, tc.sdMs }) // about 2× the prediction
 			t.Logf("TTFT residual %.2f, proven %.2f, penalty %.2f %s", v.TTFTResidual, v.TTFTResidualLow, v.Penalty, v.PenaltyWhy)
 			if got := v.Penalty > 0; got != tc.penalize {
 				t.Errorf("penalized %v, want %v: residual %.2f, proven %.2f", got, tc.penalize, v.TTFTResidual, v.TTFTResidualLow)
