@@ -13,7 +13,7 @@ import (
 // clusters; a repeated point in the prefix view, or a cached share above
 // 2%, brings the configured factor back, and so does a view too small to
 // judge at the start. The simulator's azure-conv and overload are such
-// traffic (TTFT p99 -27% and -36% at 100, docs/control-plane.md).
+// traffic (TTFT p99 -31% and -36% at 100, docs/control-plane.md).
 func TestBoundedLoadTightensWhereNothingIsReused(t *testing.T) {
 	view := func(reqs float64, repeated bool) map[string]signals.ClassPrefixes {
 		v := signals.ClassPrefixes{Requests: reqs, Tokens: reqs * 200}

@@ -56,10 +56,13 @@ type fake struct {
 	// the requests the engine's queue-time histogram timed (0: none).
 	waiting float64
 	queueMs float64
-	// ttftSDMs is the spread of the window's first tokens (ms; 0: the
-	// scrape has no buckets to tell it).
-	ttftSDMs float64
+	// ttftIn is the scrape's first tokens per bucket of testBounds (the
+	// overflow last; nil: the scrape has no buckets).
+	ttftIn []float64
 }
+
+// testBounds are the TTFT histogram bounds (s) of the fakes' scrapes.
+var testBounds = []float64{0.02, 0.04, 0.1, 0.25, 0.5}
 
 // engines runs a tracker over two synthetic scrapes one second apart.
 func engines(now time.Time, f map[string]fake) []signals.Engine {
@@ -79,11 +82,14 @@ func engines(now time.Time, f map[string]fake) []signals.Engine {
 		m1.GenTokens += x.genTokS
 		m1.TTFTCount += x.reqPerS
 		m1.TTFTSum += x.reqPerS * x.ttftMs / 1000
-		if x.ttftSDMs > 0 {
-			// E[x²] = mean² + sd², over the window's first tokens.
-			mean, sd := x.ttftMs/1000, x.ttftSDMs/1000
-			m0.TTFTSquares = 10
-			m1.TTFTSquares = m0.TTFTSquares + x.reqPerS*(mean*mean+sd*sd)
+		if x.ttftIn != nil {
+			m0.TTFTBuckets = &signals.Buckets{Bounds: testBounds, Cumulative: make([]float64, len(testBounds))}
+			m1.TTFTBuckets = &signals.Buckets{Bounds: testBounds}
+			c := 0.0
+			for _, n := range x.ttftIn[:len(testBounds)] {
+				c += n
+				m1.TTFTBuckets.Cumulative = append(m1.TTFTBuckets.Cumulative, c)
+			}
 			tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
 		}
 		m1.ITLCount += x.genTokS
@@ -270,29 +276,33 @@ func TestCycleMeasuredQueueingIsNotAFault(t *testing.T) {
 }
 
 // A window's mean TTFT is judged on what it proves: with prompts of very
-// different lengths, a dozen first tokens whose mean is 2× the prediction
-// but which spread as widely as the mean (some waited behind a long
-// prefill, most did not) are noise, not a fault; the same mean with a
-// narrow spread, or with no histogram to tell the spread, is a fault
+// different lengths, ten first tokens whose mean is 2× the prediction but
+// which the histogram shows spread (eight fast, two behind a long prefill)
+// are noise, not a fault; the same mean with every sample in one bucket,
+// or with no buckets to tell the spread, is a fault, and so is an engine
+// whose first tokens all took 260 ms, at the low edge of vLLM's wide
+// 250-500 ms bucket (its midpoint would have made them look spread)
 // (issue 23: the Mooncake trace's false penalties remapped its prefixes).
 func TestCycleNoisyTTFTIsNotAFault(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		sdMs     float64
+		ttftMs   float64
+		in       []float64 // per bucket of testBounds, the overflow last
 		penalize bool
 	}{
-		{"no spread known: the mean", 0, true},
-		{"narrow spread: every request slow", 5, true},
-		{"wide spread over 10 first tokens: noise", 60, false},
+		{"no buckets: the mean", 60, nil, true},
+		{"every first token in the mean's bucket", 60, []float64{0, 0, 10, 0, 0, 0}, true},
+		{"eight fast, two behind a long prefill: noise", 60, []float64{8, 0, 0, 2, 0, 0}, false},
+		{"all slow at a wide bucket's low edge", 260, []float64{0, 0, 0, 0, 10, 0}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := stepWithOneEngine(t, func(x *fake) { x.ttftMs, x.ttftSDMs = 60, tc.sdMs }) // about 2× the prediction
+			v := stepWithOneEngine(t, func(x *fake) { x.ttftMs, x.ttftIn = tc.ttftMs, tc.in }) // 60 ms: about 2× the prediction
 			t.Logf("TTFT residual %.2f, proven %.2f, penalty %.2f %s", v.TTFTResidual, v.TTFTResidualLow, v.Penalty, v.PenaltyWhy)
 			if got := v.Penalty > 0; got != tc.penalize {
 				t.Errorf("penalized %v, want %v: residual %.2f, proven %.2f", got, tc.penalize, v.TTFTResidual, v.TTFTResidualLow)
 			}
-			if tc.sdMs == 0 && v.TTFTResidualLow != v.TTFTResidual {
-				t.Errorf("without a spread the proven residual %.3f is not the mean's %.3f", v.TTFTResidualLow, v.TTFTResidual)
+			if tc.in == nil && v.TTFTResidualLow != v.TTFTResidual {
+				t.Errorf("without buckets the proven residual %.3f is not the mean's %.3f", v.TTFTResidualLow, v.TTFTResidual)
 			}
 		})
 	}

@@ -22,6 +22,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,12 +62,11 @@ type Metrics struct {
 	// hit and query counters are absent.
 	PrefixHitRate      float64
 	TTFTSum, TTFTCount float64
-	// TTFTSquares is the sum of the squared first-token times (s²), for
-	// the spread of a window's TTFT: estimated from the histogram's
-	// buckets, each sample at its bucket's midpoint (the overflow at the
-	// last bound), so that it adds up over scrapes like the sum. 0 or NaN
-	// when unknown (a sum of squares of positive times is never 0).
-	TTFTSquares             float64
+	// TTFTBuckets is the TTFT histogram: its finite upper bounds (s) and
+	// the cumulative count at each, summed over the series; nil when the
+	// page has no buckets (or its series disagree on them). The spread of
+	// a window's first tokens is read from it (Window.TTFTSDMs).
+	TTFTBuckets             *Buckets
 	ITLSum, ITLCount        float64
 	Success                 float64
 	PromptTokens, GenTokens float64
@@ -86,39 +86,46 @@ type Metrics struct {
 	Missing []string
 }
 
-// histSquares estimates the sum of squared samples of the first of names
-// that is a histogram: each bucket's samples at its midpoint, the
-// overflow's at the last finite bound (NaN when there is none, or no
-// bucket).
-func histSquares(fams map[string]*dto.MetricFamily, names []string) float64 {
+// Buckets is a histogram's finite upper bounds, increasing, and the
+// cumulative count at each.
+type Buckets struct {
+	Bounds, Cumulative []float64
+}
+
+// histBuckets returns the buckets of the first of names that is a
+// histogram, summed over its series (nil if it has none, or its series
+// have different bounds).
+func histBuckets(fams map[string]*dto.MetricFamily, names []string) *Buckets {
 	for _, n := range names {
 		f, ok := fams[n]
 		if !ok || f.GetType() != dto.MetricType_HISTOGRAM {
 			continue
 		}
-		sq, any := 0.0, false
+		var out *Buckets
 		for _, x := range f.Metric {
-			h := x.GetHistogram()
-			lo, below := 0.0, 0.0
-			for _, b := range h.GetBucket() {
-				ub, cum := b.GetUpperBound(), float64(b.GetCumulativeCount())
-				if math.IsInf(ub, 1) {
-					break
+			var b Buckets
+			for _, bk := range x.GetHistogram().GetBucket() {
+				if ub := bk.GetUpperBound(); !math.IsInf(ub, 1) {
+					b.Bounds = append(b.Bounds, ub)
+					b.Cumulative = append(b.Cumulative, float64(bk.GetCumulativeCount()))
 				}
-				mid := (lo + ub) / 2
-				sq += (cum - below) * mid * mid
-				lo, below, any = ub, cum, true
 			}
-			if over := float64(h.GetSampleCount()) - below; over > 0 {
-				sq += over * lo * lo
+			switch {
+			case len(b.Bounds) == 0:
+				return nil
+			case out == nil:
+				out = &b
+			case !slices.Equal(out.Bounds, b.Bounds):
+				return nil
+			default:
+				for i := range out.Cumulative {
+					out.Cumulative[i] += b.Cumulative[i]
+				}
 			}
 		}
-		if !any {
-			return math.NaN()
-		}
-		return sq
+		return out
 	}
-	return math.NaN()
+	return nil
 }
 
 // Mapping names a server kind's metrics, each with alternatives tried in
@@ -270,7 +277,7 @@ func (mp *Mapping) Parse(r io.Reader) (Metrics, error) {
 	m.PrefixHits, m.PrefixQueries, m.PrefixHitRate = first(mp.PrefixHits), first(mp.PrefixQueries), first(mp.PrefixHitRate)
 	m.Success, m.PromptTokens, m.GenTokens = first(mp.Success), first(mp.PromptTokens), first(mp.GenTokens)
 	m.TTFTSum, m.TTFTCount = hist(mp.TTFT)
-	m.TTFTSquares = histSquares(fams, mp.TTFT)
+	m.TTFTBuckets = histBuckets(fams, mp.TTFT)
 	m.ITLSum, m.ITLCount = hist(mp.ITL)
 	m.QueueSum, m.QueueCount = hist(mp.Queue)
 	m.E2ESum, m.E2ECount = hist(mp.E2E)

@@ -517,9 +517,10 @@ func TestIntakeSetBounds(t *testing.T) {
 }
 
 // The TTFT histogram's buckets give the window's spread (the penalty's
-// confidence in a mean, controlplane/penalty.go): each sample at its
-// bucket's midpoint, the overflow at the last bound; a window with a
-// scrape that had no buckets has no spread (0), never a made-up one.
+// confidence in a mean, controlplane/penalty.go): its lower bound, each
+// first token as near the window's mean as its bucket allows; a window
+// with a scrape that had no buckets has no spread (0), never a made-up
+// one.
 func TestTTFTSpreadFromBuckets(t *testing.T) {
 	page := func(n0, n1, n2 float64) string {
 		return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
@@ -536,39 +537,38 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} %g
 vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} %g
 `, n0, n0+n1, n0+n1+n2, 0.05*n0+0.3*n1+0.9*n2, n0+n1+n2)
 	}
-	m, err := ParseMetrics(strings.NewReader(page(4, 2, 1)))
-	if err != nil {
-		t.Fatal(err)
+	parse := func(text string) Metrics {
+		t.Helper()
+		m, err := ParseMetrics(strings.NewReader(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
 	}
-	// 4 at 0.05 s, 2 at 0.3 s, 1 past 0.5 s counted at 0.5 s.
-	if want := 4*0.05*0.05 + 2*0.3*0.3 + 0.5*0.5; math.Abs(m.TTFTSquares-want) > 1e-12 {
-		t.Fatalf("sum of squares %v, want %v", m.TTFTSquares, want)
-	}
-	noBuckets, err := ParseMetrics(strings.NewReader(vllmText(1, 0, 0.1, 10, 1, 10)))
-	if err != nil {
-		t.Fatal(err)
+	m := parse(page(4, 2, 1))
+	if b := m.TTFTBuckets; b == nil || !slices.Equal(b.Bounds, []float64{0.1, 0.5}) || !slices.Equal(b.Cumulative, []float64{4, 6}) {
+		t.Fatalf("buckets %+v, want bounds [0.1 0.5] and cumulative counts [4 6]", b)
 	}
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
-		name   string
-		second Metrics
-		sdMs   float64
+		name          string
+		first, second Metrics
+		sdMs          float64
 	}{
-		// 10 first tokens: 5 at 50 ms, 5 at 300 ms: mean 175, sd 125.
-		{"buckets", func() Metrics { x, _ := ParseMetrics(strings.NewReader(page(9, 7, 1))); return x }(), 125},
-		{"a scrape without buckets", noBuckets, 0},
+		// 10 first tokens: 5 under 100 ms, 5 in 100-500 ms, mean 175 ms:
+		// the first five are at least 75 ms from it, the others may be
+		// at it: sd ≥ √(5·75²/10) = 53.03 ms.
+		{"spread over two buckets", m, parse(page(9, 7, 1)), 53.033},
+		// All 5 in the mean's bucket: nothing proven.
+		{"one bucket", m, parse(page(4, 7, 1)), 0},
+		{"a scrape without buckets", func() Metrics { x := m; x.TTFTBuckets = nil; return x }(), parse(page(9, 7, 1)), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := NewTracker(TrackerOptions{StaleAfter: 5 * time.Second, EvidenceWindow: 10 * time.Second}, []string{"e"})
-			first := m
-			if tc.sdMs == 0 {
-				first.TTFTSquares = math.NaN()
-				first.TTFTSum, first.TTFTCount = tc.second.TTFTSum-1, tc.second.TTFTCount-5
-			}
-			tr.Observe(Sample{ID: "e", At: t0, Healthy: true, Metrics: first})
+			tr.Observe(Sample{ID: "e", At: t0, Healthy: true, Metrics: tc.first})
 			tr.Observe(Sample{ID: "e", At: t0.Add(time.Second), Healthy: true, Metrics: tc.second})
 			w := tr.Engines(t0.Add(time.Second))[0].Window
-			if math.Abs(w.TTFTSDMs-tc.sdMs) > 1e-6 {
+			if math.Abs(w.TTFTSDMs-tc.sdMs) > 1e-3 {
 				t.Fatalf("TTFT spread %.3f ms, want %.3f (window %+v)", w.TTFTSDMs, tc.sdMs, w)
 			}
 		})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"sort"
 	"time"
 )
@@ -136,10 +137,13 @@ type delta struct {
 	at                                 time.Time
 	dt                                 float64 // seconds since the previous scrape
 	ttftSum, ttftCount, itlSum, itlCnt float64
-	ttftSq                             float64 // 0: unknown
-	queueSum, queueCount               float64
-	success, uncached, gen             float64
-	running, waiting                   float64
+	// ttftBounds and ttftIn: the TTFT histogram's bounds and the first
+	// tokens of this scrape in each bucket, the last the overflow (nil:
+	// no buckets).
+	ttftBounds, ttftIn     []float64
+	queueSum, queueCount   float64
+	success, uncached, gen float64
+	running, waiting       float64
 }
 
 // Status is the engine's verdict.
@@ -327,7 +331,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 				return cur - prev
 			}
 			d.ttftSum, d.ttftCount = pos(m.TTFTSum, p.TTFTSum), pos(m.TTFTCount, p.TTFTCount)
-			d.ttftSq = pos(m.TTFTSquares, p.TTFTSquares)
+			d.ttftBounds, d.ttftIn = bucketDelta(m.TTFTBuckets, p.TTFTBuckets, m.TTFTCount-p.TTFTCount)
 			d.queueSum, d.queueCount = pos(m.QueueSum, p.QueueSum), pos(m.QueueCount, p.QueueCount)
 			d.itlSum, d.itlCnt = pos(m.ITLSum, p.ITLSum), pos(m.ITLCount, p.ITLCount)
 			d.success, d.gen = pos(m.Success, p.Success), pos(m.GenTokens, p.GenTokens)
@@ -346,11 +350,68 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 	tr.prev, tr.prevAt, tr.havePrev = m, at, true
 }
 
+// bucketDelta returns a scrape's first tokens per bucket (cur less prev,
+// the overflow last, its share of count) with the bounds, or nils when
+// either scrape has no buckets, their bounds differ, or a count fell (a
+// restart).
+func bucketDelta(cur, prev *Buckets, count float64) (bounds, in []float64) {
+	if cur == nil || prev == nil || !slices.Equal(cur.Bounds, prev.Bounds) {
+		return nil, nil
+	}
+	in = make([]float64, len(cur.Bounds)+1)
+	below := 0.0
+	for i := range cur.Cumulative {
+		c := cur.Cumulative[i] - prev.Cumulative[i]
+		if c < below {
+			return nil, nil
+		}
+		in[i], below = c-below, c
+	}
+	if count < below {
+		return nil, nil
+	}
+	in[len(cur.Bounds)] = count - below
+	return cur.Bounds, in
+}
+
+// ttftSpread is the least standard deviation (s) that samples counted
+// in buckets (in, the overflow last) with this mean can have: each
+// sample as near the mean as its bucket allows. Midpoints would overstate
+// it, wildly where samples sit at the edge of a wide bucket (vLLM's run
+// 0.25-0.5, 2.5-5 s): a slow engine whose first tokens all took 3 s would
+// look as spread as noise, and keep no penalty. A lower bound only spares
+// what the buckets prove is noise.
+func ttftSpread(bounds, in []float64, mean float64) float64 {
+	n, v := 0.0, 0.0
+	lo := 0.0
+	for i, c := range in {
+		hi := math.Inf(1)
+		if i < len(bounds) {
+			hi = bounds[i]
+		}
+		d := 0.0
+		switch {
+		case mean < lo:
+			d = lo - mean
+		case mean > hi:
+			d = mean - hi
+		}
+		n += c
+		v += c * d * d
+		lo = hi
+	}
+	if !(n > 0) {
+		return 0
+	}
+	return math.Sqrt(v / n)
+}
+
 // window sums the evidence of the scrapes within the window before now.
 func (t *Tracker) window(tr *track, now time.Time) Window {
 	var w Window
-	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount, sq float64
-	sqKnown := true
+	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount float64
+	var bounds, in []float64 // the window's TTFT buckets (nil: unknown)
+	known := true
 	n := 0
 	for _, d := range tr.deltas {
 		if now.Sub(d.at) > t.evidenceWindow() {
@@ -359,9 +420,17 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 		w.Seconds += d.dt
 		w.TTFTCount += d.ttftCount
 		ttft += d.ttftSum
-		sq += d.ttftSq
-		if d.ttftCount > 0 && !(d.ttftSq > 0) {
-			sqKnown = false
+		if d.ttftCount > 0 && known {
+			switch {
+			case d.ttftIn == nil || (bounds != nil && !slices.Equal(bounds, d.ttftBounds)):
+				known, in = false, nil
+			case bounds == nil:
+				bounds, in = d.ttftBounds, slices.Clone(d.ttftIn)
+			default:
+				for i, v := range d.ttftIn {
+					in[i] += v
+				}
+			}
 		}
 		qSum += d.queueSum
 		qCount += d.queueCount
@@ -379,10 +448,8 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 	}
 	if w.TTFTCount > 0 {
 		w.TTFTMeanMs = 1000 * ttft / w.TTFTCount
-		if mean := ttft / w.TTFTCount; sqKnown && w.TTFTCount >= 2 {
-			// The bucket midpoints can put E[x²] a little under mean²
-			// when every sample is in one bucket: no spread to speak of.
-			w.TTFTSDMs = 1000 * math.Sqrt(math.Max(sq/w.TTFTCount-mean*mean, 0))
+		if known && in != nil && w.TTFTCount >= 2 {
+			w.TTFTSDMs = 1000 * ttftSpread(bounds, in, ttft/w.TTFTCount)
 		}
 		// An engine whose TTFT leaves out queueing (ttftEvidence) has it
 		// added back: the prediction it is judged against includes the

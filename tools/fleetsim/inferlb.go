@@ -90,7 +90,7 @@ func (pl *plane) scrape() bool {
 			smp.Healthy = true
 			smp.Metrics = signals.Metrics{Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
 				PrefixHits: float64(st.PrefixHits), PrefixQueries: float64(st.PrefixQueries),
-				TTFTSum: e.ttftSum, TTFTCount: e.ttftCount, TTFTSquares: e.ttftSq, ITLSum: e.itlSum, ITLCount: e.itlCount,
+				TTFTSum: e.ttftSum, TTFTCount: e.ttftCount, TTFTBuckets: e.ttftBuckets(), ITLSum: e.itlSum, ITLCount: e.itlCount,
 				Success: e.success, PromptTokens: float64(st.PromptTokens), GenTokens: float64(st.GenerationTokens)}
 			s.schedule(e)
 		}

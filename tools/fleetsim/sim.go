@@ -23,11 +23,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/tools/enginesim/model"
@@ -145,7 +147,9 @@ type engine struct {
 	// Counters a /metrics scrape would read (vLLM's histograms' sums and
 	// counts).
 	ttftSum, ttftCount, itlSum, itlCount, success float64
-	ttftSq                                        float64 // as a scrape estimates it from vLLM's buckets
+	// ttftIn counts first tokens per bucket of vLLM's TTFT histogram
+	// (model.TTFTBuckets; the overflow last), for the scrape's buckets.
+	ttftIn []float64
 }
 
 // frontend is one frontend node (one Envoy, one ext_proc).
@@ -203,7 +207,7 @@ type listener struct {
 func (l *listener) Token(r *model.Request, t time.Duration) {
 	if r.Generated == 1 {
 		l.e.ttftSum += (t - r.Arrival).Seconds()
-		l.e.ttftSq += bucketSquare((t - r.Arrival).Seconds())
+		l.e.ttftIn = countBucket(l.e.ttftIn, (t - r.Arrival).Seconds())
 		l.e.ttftCount++
 	}
 }
@@ -354,7 +358,7 @@ func (s *Sim) restart(e *engine) error {
 	e.reps = reps
 	e.pending = false
 	// A new process: its counters start over.
-	e.ttftSum, e.ttftCount, e.itlSum, e.itlCount, e.success, e.ttftSq = 0, 0, 0, 0, 0, 0
+	e.ttftSum, e.ttftCount, e.itlSum, e.itlCount, e.success, e.ttftIn = 0, 0, 0, 0, 0, nil
 	e.gen++
 	if e.slow != 1 || e.hung {
 		s.setFaults(e, e.slow, e.hung, s.now)
@@ -1029,17 +1033,26 @@ func (s *Sim) recover(e *engine) {
 	}
 }
 
-// bucketSquare is what a scrape of vLLM's TTFT histogram makes of a first
-// token at v seconds in the sum of squares (signals.Metrics.TTFTSquares):
-// its bucket's midpoint, squared, or the last bound's past it.
-func bucketSquare(v float64) float64 {
-	lo := 0.0
-	for _, ub := range model.TTFTBuckets {
-		if v <= ub {
-			m := (lo + ub) / 2
-			return m * m
-		}
-		lo = ub
+// countBucket counts a first token at v seconds in vLLM's TTFT buckets
+// (in: per bucket, the overflow last; allocated on first use).
+func countBucket(in []float64, v float64) []float64 {
+	if in == nil {
+		in = make([]float64, len(model.TTFTBuckets)+1)
 	}
-	return lo * lo
+	i, _ := slices.BinarySearch(model.TTFTBuckets, v) // le: v ≤ bound
+	in[i]++
+	return in
+}
+
+// ttftBuckets is what a scrape of the engine's TTFT histogram reads.
+func (e *engine) ttftBuckets() *signals.Buckets {
+	b := &signals.Buckets{Bounds: model.TTFTBuckets, Cumulative: make([]float64, len(model.TTFTBuckets))}
+	c := 0.0
+	for i := range b.Cumulative {
+		if e.ttftIn != nil {
+			c += e.ttftIn[i]
+		}
+		b.Cumulative[i] = c
+	}
+	return b
 }
