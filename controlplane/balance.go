@@ -62,12 +62,10 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 	if sheds(s2) && !sheds(sol) {
 		return sol, "bounded plan would shed where the unbounded one does not"
 	}
-	caps = caps[:0]
-	for _, e := range q.Engines {
-		caps = append(caps, e.MaxUtilization)
-	}
+	// The caps s2 was solved under are q's (liftForShed may have raised
+	// some).
 	for j, e := range s2.Engines {
-		if caps[j] > 0 && e.LoadRPS >= caps[j]*e.CapacityRPS*(1-1e-3) {
+		if u := q.Engines[j].MaxUtilization; u > 0 && e.LoadRPS >= u*e.CapacityRPS*(1-1e-3) {
 			c.capped[e.ID] = true
 		}
 	}
