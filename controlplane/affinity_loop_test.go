@@ -90,7 +90,7 @@ func TestLearnedSplitTableRoundTrip(t *testing.T) {
 			if rej := dec.Decide(extproc.Input{Kind: body.Chat, Priority: "high", Body: []byte(b)}, &dc); rej != nil {
 				t.Fatalf("conversation %d: %v", i, rej)
 			}
-			dec.Release(&dc)
+			dec.Release(&dc.Held)
 			cv.keys, cv.kinds = append(cv.keys, dc.KeyHash), append(cv.kinds, dc.Key.Kind)
 		}
 	}
@@ -204,7 +204,7 @@ func TestLearnedSharedDepthRoundTrip(t *testing.T) {
 		if rej := dec.Decide(extproc.Input{Kind: body.Chat, Priority: "high", Body: []byte(b)}, &dc); rej != nil {
 			t.Fatal(rej)
 		}
-		dec.Release(&dc)
+		dec.Release(&dc.Held)
 		return dc.Key
 	}
 	// 10 families of 2 rows sharing 1,700 words (the second extends the

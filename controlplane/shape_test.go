@@ -214,7 +214,7 @@ func TestCycleSinglePriorityOverloadShedsThroughExtproc(t *testing.T) {
 			shed++
 			continue
 		}
-		dec.Release(&dc)
+		dec.Release(&dc.Held)
 	}
 	t.Logf("policy sheds %.3f of the top priority; ext_proc shed %d of %d", cd.Shed["high"], shed, n)
 	if want := cd.Shed["high"] * n; math.Abs(float64(shed)-want) > 0.1*n {

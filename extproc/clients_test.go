@@ -46,7 +46,7 @@ func TestClientPriorities(t *testing.T) {
 				t.Errorf("%s asking %q: %v", tc.client, tc.asked, rej)
 			}
 		}
-		d.Release(&dc)
+		d.Release(&dc.Held)
 		if got != tc.want {
 			t.Errorf("client %q asking %q: got %s, want %s", tc.client, tc.asked, got, tc.want)
 		}

@@ -149,10 +149,9 @@ func (o Outcome) String() string { return shedReason(o).String() }
 type Decision struct {
 	// Body is what the decision read from the body.
 	Body body.Request
-	// Policy is the policy the decision was made under; Class the class
-	// (Envoy cluster) chosen.
-	Policy *Policy
-	Class  *Class
+	// Held is what the request holds until it ends (the policy, the
+	// class, its retries).
+	Held
 	// Priority is the priority's name and Level its level.
 	Priority string
 	Level    uint32
@@ -167,16 +166,32 @@ type Decision struct {
 	// Outcome is admitted or a shed verdict (then the request is answered
 	// 429 and nothing else applies).
 	Outcome Outcome
+	// Bound says how the request's context need was bounded to pick the
+	// class ("short", "bytes" or "tokenizer"; see routeByContext).
+	Bound string
+}
+
+// Held is the part of a decision an admitted request holds until it
+// ends: its in-flight slot, its retry allowance and what it charged, and
+// the tokens it costs in reports. The request table keeps it, not the
+// whole Decision, for every request in flight until Envoy's request log
+// reports its end: a Decision carries the body's prefix chain (1.2 KB),
+// which nothing after the decision reads, and kept whole the table held
+// 120 MB after 80,000 decisions whose log never came (the protocol
+// benchmark plays no log).
+type Held struct {
+	// Policy is the policy the decision was made under; Class the class
+	// (Envoy cluster) chosen.
+	Policy *Policy
+	Class  *Class
 	// Retries is how many retries the request may use (Envoy's
 	// x-envoy-max-retries): an allowance from the class's budget, which is
 	// charged for the retries the request uses (ChargeRetry, Responded).
 	Retries int
-	// Bound says how the request's context need was bounded to pick the
-	// class ("short", "bytes" or "tokenizer"; see routeByContext).
-	Bound string
 
-	held    bool // counted in flight: Release must undo it
-	charged int  // retries charged to the budget
+	held           bool // counted in flight: Release must undo it
+	charged        int  // retries charged to the budget
+	prompt, output int  // the request's cost in reports (Class.cost)
 }
 
 // AffinityHeader is the value of the affinity-key header for the decision.
@@ -300,12 +315,13 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 	}
 	dc.held = true
 	dc.Retries = c.grantRetries()
+	dc.prompt, dc.output = prompt, output
 	return nil
 }
 
 // Release ends an admitted request: its in-flight slot is freed. Calling it
 // again, or for a request that was not admitted, does nothing.
-func (d *Decider) Release(dc *Decision) {
+func (d *Decider) Release(dc *Held) {
 	if dc.held {
 		dc.held = false
 		dc.Class.release()
@@ -318,7 +334,7 @@ func (d *Decider) Release(dc *Decision) {
 // unknown), latency the time to response headers. A response below 500
 // from a known upstream is evidence for that engine; the retries the
 // request used and were not charged yet are charged to the budget.
-func (d *Decider) Responded(dc *Decision, upstream string, code, attempts int, latency time.Duration) {
+func (d *Decider) Responded(dc *Held, upstream string, code, attempts int, latency time.Duration) {
 	if upstream != "" && code < 500 {
 		d.obs.Response(upstream, dc.Policy.EngineID(upstream), false, latency)
 	}
@@ -329,7 +345,7 @@ func (d *Decider) Responded(dc *Decision, upstream string, code, attempts int, l
 // ChargeRetry charges one retry the request uses (a failed attempt that
 // Envoy retries) to its class's budget, if the request had one left; it
 // reports whether it did.
-func (d *Decider) ChargeRetry(dc *Decision) bool {
+func (d *Decider) ChargeRetry(dc *Held) bool {
 	if dc.Class == nil || dc.charged >= dc.Retries {
 		return false
 	}
@@ -344,7 +360,7 @@ func (d *Decider) ChargeRetry(dc *Decision) bool {
 // tokens the request asked for is latency evidence for the engine. An
 // answer below 500 counts as the engine's response; failures are counted
 // per attempt by Failed.
-func (d *Decider) Finished(dc *Decision, upstream string, code int, header, total time.Duration, timed bool) {
+func (d *Decider) Finished(dc *Held, upstream string, code int, header, total time.Duration, timed bool) {
 	if upstream == "" || code == 0 || code >= 500 {
 		return
 	}
@@ -353,8 +369,7 @@ func (d *Decider) Finished(dc *Decision, upstream string, code int, header, tota
 		d.obs.Answered(upstream, id)
 		return
 	}
-	prompt, output := dc.Class.cost(&dc.Body)
-	d.obs.Completed(upstream, id, header, total, prompt, output)
+	d.obs.Completed(upstream, id, header, total, dc.prompt, dc.output)
 }
 
 // cost is the prompt and output tokens a request of the class costs in

@@ -58,7 +58,7 @@ const endedGrace = 15 * time.Second
 
 // tracked is one admitted request: its decision and when it began.
 type tracked struct {
-	dc    Decision // its retry charges are guarded by the table's mu
+	dc    Held // its retry charges are guarded by the table's mu
 	start time.Time
 	// failures counts its failed attempts counted as evidence; ended is
 	// when its request-log entry came (zero before).

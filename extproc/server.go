@@ -486,7 +486,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		s.m.retriesGranted.WithLabelValues(c.Name).Add(float64(dc.Retries))
 	}
 	st.phase = phaseRouted
-	id, expired := s.reqs.add(&tracked{dc: *dc, start: st.start}, st.start)
+	id, expired := s.reqs.add(&tracked{dc: dc.Held, start: st.start}, st.start)
 	st.id = id
 	for _, r := range expired {
 		s.release(r)

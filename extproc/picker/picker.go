@@ -452,7 +452,7 @@ func (p *Picker) observeHeaders(r *request, req *extprocv3.ProcessingRequest) {
 		// The gateway's retry used one of the request's allowance
 		// (x-envoy-max-retries): charged to the class's budget, as
 		// Envoy's upstream log charges it in the ext_proc mode.
-		p.dec.ChargeRetry(&r.dc)
+		p.dec.ChargeRetry(&r.dc.Held)
 	}
 	if r.status >= 500 {
 		p.dec.Failed(r.served)
@@ -468,7 +468,7 @@ func (p *Picker) finish(r *request) {
 	r.finished = true
 	if r.served != "" && r.status > 0 {
 		now := p.opt.Now()
-		p.dec.Finished(&r.dc, r.served, r.status, r.respStart.Sub(r.start), now.Sub(r.start), true)
+		p.dec.Finished(&r.dc.Held, r.served, r.status, r.respStart.Sub(r.start), now.Sub(r.start), true)
 	}
 }
 
@@ -477,7 +477,7 @@ func (p *Picker) finish(r *request) {
 func (p *Picker) end(r *request) {
 	if !r.finished && r.admitted && r.served != "" && r.status > 0 {
 		r.finished = true
-		p.dec.Finished(&r.dc, r.served, r.status, r.respStart.Sub(r.start), 0, false)
+		p.dec.Finished(&r.dc.Held, r.served, r.status, r.respStart.Sub(r.start), 0, false)
 	}
 	p.release(r)
 }
@@ -487,7 +487,7 @@ func (p *Picker) release(r *request) {
 		return
 	}
 	r.admitted = false
-	p.dec.Release(&r.dc)
+	p.dec.Release(&r.dc.Held)
 	if r.counted != "" {
 		p.tables.done(r.class, r.counted)
 		r.counted = ""

@@ -407,7 +407,7 @@ func (x *inferlb) Attempted(p *request, failed bool) {
 		// failed attempt, charged as a retry if the request has one left
 		// (Envoy then retries), and evidence against the engine.
 		d := x.dec[p.front.ix]
-		d.ChargeRetry(&st.dc)
+		d.ChargeRetry(&st.dc.Held)
 		d.Failed(x.s.spec.Engines[p.engine].Address)
 	}
 }
@@ -422,10 +422,10 @@ func (x *inferlb) Done(p *request, out outcome) {
 	// headers come back a round trip after sending, as engines stream at
 	// once; the last byte a one-way delay after the last token).
 	d := x.dec[p.front.ix]
-	d.Release(&st.dc)
+	d.Release(&st.dc.Held)
 	if out == outcomeServed && p.engine >= 0 {
 		owd := p.front.owd[p.engine]
-		d.Finished(&st.dc, x.s.spec.Engines[p.engine].Address, 200, 2*owd, p.mr.LastToken-p.mr.Arrival+2*owd, true)
+		d.Finished(&st.dc.Held, x.s.spec.Engines[p.engine].Address, 200, 2*owd, p.mr.LastToken-p.mr.Arrival+2*owd, true)
 	}
 }
 
@@ -619,7 +619,7 @@ func (o *oldController) Attempted(p *request, _ bool) { p.state.(*decided).cl.re
 
 func (o *oldController) Done(p *request, _ outcome) {
 	if st, ok := p.state.(*decided); ok {
-		o.dec[p.front.ix].Release(&st.dc)
+		o.dec[p.front.ix].Release(&st.dc.Held)
 	}
 }
 
