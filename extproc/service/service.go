@@ -30,6 +30,7 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/picker"
+	"github.com/inferlb/inferlb/internal/procs"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/xds/auth"
 )
@@ -120,6 +121,11 @@ type Config struct {
 	// burst, beside twice the body bytes in flight (extproc.MemoryTrim;
 	// 0: no trimming).
 	IdleMemory int64
+	// AdaptiveProcs runs the Go scheduler on one processor while the
+	// service uses under 0.3 of a CPU and on the runtime's default above
+	// 0.7 (internal/procs); ignored when GOMAXPROCS is set in the
+	// environment.
+	AdaptiveProcs bool
 	// Tokenizers are paths of models' tokenizer.json files (--tokenizer).
 	Tokenizers []string
 	// ReportInterval between Reports (default 1 s).
@@ -250,6 +256,13 @@ func Run(ctx context.Context, cfg Config) error {
 
 	wg.Add(1)
 	go func() { defer wg.Done(); srv.RunMemoryTrim(ctx, cfg.IdleMemory) }()
+	if cfg.AdaptiveProcs && !procs.UserSet() {
+		pc := &procs.Controller{OnChange: func(n int, cores float64) {
+			log.Debug("scheduler processors", "procs", n, "cpu_cores", cores)
+		}}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = pc.Run(ctx) }()
+	}
 
 	var sub *cpclient.Subscriber
 	if cp.policy != nil {
