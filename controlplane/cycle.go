@@ -426,7 +426,11 @@ type Controller struct {
 	// plannedReq is planned in requests/s (each class's at its count, not
 	// its work): what ext_proc's response counts compare with (ownLoad).
 	plannedReq map[string]float64
-	version    int64
+	// exclusive is, per node, the engines only it sends requests to under
+	// the weights in force (exclusiveEngines; the policy carries it to
+	// ext_proc's prefill-aware placement).
+	exclusive map[string]map[string]bool
+	version   int64
 	// tables holds each class's published split-table rules.
 	tables map[string][]translate.PrefixRule
 	// depths holds each class's published shared-prefix depth.
@@ -620,16 +624,22 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	res.Affinity = c.splitTables(in.Prefixes, eng)                          // 5. affinity.go
 	db := c.deadbandCycle(p, sol, in.Engines, demand, c.problem.priorities) // 4. deadband.go
 	nextVersion := max(c.version+1, in.Now.UnixMilli())
+	classes := map[string][]translate.Class{}
 	for _, fe := range c.problem.frontends {
-		// 4 and 6: weights.go, hold.go, publish.go
-		nd, err := c.decideNode(fe, sol, eng, engUtil, db, res, in.Now, nextVersion)
-		if err != nil {
+		// 4: weights.go, hold.go, and the classes' policies (publish.go)
+		res.Nodes[fe.NodeID], classes[fe.NodeID] = c.decideNode(fe, sol, eng, engUtil, db, res)
+	}
+	// 6: every node's weights are known, so each node's policy can say
+	// which engines only it sends requests to (exclusiveEngines).
+	c.exclusive = c.exclusiveEngines(res.Nodes, demand)
+	for _, fe := range c.problem.frontends {
+		nd := res.Nodes[fe.NodeID]
+		if err := c.translateNode(fe, nd, classes[fe.NodeID], eng.health, c.published[fe.NodeID], in.Now, nextVersion); err != nil {
 			return nil, fmt.Errorf("cycle: %w", err)
 		}
 		if nd.Changed {
 			res.Publish = append(res.Publish, nd.Resources)
 		}
-		res.Nodes[fe.NodeID] = nd
 	}
 	c.commit(res, in.Demand, nextVersion)
 	return res, nil
@@ -654,11 +664,11 @@ func (c *Controller) observeDemand(in Inputs, res *Result) map[signals.DemandKey
 	return c.smoothDemand(in.Now, in.Demand, in.DemandWindow)
 }
 
-// decideNode is steps 4 and 6 for one frontend: per class the proposal
+// decideNode is step 4 for one frontend: per class the proposal
 // (weights.go), the deadband (hold.go) and the class's policy
-// (publish.go); then the node's translation.
+// (publish.go), which the node's translation (step 6) takes.
 func (c *Controller) decideNode(fe fleet.Frontend, sol *optimizer.Solution, eng engineStep, engUtil map[string]float64,
-	db *deadbandCycle, res *Result, now time.Time, nextVersion int64) (*NodeDecision, error) {
+	db *deadbandCycle, res *Result) (*NodeDecision, []translate.Class) {
 	prev := c.published[fe.NodeID]
 	nd := &NodeDecision{NodeID: fe.NodeID, Classes: map[string]*ClassDecision{}}
 	var classes []translate.Class
@@ -673,10 +683,7 @@ func (c *Controller) decideNode(fe fleet.Frontend, sol *optimizer.Solution, eng 
 		nd.Classes[cl.Name] = cd
 		classes = append(classes, c.classPolicy(cl, cd, util, res.Affinity[cl.Name]))
 	}
-	if err := c.translateNode(fe, nd, classes, eng.health, prev, now, nextVersion); err != nil {
-		return nil, err
-	}
-	return nd, nil
+	return nd, classes
 }
 
 // commit makes the cycle's decisions the published ones: the version (if
@@ -795,6 +802,58 @@ func (c *Controller) CapacityRPS() float64 {
 // published weights send at the given demand, counting only what ext_proc
 // admits (shed requests never reach an engine), each class's requests at
 // its learned work (shapeOf); req is the same in requests/s.
+// exclusiveShare is the share of an engine's requests one node must send,
+// under the weights decided and the demand, for its policy to call the
+// engine exclusive (a neighbour's probe share does not count against it).
+const exclusiveShare = 0.9
+
+// exclusiveEngines is, per node, the engines it sends at least
+// exclusiveShare of the requests of, with the cycle's weights and smoothed
+// demand (every class). A boolean, so that the policy changes only when a
+// share crosses the bound, not with every change of demand.
+func (c *Controller) exclusiveEngines(nodes map[string]*NodeDecision, dem map[signals.DemandKey]signals.DemandRate) map[string]map[string]bool {
+	byNode := map[string]map[string]float64{}
+	total := map[string]float64{}
+	for _, fe := range c.problem.frontends {
+		nd := nodes[fe.NodeID]
+		if nd == nil {
+			continue
+		}
+		m := map[string]float64{}
+		for _, cl := range c.problem.classes {
+			cd := nd.Classes[cl.Name]
+			if cd == nil {
+				continue
+			}
+			rate := 0.0
+			for _, pr := range c.problem.priorities {
+				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
+				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
+			}
+			sum := ordered.Sum(cd.Weights)
+			if sum <= 0 || rate <= 0 {
+				continue
+			}
+			for _, id := range slices.Sorted(maps.Keys(cd.Weights)) {
+				if r := cd.Weights[id] / sum * rate; r > 0 {
+					m[id] += r
+					total[id] += r
+				}
+			}
+		}
+		byNode[fe.NodeID] = m
+	}
+	out := map[string]map[string]bool{}
+	for node, m := range byNode {
+		ex := map[string]bool{}
+		for id, r := range m {
+			ex[id] = r >= exclusiveShare*total[id]
+		}
+		out[node] = ex
+	}
+	return out
+}
+
 func (c *Controller) plannedFromPublished(dem map[signals.DemandKey]signals.DemandRate) (ref, req map[string]float64) {
 	ref, req = map[string]float64{}, map[string]float64{}
 	traffic := c.classTraffic(dem)

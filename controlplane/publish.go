@@ -44,7 +44,8 @@ func (c *Controller) translateNode(fe fleet.Frontend, nd *NodeDecision, classes 
 	for _, cd := range nd.Classes {
 		for id := range cd.Weights {
 			e, _ := c.spec.EngineByID(id)
-			tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath}
+			tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath,
+				PrefillTokensPerS: c.profiles[id].PrefillTokensPerS * float64(max(e.Replicas, 1)), Exclusive: c.exclusive[fe.NodeID][id]}
 		}
 	}
 	// The policy version only moves when the decision changed.

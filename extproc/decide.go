@@ -42,6 +42,21 @@ type Decider struct {
 	clients atomic.Pointer[ClientPriorities] // nil: any client may ask for any priority
 
 	maxMessages atomic.Int64 // body.Limits.MaxMessages (SetMaxMessages)
+
+	placer atomic.Pointer[placer] // prefill-aware placement (nil: off)
+}
+
+// SetPrefillPlacement turns prefill-aware placement on or off (placement.go):
+// a request whose first token is predicted sooner elsewhere in its home
+// engine's region, by more than PlacementSlack, is routed there by its key.
+func (d *Decider) SetPrefillPlacement(on bool) {
+	if !on {
+		d.placer.Store(nil)
+		return
+	}
+	if d.placer.Load() == nil {
+		d.placer.Store(newPlacer())
+	}
 }
 
 // DefaultMaxMessages bounds a chat request's messages: far above any real
@@ -130,6 +145,9 @@ type Input struct {
 	Client string
 	// Body is the request body (JSON).
 	Body []byte
+	// Now is the decision's time (zero: the clock's), which prefill-aware
+	// placement predicts from.
+	Now time.Time
 }
 
 // Outcome is the admission verdict.
@@ -163,6 +181,10 @@ type Decision struct {
 	KeyHash   uint64
 	KeySource string
 	Key       KeyDecision
+	// AffinityKey is the key the affinity rules derived; KeyHash differs
+	// from it when prefill-aware placement routed the request elsewhere
+	// (placement.go).
+	AffinityKey uint64
 	// Outcome is admitted or a shed verdict (then the request is answered
 	// 429 and nothing else applies).
 	Outcome Outcome
@@ -196,6 +218,10 @@ type Held struct {
 
 // AffinityHeader is the value of the affinity-key header for the decision.
 func (dc *Decision) AffinityHeader() string { return hex16(dc.KeyHash) }
+
+// UnplacedHeader is what AffinityHeader would be without prefill-aware
+// placement: the affinity rules' key.
+func (dc *Decision) UnplacedHeader() string { return hex16(dc.AffinityKey) }
 
 // Rejection is a request answered with an error before routing (unknown
 // model, invalid body, no policy, or a shed verdict): an HTTP status, an
@@ -304,7 +330,7 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 	if kd.Off {
 		src = "" // a fresh key per request
 	}
-	dc.KeyHash, dc.KeySource, dc.Key, dc.Outcome = keyHash, src, kd, Outcome(outcome)
+	dc.KeyHash, dc.KeySource, dc.Key, dc.Outcome, dc.AffinityKey = keyHash, src, kd, Outcome(outcome), keyHash
 	if outcome != admitted {
 		msg := fmt.Sprintf("The %s service is overloaded; requests of priority %q are being shed. Retry after the indicated delay.", c.Name, prio)
 		if outcome == shedLocal {
@@ -316,6 +342,17 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 	dc.held = true
 	dc.Retries = c.grantRetries()
 	dc.prompt, dc.output = prompt, output
+	if pl := d.placer.Load(); pl != nil {
+		now := in.Now
+		if now.IsZero() {
+			now = time.Now()
+		}
+		shared := 0
+		if (kd.Kind == "group" || kd.Kind == "spread") && kd.Point >= 0 {
+			shared = int(br.Chain.Points[kd.Point].Tokens)
+		}
+		dc.KeyHash = pl.place(p, c.Name, keyHash, prompt, shared, !kd.Off && kd.Key != 0, now)
+	}
 	return nil
 }
 

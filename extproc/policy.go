@@ -35,6 +35,7 @@ type Policy struct {
 	adm Admission // local admission tuning (setAdmission)
 
 	engines map[string]string // upstream address → engine id
+	regions map[string]string // upstream address → engine region
 
 	// src is the RoutingPolicy compiled (read-only): the endpoint picker
 	// builds its tables from it (Source).
@@ -137,6 +138,7 @@ func Compile(rp *policyv1.RoutingPolicy, states func(name string) *classState) (
 		byModel:    map[string][]*Class{},
 		priorities: map[string]uint32{},
 		engines:    map[string]string{},
+		regions:    map[string]string{},
 	}
 	if p.Region != "" {
 		p.regionHdr = setHeader(headers.SourceRegion, p.Region)
@@ -313,6 +315,7 @@ func (p *Policy) compileEngines(rp *policyv1.RoutingPolicy) error {
 			return fmt.Errorf("policy: engines[%d] (%q): address %q already belongs to %q", i, e.GetId(), e.GetAddress(), other)
 		}
 		p.engines[e.GetAddress()] = e.GetId()
+		p.regions[e.GetAddress()] = e.GetRegion()
 	}
 	return nil
 }

@@ -56,7 +56,8 @@ type requestTable struct {
 // late by seconds).
 const endedGrace = 15 * time.Second
 
-// tracked is one admitted request: its decision and when it began.
+// tracked is one admitted request: what it holds until its end (the
+// decision's Held part) and when it began.
 type tracked struct {
 	dc    Held // its retry charges are guarded by the table's mu
 	start time.Time

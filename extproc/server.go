@@ -75,6 +75,10 @@ type Options struct {
 	// arrival, until the decision): a request that would take them past it
 	// is answered 503 at once (default DefaultMaxBodyMemory).
 	MaxBodyMemory int64
+	// PrefillPlacement routes a request by its key to the engine of its
+	// home's region where its first token is predicted soonest, when that
+	// saves more than PlacementSlack (placement.go).
+	PrefillPlacement bool
 }
 
 // DefaultMaxBodyMemory is the default bound on request-body bytes in
@@ -143,6 +147,7 @@ func New(opt Options) *Server {
 		s.dec.SetMaxMessages(opt.MaxMessages)
 	}
 	s.dec.SetTokenizers(opt.Tokenizers)
+	s.dec.SetPrefillPlacement(opt.PrefillPlacement)
 	if opt.Admission != nil {
 		s.dec.SetAdmission(*opt.Admission)
 	}
@@ -467,7 +472,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	// Decided on here: the body's bytes are not held past this message.
 	defer s.holdBody(st, 0)
 	dc := &st.dc
-	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b}, dc)
+	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b, Now: st.start}, dc)
 	if dc.Bound != "" {
 		s.m.contextBounds.WithLabelValues(dc.Bound).Inc()
 	}

@@ -1,21 +1,14 @@
 package picker
 
 import (
-	"fmt"
 	"sync"
 
-	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/internal/envoylb"
 )
 
-// classTable is one class's host selection, as the frontend Envoy's class
-// cluster builds it from the same EDS assignment.
-type classTable struct {
-	lb    *envoylb.LB
-	hosts []envoylb.Host
-	index map[string]int // address → host index
-}
+// classTable is one class's host selection (extproc.BuildTables).
+type classTable = extproc.ClassTable
 
 // tableSet is every class's table for one policy.
 type tableSet struct {
@@ -36,38 +29,6 @@ type tableCache struct {
 	total map[string]int
 }
 
-// Build builds the tables of a policy: one LB per class from its endpoints
-// (ClassPolicy.endpoints) and the policy's load balancer.
-func Build(pol *extproc.Policy) (map[string]*classTable, error) {
-	src := pol.Source()
-	cfg := envoylb.Config{}
-	if lb := src.GetLoadBalancer(); lb != nil {
-		cfg = envoylb.Config{TableSize: lb.GetMaglevTableSize(), RingMin: lb.GetRingMinSize(), RingMax: lb.GetRingMaxSize(),
-			HashBalanceFactor: lb.GetHashBalanceFactor(), PanicThreshold: lb.GetHealthyPanicThreshold()}
-		if lb.GetPolicy() == policyv1.LoadBalancer_RING_HASH {
-			cfg.Policy = envoylb.RingHash
-		}
-	}
-	out := map[string]*classTable{}
-	for _, c := range src.GetClasses() {
-		t := &classTable{index: map[string]int{}}
-		for _, e := range c.GetEndpoints() {
-			if _, dup := t.index[e.GetAddress()]; dup {
-				return nil, fmt.Errorf("class %s: endpoint %s twice", c.GetName(), e.GetAddress())
-			}
-			t.index[e.GetAddress()] = len(t.hosts)
-			t.hosts = append(t.hosts, envoylb.Host{Key: e.GetAddress(), Weight: e.GetWeight(), Priority: e.GetPriority(), Healthy: e.GetHealthy()})
-		}
-		lb, err := envoylb.New(cfg, t.hosts)
-		if err != nil {
-			return nil, fmt.Errorf("class %s: %w", c.GetName(), err)
-		}
-		t.lb = lb
-		out[c.GetName()] = t
-	}
-	return out, nil
-}
-
 // get returns the tables for pol, building them on its first use.
 func (tc *tableCache) get(pol *extproc.Policy) *tableSet {
 	tc.mu.Lock()
@@ -75,7 +36,7 @@ func (tc *tableCache) get(pol *extproc.Policy) *tableSet {
 	if tc.cur != nil && tc.cur.policy == pol {
 		return tc.cur
 	}
-	cls, err := Build(pol)
+	cls, err := extproc.BuildTables(pol)
 	tc.cur = &tableSet{policy: pol, classes: cls, err: err}
 	return tc.cur
 }
@@ -87,7 +48,7 @@ type classLoad struct {
 	total  int
 }
 
-func (l classLoad) Active(host int) int { return l.counts[l.t.hosts[host].Key] }
+func (l classLoad) Active(host int) int { return l.counts[l.t.Hosts[host].Key] }
 func (l classLoad) Total() int          { return l.total }
 
 // pick chooses the request's endpoints: the primary Envoy's table gives
@@ -103,19 +64,19 @@ func (p *Picker) pick(r *request) ([]string, string) {
 		return nil, "no_ready_endpoint"
 	}
 	t := ts.classes[r.class]
-	if t == nil || len(t.hosts) == 0 {
+	if t == nil || len(t.Hosts) == 0 {
 		return nil, "no_ready_endpoint"
 	}
 	var allowed map[int]bool
 	if r.hinted {
 		allowed = map[int]bool{}
 		for _, a := range r.subset {
-			if i, ok := t.index[a]; ok {
+			if i, ok := t.Index[a]; ok {
 				allowed[i] = true
 			}
 		}
 	}
-	skip := func(i int) bool { return !t.hosts[i].Healthy || (allowed != nil && !allowed[i]) }
+	skip := func(i int) bool { return !t.Hosts[i].Healthy || (allowed != nil && !allowed[i]) }
 	h := envoylb.HeaderHash(r.dc.AffinityHeader())
 
 	tc := &p.tables
@@ -126,9 +87,9 @@ func (p *Picker) pick(r *request) ([]string, string) {
 		counts = map[string]int{}
 		tc.loads[r.class] = counts
 	}
-	primary := t.lb.Choose(h, classLoad{t: t, counts: counts, total: tc.total[r.class]}, nil, 0)
+	primary := t.LB.Choose(h, classLoad{t: t, counts: counts, total: tc.total[r.class]}, nil, 0)
 	if primary < 0 || skip(primary) {
-		next := t.lb.Successors(h, 1, skip)
+		next := t.LB.Successors(h, 1, skip)
 		if len(next) == 0 {
 			if r.hinted {
 				return nil, "subset_unavailable"
@@ -137,10 +98,10 @@ func (p *Picker) pick(r *request) ([]string, string) {
 		}
 		primary = next[0]
 	}
-	eps := []string{t.hosts[primary].Key}
+	eps := []string{t.Hosts[primary].Key}
 	if n := p.opt.Fallbacks; n > 0 {
-		for _, i := range t.lb.Successors(h, n, func(i int) bool { return i == primary || skip(i) }) {
-			eps = append(eps, t.hosts[i].Key)
+		for _, i := range t.LB.Successors(h, n, func(i int) bool { return i == primary || skip(i) }) {
+			eps = append(eps, t.Hosts[i].Key)
 		}
 	}
 	counts[eps[0]]++

@@ -134,6 +134,7 @@ func staticPolicy(s *Sim, node, prefix string) *policyv1.RoutingPolicy {
 func newDecider(s *Sim) *extproc.Decider {
 	d := extproc.NewDecider(s.wall())
 	d.SetTokenizers(map[string]*hf.Tokenizer{s.tok.SHA256(): s.tok})
+	d.SetPrefillPlacement(!s.opt.NoPrefillPlacement)
 	return d
 }
 
@@ -147,7 +148,7 @@ type decided struct {
 // decide runs ext_proc's decision on the request's real body. It returns
 // the outcome; an admitted request's decision is kept in p.state.
 func decide(d *extproc.Decider, p *request) outcome {
-	in := extproc.Input{Kind: body.Chat, Priority: p.w.Priority, Body: chatBody(p)}
+	in := extproc.Input{Kind: body.Chat, Priority: p.w.Priority, Body: chatBody(p), Now: p.sim.wall()}
 	if p.w.SessionID != "" {
 		in.Session = p.w.SessionID
 	}
@@ -386,7 +387,8 @@ func edsHosts(cla *endpointv3.ClusterLoadAssignment, addr map[string]int) (js []
 func (x *inferlb) Admit(p *request) outcome {
 	o := decide(x.dec[p.front.ix], p)
 	if o == outcomeAdmitted && x.s.opt.Keys != nil {
-		x.s.opt.Keys(p.conv, p.arrival, p.key)
+		// The affinity key, before prefill-aware placement.
+		x.s.opt.Keys(p.conv, p.arrival, envoylb.HeaderHash(p.state.(*decided).dc.UnplacedHeader()))
 	}
 	return o
 }

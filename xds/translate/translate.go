@@ -251,6 +251,12 @@ type Engine struct {
 	// HealthPath is the engine's health check path (fleet spec
 	// engines[].health_path); "" means Options.HealthCheck.Path.
 	HealthPath string
+	// PrefillTokensPerS is the address's prefill rate (its profile's, times
+	// its replicas; 0 unknown), which the routing policy carries to ext_proc.
+	PrefillTokensPerS float64
+	// Exclusive: no other node has a weight for the engine (policy
+	// Endpoint.exclusive).
+	Exclusive bool
 }
 
 // Class is one eligibility class at one node with its allocation.
@@ -730,7 +736,8 @@ func classEndpoints(engines map[string]Engine, w map[string]EndpointWeight) []*p
 		hs := e.Health.envoy()
 		out = append(out, &policyv1.Endpoint{EngineId: id, Address: e.Address, Weight: w[id].Weight, Priority: w[id].Priority,
 			// Envoy routes to HEALTHY and UNKNOWN endpoints alike.
-			Healthy: hs == corev3.HealthStatus_HEALTHY || hs == corev3.HealthStatus_UNKNOWN})
+			Healthy:           hs == corev3.HealthStatus_HEALTHY || hs == corev3.HealthStatus_UNKNOWN,
+			PrefillTokensPerS: e.PrefillTokensPerS, Exclusive: e.Exclusive})
 	}
 	return out
 }

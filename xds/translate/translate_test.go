@@ -230,9 +230,19 @@ func TestVersionsFollowContent(t *testing.T) {
 
 // TestPolicyCarriesTheEDSAssignment: an endpoint picker builds its table
 // from the policy, so the policy's endpoints must be the EDS assignment's,
-// endpoint for endpoint and in its order, with the cluster's load balancer.
+// endpoint for endpoint and in its order, with the cluster's load balancer;
+// each carries its engine's prefill rate (prefill-aware placement).
 func TestPolicyCarriesTheEDSAssignment(t *testing.T) {
-	r, err := Translate(sampleNode(), DefaultOptions())
+	n := sampleNode()
+	rates := map[string]float64{}
+	i := 0
+	for id, e := range n.Engines {
+		i++
+		e.PrefillTokensPerS = float64(1000 * i)
+		rates[e.Address] = e.PrefillTokensPerS
+		n.Engines[id] = e
+	}
+	r, err := Translate(n, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,6 +265,9 @@ func TestPolicyCarriesTheEDSAssignment(t *testing.T) {
 		var got []string
 		for _, e := range cp.Endpoints {
 			got = append(got, fmt.Sprintf("%s w%d p%d %v", e.Address, e.Weight, e.Priority, e.Healthy))
+			if e.PrefillTokensPerS != rates[e.Address] {
+				t.Errorf("class %s: endpoint %s carries prefill rate %v, want its engine's %v", cp.Name, e.Address, e.PrefillTokensPerS, rates[e.Address])
+			}
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("class %s: policy endpoints\n%v\nEDS\n%v", cp.Name, got, want)
