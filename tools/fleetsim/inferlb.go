@@ -134,7 +134,7 @@ func staticPolicy(s *Sim, node, prefix string) *policyv1.RoutingPolicy {
 func newDecider(s *Sim) *extproc.Decider {
 	d := extproc.NewDecider(s.wall())
 	d.SetTokenizers(map[string]*hf.Tokenizer{s.tok.SHA256(): s.tok})
-	d.SetPrefillPlacement(!s.opt.NoPrefillPlacement)
+	d.SetPrefillPlacement(s.opt.PrefillPlacement)
 	return d
 }
 

@@ -61,8 +61,8 @@ type RunOptions struct {
 	Progress func(policy string, done float64)
 	// BalanceFactor is Options.BalanceFactor for every run.
 	BalanceFactor *float64
-	// NoPrefillPlacement is Options.NoPrefillPlacement for every run.
-	NoPrefillPlacement bool
+	// PrefillPlacement is Options.PrefillPlacement for every run.
+	PrefillPlacement bool
 }
 
 // RunScenario runs every policy on the scenario, each in its own
@@ -118,7 +118,7 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 					seed = out.Seed + uint64(k)
 				}
 				o := Options{Scenario: sc, Policy: p, Seed: seed, DataDir: opt.DataDir, BalanceFactor: opt.BalanceFactor,
-					NoPrefillPlacement: opt.NoPrefillPlacement}
+					PrefillPlacement: opt.PrefillPlacement}
 				if opt.Progress != nil {
 					o.Progress = func(d float64) {
 						progMu.Lock()

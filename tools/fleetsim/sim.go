@@ -56,9 +56,9 @@ type Options struct {
 	// BalanceFactor, when set, overrides the control plane's
 	// BalanceFactor for the inferlb policies (nil: its default).
 	BalanceFactor *float64
-	// NoPrefillPlacement turns ext_proc's prefill-aware placement off for
-	// the inferlb policies (it is on by default, as in the service).
-	NoPrefillPlacement bool
+	// PrefillPlacement turns ext_proc's prefill-aware placement on for the
+	// inferlb policies (off by default, as in the service).
+	PrefillPlacement bool
 	// Keys, if set, is told the affinity key ext_proc's decision gave each
 	// request the inferlb policies admit, in arrival order, with the
 	// request's identity (its conversation and arrival time): tests compare
