@@ -65,17 +65,12 @@ type zeroLoad struct{}
 func (zeroLoad) Active(int) int { return 0 }
 func (zeroLoad) Total() int     { return 0 }
 
-// Prefill-aware placement.
+// Prefill-aware placement (off by default: Decider.SetPrefillPlacement).
 //
 // The plan's weights are per class: a 7,000-token prompt lands on a
-// slow-prefill engine as often as a 200-token one, and Envoy's bounded
-// load counts a 24,000-token prefill as one request in flight, so requests
-// that land behind it wait for all of it (vLLM gives each step's token
-// budget to the running prefill first). The placer predicts, for each
-// engine of the class in the home engine's region and priority that only
-// it sends requests to (Endpoint.exclusive: elsewhere it cannot see what
-// the request would queue behind), when this request's first token could
-// come:
+// slow-prefill engine as often as a 200-token one. The placer predicts,
+// for the engines of the class in the home engine's region and priority,
+// when this request's first token could come:
 //
 //	T(e) = max(busy(e), now) + (prompt − cached(e)) / rate(e)
 //
@@ -84,13 +79,20 @@ func (zeroLoad) Total() int     { return 0 }
 // engine's prefill rate from the policy, and cached(e) is credited to the
 // home engine alone: the tokens its last request of the same key left
 // there, or the key's prefix (a shared prefix keyed by its point). The
-// home is where the key lands, or where the key's last request was placed.
-// The request leaves home only when that saves more than PlacementSlack:
-// below it the plan's placement stands (and the cache it built). Leaving
-// home is done by the key: the placer finds a key that lands on the chosen
+// home is where the key lands, or where the placer moved the key's last
+// request. A request leaves home only for an engine that this frontend
+// sends nearly all the requests of (Endpoint.exclusive: elsewhere it
+// cannot see what the request would queue behind), and then
+//   - for a faster engine, when that saves more than PlacementSlack;
+//   - for a slower engine under its share of the tokens sent, when home
+//     is over its share by more than shareSlack and the request loses at
+//     most PlacementSlack there (trading places).
+//
+// Among engines of one speed the table's placement stands. Leaving home
+// is done by the key: the placer finds a key that lands on the chosen
 // engine on the class's table, so Envoy (or the endpoint picker) routes
-// there with nothing but the header; the key's next request finds it in
-// the memory (bounded, oldest first out) and goes to the same engine.
+// there with nothing but the header; a moved key's next request finds it
+// in the memory (bounded, oldest first out) and goes to the same engine.
 type placer struct {
 	mu sync.Mutex
 	// pol and tables: the tables of the policy last seen (rebuilt when the
@@ -101,10 +103,8 @@ type placer struct {
 	// busy is when the prefills sent to each address end.
 	busy map[string]time.Time
 	// sent is the prompt tokens sent to each address, decayed with
-	// sentHalfLife (at sentAt): the placer moves a request to an engine
-	// only while the engine's share of them is within its share of the
-	// class's weights, so that it trades places among engines rather than
-	// shifting load the plan did not give them.
+	// sentHalfLife (at sentAt): an engine over its share of them (against
+	// its share of the class's weights) trades places.
 	sent   map[string]float64
 	sentAt time.Time
 	// last is each key's last placement: the address and the prompt
