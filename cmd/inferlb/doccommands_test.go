@@ -169,6 +169,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb sim --duration 60s --seeds 3 --policy inferlb,random_key examples/sim/steady-3region.yaml", want: "Medians over 3 seeds (1–3)"},
 	{cmd: "inferlb sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/shared-preamble.yaml", skip: "the measurement behind docs/sim.md's issue-12 table (several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
 	{cmd: "inferlb sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/steady-3region.yaml", skip: "the measurement behind docs/sim.md's issue-12 table (several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
+	{cmd: "inferlb sim --seeds 3 --policy inferlb --prefill-placement examples/sim/mooncake.yaml", skip: "the measurement behind docs/sim.md's and docs/extproc.md's prefill-placement figures (a minute; every scenario took two); TestPlacement and TestDecidePlacesALongPrompt hold the rule"},
 	{cmd: "inferlb sim --seeds 3 --json --policy inferlb --balance-factor 0 examples/sim/hetero-gpus.yaml", skip: "the measurement behind docs/sim.md's balance-cost table (a minute under the race detector); the --seeds 3 entry above runs the same code at 60 s"},
 	{cmd: "inferlb sim --bench --engines 100 --requests 20000", want: "req/CPU-s"},
 	{cmd: "make sim-report", skip: "every scenario with every policy (minutes); its output is docs/results, and the sim entries above run the same code"},
