@@ -426,11 +426,7 @@ type Controller struct {
 	// plannedReq is planned in requests/s (each class's at its count, not
 	// its work): what ext_proc's response counts compare with (ownLoad).
 	plannedReq map[string]float64
-	// exclusive is, per node, the engines only it sends requests to under
-	// the weights in force (exclusiveEngines; the policy carries it to
-	// ext_proc's prefill-aware placement).
-	exclusive map[string]map[string]bool
-	version   int64
+	version    int64
 	// tables holds each class's published split-table rules.
 	tables map[string][]translate.PrefixRule
 	// depths holds each class's published shared-prefix depth.
@@ -631,10 +627,10 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	// 6: every node's weights are known, so each node's policy can say
 	// which engines only it sends requests to (exclusiveEngines).
-	c.exclusive = c.exclusiveEngines(res.Nodes, demand)
+	exclusive := c.exclusiveEngines(res.Nodes, demand)
 	for _, fe := range c.problem.frontends {
 		nd := res.Nodes[fe.NodeID]
-		if err := c.translateNode(fe, nd, classes[fe.NodeID], eng.health, c.published[fe.NodeID], in.Now, nextVersion); err != nil {
+		if err := c.translateNode(fe, nd, classes[fe.NodeID], eng.health, exclusive[fe.NodeID], c.published[fe.NodeID], in.Now, nextVersion); err != nil {
 			return nil, fmt.Errorf("cycle: %w", err)
 		}
 		if nd.Changed {

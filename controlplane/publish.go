@@ -35,9 +35,10 @@ func (c *Controller) classPolicy(cl fleet.Class, cd *ClassDecision, util float64
 // translateNode is step 6 for one node: its classes translated (policy
 // version nextVersion), the Envoy weights and priorities that translation
 // chose copied into the admin view, and the resources kept from prev when
-// nothing changed (the old version stamp stays).
+// nothing changed (the old version stamp stays). exclusive names the
+// engines only this node sends requests to (exclusiveEngines).
 func (c *Controller) translateNode(fe fleet.Frontend, nd *NodeDecision, classes []translate.Class, health map[string]translate.Health,
-	prev *NodeDecision, now time.Time, nextVersion int64) error {
+	exclusive map[string]bool, prev *NodeDecision, now time.Time, nextVersion int64) error {
 	f := &c.problem
 	tn := translate.Node{NodeID: fe.NodeID, Region: fe.Region, Engines: map[string]translate.Engine{},
 		Priorities: f.tprios, DefaultPriority: f.defaultPriority, GeneratedAt: now, Classes: classes}
@@ -45,7 +46,7 @@ func (c *Controller) translateNode(fe fleet.Frontend, nd *NodeDecision, classes 
 		for id := range cd.Weights {
 			e, _ := c.spec.EngineByID(id)
 			tn.Engines[id] = translate.Engine{ID: id, Address: e.Address, Region: e.Region, Health: health[id], HealthPath: e.HealthPath,
-				PrefillTokensPerS: c.profiles[id].PrefillTokensPerS * float64(max(e.Replicas, 1)), Exclusive: c.exclusive[fe.NodeID][id]}
+				PrefillTokensPerS: c.profiles[id].PrefillTokensPerS * float64(max(e.Replicas, 1)), Exclusive: exclusive[id]}
 		}
 	}
 	// The policy version only moves when the decision changed.
