@@ -811,32 +811,16 @@ func (c *Controller) exclusiveEngines(nodes map[string]*NodeDecision, dem map[si
 	byNode := map[string]map[string]float64{}
 	total := map[string]float64{}
 	for _, fe := range c.problem.frontends {
-		nd := nodes[fe.NodeID]
-		if nd == nil {
+		if nodes[fe.NodeID] == nil {
 			continue
 		}
 		m := map[string]float64{}
-		for _, cl := range c.problem.classes {
-			cd := nd.Classes[cl.Name]
-			if cd == nil {
-				continue
+		c.eachEngineRate(fe.NodeID, nodes[fe.NodeID], dem, func(_, id string, r float64) {
+			if r > 0 {
+				m[id] += r
+				total[id] += r
 			}
-			rate := 0.0
-			for _, pr := range c.problem.priorities {
-				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
-				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
-			}
-			sum := ordered.Sum(cd.Weights)
-			if sum <= 0 || rate <= 0 {
-				continue
-			}
-			for _, id := range slices.Sorted(maps.Keys(cd.Weights)) {
-				if r := cd.Weights[id] / sum * rate; r > 0 {
-					m[id] += r
-					total[id] += r
-				}
-			}
-		}
+		})
 		byNode[fe.NodeID] = m
 	}
 	out := map[string]map[string]bool{}

@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
@@ -286,37 +288,46 @@ func joinWhy(a, b string) string {
 func (c *Controller) classTraffic(dem map[signals.DemandKey]signals.DemandRate) map[string]map[string]float64 {
 	out := map[string]map[string]float64{}
 	for _, fe := range c.problem.frontends {
-		nd := c.published[fe.NodeID]
-		if nd == nil {
-			continue
-		}
-		for _, cl := range c.problem.classes {
-			cd := nd.Classes[cl.Name]
-			if cd == nil {
-				continue
-			}
-			rate := 0.0
-			for _, pr := range c.problem.priorities {
-				d := dem[signals.DemandKey{Node: fe.NodeID, Class: cl.Name, Priority: pr.Name}]
-				rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
-			}
-			sum := ordered.Sum(cd.Weights) // a fixed order: replicas agree to the bit
-			if sum <= 0 {
-				continue
-			}
-			m := out[cl.Name]
+		c.eachEngineRate(fe.NodeID, c.published[fe.NodeID], dem, func(class, id string, r float64) {
+			m := out[class]
 			if m == nil {
 				m = map[string]float64{}
-				out[cl.Name] = m
+				out[class] = m
 			}
-			for id, w := range cd.Weights {
-				if _, ok := c.profiles[id]; ok {
-					m[id] += w / sum * rate
-				}
+			if _, ok := c.profiles[id]; ok {
+				m[id] += r
 			}
-		}
+		})
 	}
 	return out
+}
+
+// eachEngineRate calls f, class by class and engine by engine in a fixed
+// order, with the requests/s node's weights nd send each engine of the
+// demand the node admits (every priority, less what it sheds; possibly 0).
+// Classes nd has no weights for, or only zero weights, are skipped.
+func (c *Controller) eachEngineRate(node string, nd *NodeDecision, dem map[signals.DemandKey]signals.DemandRate, f func(class, id string, r float64)) {
+	if nd == nil {
+		return
+	}
+	for _, cl := range c.problem.classes {
+		cd := nd.Classes[cl.Name]
+		if cd == nil {
+			continue
+		}
+		rate := 0.0
+		for _, pr := range c.problem.priorities {
+			d := dem[signals.DemandKey{Node: node, Class: cl.Name, Priority: pr.Name}]
+			rate += math.Max(0, d.RequestsPerS-d.ShedPerS)
+		}
+		sum := ordered.Sum(cd.Weights) // a fixed order: replicas agree to the bit
+		if sum <= 0 {
+			continue
+		}
+		for _, id := range slices.Sorted(maps.Keys(cd.Weights)) {
+			f(cl.Name, id, cd.Weights[id]/sum*rate)
+		}
+	}
 }
 
 // shapeOf is a class's current work estimate (the fleet spec's shape
