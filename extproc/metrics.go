@@ -28,9 +28,6 @@ type metrics struct {
 	contextBounds   *prometheus.CounterVec // method
 	// memoryTrims counts MemoryTrim's returns of memory to the OS.
 	memoryTrims prometheus.Counter
-	// largeBodyWaits counts decisions that waited for a place in the
-	// large-body lane.
-	largeBodyWaits prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -101,9 +98,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	m.memoryTrims = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_memory_trims_total",
 		Help: "Times the resident set was above --idle-memory plus twice the request bodies in flight and free memory was returned to the OS."})
-	m.largeBodyWaits = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_large_body_waits_total",
-		Help: "Decisions on bodies of 64 KiB or more that waited for another large body's parse to end (at most one per GOMAXPROCS is parsed at a time)."})
-	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.largeBodyWaits)
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m

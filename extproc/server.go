@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,14 +102,7 @@ type Server struct {
 	reqs *requestTable
 	// bodyMem is the bytes of request bodies in flight (MaxBodyMemory).
 	bodyMem atomic.Int64
-	// largeLane admits the decisions on large bodies (LargeBody bytes or
-	// more) one per P at a time (see lane).
-	largeLane lane
 }
-
-// LargeBody is the body size from which decisions take a place in the
-// large-body lane: parsing it costs about a tenth of a millisecond or more.
-const LargeBody = 64 << 10
 
 // RunMemoryTrim returns memory to the OS after bursts (MemoryTrim) until
 // ctx ends: resident memory above idle plus twice the body bytes in flight
@@ -479,12 +471,6 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	}
 	// Decided on here: the body's bytes are not held past this message.
 	defer s.holdBody(st, 0)
-	if len(b) >= LargeBody {
-		if s.largeLane.acquire(runtime.GOMAXPROCS(0)) {
-			s.m.largeBodyWaits.Inc()
-		}
-		defer func() { s.largeLane.release(runtime.GOMAXPROCS(0)) }()
-	}
 	dc := &st.dc
 	rej := s.dec.Decide(Input{Kind: st.kind, Session: st.session, Priority: st.prioHdr, Residency: st.resid, Client: st.client, Body: b, Now: st.start}, dc)
 	if dc.Bound != "" {
