@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"strconv"
+	"sync/atomic"
 	"sync"
 	"testing"
 	"time"
@@ -296,5 +297,60 @@ func TestInFlightRequestsHoldLittle(t *testing.T) {
 	s.reqs.mu.Unlock()
 	if got < n {
 		t.Fatalf("%d requests tracked, want at least %d in flight (the test measures nothing)", got, n)
+	}
+}
+
+// OnBodyBurst is called when the body bytes in flight rise to BodyBurst,
+// once per crossing: not again while they stay above it, and again after
+// they have fallen below it and risen once more.
+func TestOnBodyBurst(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	var calls atomic.Int32
+	s := memoryTestServer(t, Options{OnBodyBurst: func() { calls.Add(1) }})
+	c := memoryServer(t, s)
+	ctx := context.Background()
+	body := benchBody(BodyBurst * 2 / 5) // two are under the burst, three over it
+	open := func() extprocv3.ExternalProcessor_ProcessClient {
+		st, err := c.Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+				{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))}}}}}})
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	decide := func(st extprocv3.ExternalProcessor_ProcessClient) {
+		_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}})
+		if r, err := st.Recv(); err != nil || r.GetRequestBody() == nil {
+			t.Fatalf("decision: %v %v", r, err)
+		}
+		_ = st.CloseSend()
+	}
+	a, b := open(), open()
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("%d calls with %d bytes in flight, under BodyBurst", n, s.BodyBytesInFlight())
+	}
+	cc := open()
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d calls with %d bytes in flight, want 1 (over BodyBurst)", n, s.BodyBytesInFlight())
+	}
+	d := open() // still above: no new call
+	decide(a)
+	decide(b)
+	decide(cc) // one body left in flight: below
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d calls, want still 1", n)
+	}
+	e, f := open(), open() // over again
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d calls after rising over BodyBurst a second time, want 2", n)
+	}
+	for _, st := range []extprocv3.ExternalProcessor_ProcessClient{d, e, f} {
+		decide(st)
 	}
 }

@@ -79,7 +79,18 @@ type Options struct {
 	// home's region where its first token is predicted soonest, when that
 	// saves more than PlacementSlack (placement.go).
 	PrefillPlacement bool
+	// OnBodyBurst, if set, is called when the request-body bytes in
+	// flight rise to BodyBurst (not again until they have fallen below
+	// it): the service's adaptive-procs controller leaves one P at once.
+	// It must not block.
+	OnBodyBurst func()
 }
+
+// BodyBurst is the request-body bytes in flight (held or declared) that
+// make a burst: more than one request at a time brings (8–220 KB each),
+// and 3 ms or more of one P's parsing (hostile bodies of tiny messages
+// parse at about 330 MB/s).
+const BodyBurst = 1 << 20
 
 // DefaultMaxBodyMemory is the default bound on request-body bytes in
 // flight: 128 bodies of the default limit. Well above what a frontend
@@ -443,9 +454,15 @@ func (s *Server) holdBody(st *stream, n int64) bool {
 	if d == 0 {
 		return true
 	}
-	if d > 0 && s.bodyMem.Add(d) > s.opt.MaxBodyMemory {
-		s.bodyMem.Add(-d)
-		return false
+	if d > 0 {
+		n := s.bodyMem.Add(d)
+		if n > s.opt.MaxBodyMemory {
+			s.bodyMem.Add(-d)
+			return false
+		}
+		if n >= BodyBurst && n-d < BodyBurst && s.opt.OnBodyBurst != nil {
+			s.opt.OnBodyBurst()
+		}
 	}
 	if d < 0 {
 		s.bodyMem.Add(d)

@@ -214,7 +214,16 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer cp.close()
-	srv, err := cfg.newServer(reg, log)
+	// A megabyte of bodies in hand wakes the adaptive-procs controller
+	// (extproc.BodyBurst): a burst does not wait on one P for the
+	// controller's next measurement.
+	burst := make(chan struct{}, 1)
+	srv, err := cfg.newServer(reg, log, func() {
+		select {
+		case burst <- struct{}{}:
+		default:
+		}
+	})
 	if err != nil {
 		return err
 	}
@@ -259,7 +268,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); srv.RunMemoryTrim(ctx, cfg.IdleMemory) }()
 	if cfg.AdaptiveProcs && !procs.UserSet() {
-		pc := &procs.Controller{OnChange: func(n int, cores float64) {
+		pc := &procs.Controller{Wake: burst, OnChange: func(n int, cores float64) {
 			log.Debug("scheduler processors", "procs", n, "cpu_cores", cores)
 		}}
 		wg.Add(1)
@@ -416,7 +425,7 @@ func (cfg *Config) listenAuth(reg *prometheus.Registry, reloads *auth.Reloads, l
 
 // newServer builds the ext_proc server with its client priorities,
 // tokenizers and, if given, the policy file's policy.
-func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extproc.Server, error) {
+func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger, onBodyBurst func()) (*extproc.Server, error) {
 	var clients *extproc.ClientPriorities
 	if cfg.ClientPriorities != "" {
 		var err error
@@ -429,7 +438,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger) (*extpr
 		return nil, err
 	}
 	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
-		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission})
+		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission, OnBodyBurst: onBodyBurst})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
 		if err != nil {

@@ -18,7 +18,9 @@
 // runtime's own updates from the container's CPU limit); on more, below
 // Down for Hold consecutive intervals it goes back to one. The band between
 // Down and Up keeps it from flapping. A burst that arrives on one P runs
-// on one for at most one Interval.
+// on one for at most one Interval, or not at all if the service signals
+// Wake when it sees one coming (ext_proc does for a megabyte of request
+// bodies in hand).
 package procs
 
 import (
@@ -63,6 +65,11 @@ type Controller struct {
 	// OnChange, if set, is called after each switch with the new number of
 	// Ps and the CPU use that caused it.
 	OnChange func(procs int, cores float64)
+	// Wake, if set, is a burst's signal (work in hand that one P would take
+	// long to clear): on one P, a value received from it switches to the
+	// default at once instead of at the end of the interval. Signal it
+	// without blocking (a buffer of one, and a select with a default).
+	Wake <-chan struct{}
 }
 
 // Validate checks the thresholds after defaults.
@@ -132,6 +139,14 @@ func (c *Controller) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-c.Wake:
+			if procs == 1 {
+				procs, below = c.DefaultProcs, 0
+				c.SetProcs(0)
+				if c.OnChange != nil {
+					c.OnChange(procs, float64(c.CPUTime()-last)/float64(max(time.Since(lastAt), 1)))
+				}
+			}
 		case now := <-tick.C:
 			cpu := c.CPUTime()
 			el := now.Sub(lastAt)

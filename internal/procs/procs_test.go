@@ -161,3 +161,42 @@ func TestControllerValidate(t *testing.T) {
 		})
 	}
 }
+
+// A burst's signal on Wake switches a quiet process to the default at
+// once, long before its interval ends; on more than one P it changes
+// nothing, and the Hold intervals below Down still bring it back to one.
+func TestControllerWakes(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	f := newFake()
+	wake := make(chan struct{}, 1)
+	c := &Controller{Interval: time.Hour, CPUTime: f.cpuTime, SetProcs: f.setProcs, DefaultProcs: 2, Wake: wake}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, f, []int{1})
+	wake <- struct{}{}
+	waitFor(t, f, []int{1, 0}) // at once: the interval is an hour
+	wake <- struct{}{}
+	wake <- struct{}{} // both received (the buffer holds one): no switch on more than one P
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := f.history(); !slices.Equal(got, []int{1, 0, 0}) {
+		t.Fatalf("Ps set %v, want [1 0 0] (one P, the default on the signal, the default at the end)", got)
+	}
+
+	// Back to one P after Hold quiet intervals, as without the signal.
+	f2 := newFake()
+	wake2 := make(chan struct{}, 1)
+	c2 := &Controller{Interval: 5 * time.Millisecond, CPUTime: f2.cpuTime, SetProcs: f2.setProcs, DefaultProcs: 2, Wake: wake2}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	go func() { done <- c2.Run(ctx2) }()
+	waitFor(t, f2, []int{1})
+	wake2 <- struct{}{}
+	waitFor(t, f2, []int{1, 0, 1})
+	cancel2()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

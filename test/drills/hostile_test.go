@@ -93,11 +93,16 @@ func p99(d []time.Duration) time.Duration {
 //
 // The normal requests' TTFT p99 beside the wave is compared with the same
 // traffic without it when the machine lets it be judged (the two quiet
-// rounds agree within 1.25×). The issue asked for 1.5×; on the 2-core test
-// machine it measured 2.2–2.8× (a wave is 20 MB that Envoy buffers and
-// copies into ext_proc messages on the same two workers as the normal
-// requests, and ext_proc spends 70–80 ms of CPU on it), so what is asserted
-// is 4×, which the 13× of a wave of 0.93 MB bodies exceeded.
+// rounds agree within 1.25×). The issue asked for 1.5×. A wave is 20 MB
+// that Envoy buffers and copies into ext_proc messages on the same two
+// workers as the normal requests, and ext_proc spends 70–80 ms of CPU on
+// it. Until stop 34 ext_proc met it on one P (adaptive procs) for up to a
+// second, and on the 2-core test machine the ratio measured 1.6–2.7×
+// (median 1.74× over six runs). Now the bodies in hand wake the controller
+// (extproc.BodyBurst), and six interleaved runs gave 1.34–1.83×, median
+// 1.43×; the slowest hostile answer went from 102–120 ms to 82–90 ms. What
+// is asserted is 2.5×, which the one-P runs exceeded twice in fourteen;
+// a wave of 0.93 MB bodies gave 13×.
 func TestDrillHostileBodies(t *testing.T) {
 	s := startStack(t, stackOptions{engines: 3, envoyWorkers: 2, extArgs: []string{"--body-limit", fmt.Sprint(4 << 20)},
 		envoy: func(p *envoyconfigs.Params) { p.BodyLimit, p.MessageTimeout = 4<<20, "1s" }})
@@ -179,7 +184,7 @@ func TestDrillHostileBodies(t *testing.T) {
 	switch {
 	case noise > 1.25:
 		t.Logf("the quiet rounds' p99 differ by %.2f×: the machine's noise is above what the criterion can judge; ratio not asserted", noise)
-	case ratio > 4:
-		t.Errorf("normal TTFT p99 %v beside the hostile bodies is above 4 × %v without them", l, q)
+	case ratio > 2.5:
+		t.Errorf("normal TTFT p99 %v beside the hostile bodies is above 2.5 × %v without them", l, q)
 	}
 }
