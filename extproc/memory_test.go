@@ -200,17 +200,7 @@ func TestMaxBodyMemorySheds(t *testing.T) {
 	ctx := context.Background()
 
 	// A stream that has sent its headers holds its declared body.
-	st, err := c.Process(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-			{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))}}}}}})
-	if _, err := st.Recv(); err != nil {
-		t.Fatal(err)
-	}
+	st := openDeclaring(t, c, len(body))
 	if got := s.BodyBytesInFlight(); got != int64(len(body)) {
 		t.Fatalf("in flight after the headers: %d bytes, want %d", got, len(body))
 	}
@@ -308,22 +298,8 @@ func TestOnBodyBurst(t *testing.T) {
 	var calls atomic.Int32
 	s := memoryTestServer(t, Options{OnBodyBurst: func() { calls.Add(1) }})
 	c := memoryServer(t, s)
-	ctx := context.Background()
 	body := benchBody(BodyBurst * 2 / 5) // two are under the burst, three over it
-	open := func() extprocv3.ExternalProcessor_ProcessClient {
-		st, err := c.Process(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-				{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))}}}}}})
-		if _, err := st.Recv(); err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	open := func() extprocv3.ExternalProcessor_ProcessClient { return openDeclaring(t, c, len(body)) }
 	decide := func(st extprocv3.ExternalProcessor_ProcessClient) {
 		_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}})
 		if r, err := st.Recv(); err != nil || r.GetRequestBody() == nil {
@@ -353,4 +329,23 @@ func TestOnBodyBurst(t *testing.T) {
 	for _, st := range []extprocv3.ExternalProcessor_ProcessClient{d, e, f} {
 		decide(st)
 	}
+}
+
+// openDeclaring opens an ext_proc stream, sends request headers declaring
+// a body of n bytes and reads their answer: the stream then holds its
+// declared body until the body's decision.
+func openDeclaring(t *testing.T, c extprocv3.ExternalProcessorClient, n int) extprocv3.ExternalProcessor_ProcessClient {
+	t.Helper()
+	st, err := c.Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+			{Key: "content-length", RawValue: []byte(strconv.Itoa(n))}}}}}})
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
