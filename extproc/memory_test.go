@@ -10,8 +10,8 @@ import (
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"strconv"
-	"sync/atomic"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
