@@ -97,12 +97,13 @@ func p99(d []time.Duration) time.Duration {
 // that Envoy buffers and copies into ext_proc messages on the same two
 // workers as the normal requests, and ext_proc spends 70–80 ms of CPU on
 // it. Until stop 34 ext_proc met it on one P (adaptive procs) for up to a
-// second, and on the 2-core test machine the ratio measured 1.6–2.7×
-// (median 1.74× over six runs). Now the bodies in hand wake the controller
-// (extproc.BodyBurst), and six interleaved runs gave 1.34–1.83×, median
-// 1.43×; the slowest hostile answer went from 102–120 ms to 82–90 ms. What
-// is asserted is 2.5×, which the one-P runs exceeded twice in fourteen;
-// a wave of 0.93 MB bodies gave 13×.
+// second: on the 2-core test machine the ratio measured 1.35–3.10×
+// (median 1.86× over 17 runs). Now the bodies in hand wake the controller
+// (extproc.BodyBurst): 1.34–2.17× (median 1.63× over 13 runs; lower in 8
+// of 9 interleaved pairs), and the slowest hostile answer's median went
+// from 119 to 94 ms. What is asserted is 3×, above every run with the
+// wake by a margin for a busier machine (a wave of 0.93 MB bodies gave
+// 13×); TestOnBodyBurst and procs' TestControllerWakes hold the wake.
 func TestDrillHostileBodies(t *testing.T) {
 	s := startStack(t, stackOptions{engines: 3, envoyWorkers: 2, extArgs: []string{"--body-limit", fmt.Sprint(4 << 20)},
 		envoy: func(p *envoyconfigs.Params) { p.BodyLimit, p.MessageTimeout = 4<<20, "1s" }})
@@ -184,7 +185,7 @@ func TestDrillHostileBodies(t *testing.T) {
 	switch {
 	case noise > 1.25:
 		t.Logf("the quiet rounds' p99 differ by %.2f×: the machine's noise is above what the criterion can judge; ratio not asserted", noise)
-	case ratio > 2.5:
-		t.Errorf("normal TTFT p99 %v beside the hostile bodies is above 2.5 × %v without them", l, q)
+	case ratio > 3:
+		t.Errorf("normal TTFT p99 %v beside the hostile bodies is above 3 × %v without them", l, q)
 	}
 }
