@@ -3,6 +3,7 @@ package drills
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
 // measureCapacity saturates every engine directly (no Envoy: 2 × its
@@ -39,7 +42,42 @@ func (s *stack) measureCapacity(t *testing.T, maxTokens int, d time.Duration) fl
 		}
 	}
 	wg.Wait()
-	return float64(done.Load()) / time.Since(start).Seconds()
+	capacity := float64(done.Load()) / time.Since(start).Seconds()
+	quiet := time.Now()
+	s.waitQuiet(t)
+	t.Logf("the fleet was quiet %v after the capacity measurement", time.Since(quiet).Round(100*time.Millisecond))
+	return capacity
+}
+
+// waitQuiet waits until every engine is idle and no control plane replica
+// reads background load on any engine. Load sent to the engines around the
+// balancer (measureCapacity's) is someone else's load to the control
+// plane, correctly: started at once, a drill's traffic met a plan that
+// still saw it in the engines' windows, sent 90% to one engine and shed
+// the top priority for a cycle.
+func (s *stack) waitQuiet(t *testing.T) {
+	t.Helper()
+	if err := envoytest.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, func() error {
+		for i, e := range s.engines {
+			if st := e.Stats(); st.Running+st.Waiting > 0 {
+				return fmt.Errorf("engine e%d: %d running, %d waiting", i, st.Running, st.Waiting)
+			}
+		}
+		for k := range s.cpAdmin {
+			v, err := s.cycleView(k)
+			if err != nil {
+				return err
+			}
+			for id, x := range v {
+				if x.Background > 0 {
+					return fmt.Errorf("control plane %d reads background load %.2f on %s", k, x.Background, id)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the fleet did not quieten after the capacity measurement: %v", err)
+	}
 }
 
 // filler makes a capacity request as long as the drill traffic's (30 words).
@@ -70,8 +108,23 @@ func TestDrillOverload(t *testing.T) {
 	var mu sync.Mutex
 	measureFrom := settle
 	measureTo := settle.Add(15 * time.Second)
+	// trace is every distinct cycle the polls saw, logged when the drill
+	// fails: the shed the policy published and what the cycle read of each
+	// engine.
+	var trace []string
 	if err := envoytestPollUntil(measureTo, func() {
 		v, err := s.cycleView(0)
+		if p, perr := s.published(0); err == nil && perr == nil {
+			line := fmt.Sprintf("shed high %.2f low %.2f;", p.Shed["high"], p.Shed["low"])
+			for _, id := range slices.Sorted(maps.Keys(v)) {
+				x := v[id]
+				line += fmt.Sprintf(" %s: share %.2f bg %.2f obs %.2f own %.2f/%.2f planned %.2f corr %.2f run %.1f wait %.1f done %.1f/s;",
+					id, p.Weights[id], x.Background, x.Utilization, x.Own, x.OwnWindow, x.Planned, x.Correction, x.Window.Running, x.Window.Waiting, x.Window.Completions)
+			}
+			if n := len(trace); n == 0 || !strings.HasSuffix(trace[n-1], line) {
+				trace = append(trace, time.Now().Format("15:04:05.0 ")+line)
+			}
+		}
 		if err == nil {
 			if time.Now().After(settle) {
 				mu.Lock()
@@ -153,6 +206,13 @@ func TestDrillOverload(t *testing.T) {
 			}
 		}
 	}
+	defer func() {
+		if t.Failed() {
+			for _, l := range trace {
+				t.Log(l)
+			}
+		}
+	}()
 	if h := tally.byPriority["high"]; h == nil || h.shed != 0 || h.failed != 0 || h.cut != 0 {
 		t.Errorf("top priority shed or failed at 1.3× overload: %s", tally)
 	}

@@ -350,6 +350,8 @@ type engineView struct {
 	Utilization  float64 `json:"observed_utilization"`
 	Background   float64 `json:"background_load"`
 	Own          float64 `json:"own_utilization"`
+	OwnWindow    float64 `json:"own_window_utilization"`
+	Planned      float64 `json:"planned_utilization"`
 	Correction   float64 `json:"profile_correction"`
 	TTFTPredMs   float64 `json:"ttft_predicted_ms"`
 	Window       struct {
