@@ -17,7 +17,8 @@ import (
 
 // measureCapacity saturates every engine directly (no Envoy: 2 × its
 // running slots of closed-loop clients each) and returns the completed
-// requests per second of the whole fleet.
+// requests per second of the whole fleet, once the fleet is quiet again
+// (waitQuiet).
 func (s *stack) measureCapacity(t *testing.T, maxTokens int, d time.Duration) float64 {
 	t.Helper()
 	var done atomic.Int64
