@@ -19,7 +19,7 @@ import (
 	"github.com/inferlb/inferlb/tools/workload"
 )
 
-// hostileBody is a chat body of n tiny messages (about 31 bytes each): a
+// hostileBody is a chat body of n tiny messages (30 bytes each): a
 // context far above the drill model's 8,192 tokens, which no engine
 // accepts.
 func hostileBody(n int) []byte {
@@ -79,7 +79,7 @@ func p99(d []time.Duration) time.Duration {
 	return d[min(len(d)-1, int(0.99*float64(len(d))))]
 }
 
-// TestDrillHostileBodies: 64 bodies of 10,000 tiny messages each (310 KB, a
+// TestDrillHostileBodies: 64 bodies of 10,000 tiny messages each (300 KB, a
 // context above the model's 8,192 tokens) arrive at once beside normal
 // traffic, through Envoy (two workers, as on two CPUs) with the production
 // ext_proc message timeout (1 s). Every one is answered 400
@@ -118,25 +118,32 @@ func TestDrillHostileBodies(t *testing.T) {
 	// A wave's effect on the normal requests' p99 swings with the machine
 	// (a clean-clone CI run on a busier machine measured 3.38×, its
 	// slowest hostile answer 249 ms against 94 here): over the bar, the
-	// measurement is repeated, up to three attempts. A regression fails
-	// all three (a wave of 0.93 MB bodies gave 13×).
+	// measurement is repeated, up to three attempts, and so is one whose
+	// quiet rounds are too far apart to judge it. The drill fails when
+	// every attempt it could judge was over the bar: a regression fails
+	// them all (a wave of 0.93 MB bodies gave 13×).
 	const attempts, bar = 3, 3.0
 	statuses := map[string]int{}
 	var slowest time.Duration // the slowest hostile request's answer
-	for a := 1; ; a++ {
+	judged, over := 0, 0
+	for a := 1; a <= attempts; a++ {
 		ratio, noise, why := hostileRound(t, s, c, hc, body, rate, window, uint64(100*a), statuses, &slowest)
 		t.Logf("attempt %d: %s", a, why)
 		if noise > 1.25 {
-			t.Logf("the quiet rounds' p99 differ by %.2f×: the machine's noise is above what the criterion can judge; ratio not asserted", noise)
-			break
+			t.Logf("the quiet rounds' p99 differ by %.2f×: the machine's noise is above what the criterion can judge", noise)
+			continue
 		}
+		judged++
 		if ratio <= bar {
 			break
 		}
-		if a == attempts {
-			t.Errorf("normal TTFT p99 beside the hostile bodies above %g× the p99 without them in %d attempts in a row", bar, attempts)
-			break
-		}
+		over++
+	}
+	switch {
+	case judged == 0:
+		t.Logf("no attempt could be judged: ratio not asserted")
+	case over == judged:
+		t.Errorf("normal TTFT p99 beside the hostile bodies above %g× the p99 without them in every attempt judged (%d)", bar, judged)
 	}
 	t.Logf("hostile answers: %v, the slowest after %v", statuses, slowest)
 	n := 0

@@ -50,8 +50,9 @@ func (s *stack) measureCapacity(t *testing.T, maxTokens int, d time.Duration) fl
 	return capacity
 }
 
-// waitQuiet waits until every engine is idle and no control plane replica
-// reads background load on any engine. Load sent to the engines around the
+// waitQuiet waits until every engine is idle (nothing running, waiting or
+// pending) and no control plane replica reads background load or a queue
+// in any engine's evidence window. Load sent to the engines around the
 // balancer (measureCapacity's) is someone else's load to the control
 // plane, correctly: started at once, a drill's traffic met a plan that
 // still saw it in the engines' windows, sent 90% to one engine and shed
@@ -60,8 +61,8 @@ func (s *stack) waitQuiet(t *testing.T) {
 	t.Helper()
 	if err := envoytest.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, func() error {
 		for i, e := range s.engines {
-			if st := e.Stats(); st.Running+st.Waiting > 0 {
-				return fmt.Errorf("engine e%d: %d running, %d waiting", i, st.Running, st.Waiting)
+			if st := e.Stats(); st.Running+st.Waiting+st.Pending > 0 {
+				return fmt.Errorf("engine e%d: %d running, %d waiting, %d pending", i, st.Running, st.Waiting, st.Pending)
 			}
 		}
 		for k := range s.cpAdmin {
@@ -72,6 +73,12 @@ func (s *stack) waitQuiet(t *testing.T) {
 			for id, x := range v {
 				if x.Background > 0 {
 					return fmt.Errorf("control plane %d reads background load %.2f on %s", k, x.Background, id)
+				}
+				// Its queue gone from the evidence window, and with it the
+				// first tokens it delayed, which the profile correction
+				// reads.
+				if x.Window.Waiting > 0 {
+					return fmt.Errorf("control plane %d: %s's evidence window still holds a queue (mean %.2f waiting)", k, id, x.Window.Waiting)
 				}
 			}
 		}
