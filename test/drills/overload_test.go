@@ -51,8 +51,12 @@ func (s *stack) measureCapacity(t *testing.T, maxTokens int, d time.Duration) fl
 }
 
 // waitQuiet waits until every engine is idle (nothing running, waiting or
-// pending) and no control plane replica reads background load or a queue
-// in any engine's evidence window. Load sent to the engines around the
+// pending) and no control plane replica reads background load on any
+// engine. It does not wait for the measurement to leave the evidence
+// windows: the first tokens its last queued requests got would then be
+// judged against an idle window's load (a 0.9 penalty and corrections of
+// 3 in one run); the drill's traffic starts while that load is still in
+// the windows. Load sent to the engines around the
 // balancer (measureCapacity's) is someone else's load to the control
 // plane, correctly: started at once, a drill's traffic met a plan that
 // still saw it in the engines' windows, sent 90% to one engine and shed
@@ -73,12 +77,6 @@ func (s *stack) waitQuiet(t *testing.T) {
 			for id, x := range v {
 				if x.Background > 0 {
 					return fmt.Errorf("control plane %d reads background load %.2f on %s", k, x.Background, id)
-				}
-				// Its queue gone from the evidence window, and with it the
-				// first tokens it delayed, which the profile correction
-				// reads.
-				if x.Window.Waiting > 0 {
-					return fmt.Errorf("control plane %d: %s's evidence window still holds a queue (mean %.2f waiting)", k, id, x.Window.Waiting)
 				}
 			}
 		}
