@@ -52,15 +52,15 @@ func (s *stack) measureCapacity(t *testing.T, maxTokens int, d time.Duration) fl
 
 // waitQuiet waits until every engine is idle (nothing running, waiting or
 // pending) and no control plane replica reads background load on any
-// engine. It does not wait for the measurement to leave the evidence
-// windows: the first tokens its last queued requests got would then be
-// judged against an idle window's load (a 0.9 penalty and corrections of
-// 3 in one run); the drill's traffic starts while that load is still in
-// the windows. Load sent to the engines around the
-// balancer (measureCapacity's) is someone else's load to the control
-// plane, correctly: started at once, a drill's traffic met a plan that
-// still saw it in the engines' windows, sent 90% to one engine and shed
-// the top priority for a cycle.
+// engine. Load sent to the engines around the balancer (measureCapacity's)
+// is someone else's load to the control plane, correctly: started at
+// once, a drill's traffic met a plan that still saw it in the engines'
+// windows, sent 90% to one engine and shed the top priority for a cycle.
+// It does not wait for that load to leave the evidence windows: the first
+// tokens its last queued requests got would then be judged against an
+// idle window's load (a 0.9 penalty and corrections of 3 in one run;
+// docs/control-plane.md, known gaps); the drill's traffic starts while the
+// load is still in the windows.
 func (s *stack) waitQuiet(t *testing.T) {
 	t.Helper()
 	if err := envoytest.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, func() error {
