@@ -120,7 +120,8 @@ func TestDrillOverload(t *testing.T) {
 	var trace []string
 	if err := envoytestPollUntil(measureTo, func() {
 		v, err := s.cycleView(0)
-		if p, perr := s.published(0); err == nil && perr == nil {
+		p, perr := s.published(0)
+		if err == nil && perr == nil {
 			line := fmt.Sprintf("shed high %.2f low %.2f;", p.Shed["high"], p.Shed["low"])
 			for _, id := range slices.Sorted(maps.Keys(v)) {
 				x := v[id]
@@ -156,7 +157,7 @@ func TestDrillOverload(t *testing.T) {
 			}
 		}
 		if time.Now().After(settle) {
-			if p, err := s.published(0); err == nil {
+			if perr == nil {
 				mu.Lock()
 				lowShed = append(lowShed, p.Shed["low"])
 				mu.Unlock()
