@@ -72,7 +72,7 @@ func engines(now time.Time, f map[string]fake) []signals.Engine {
 		x := f[id]
 		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true})
 		m0 := signals.Metrics{Success: 1000, PromptTokens: 1e5, GenTokens: 1e5, TTFTSum: 10, TTFTCount: 1000, ITLSum: 10, ITLCount: 1e5,
-			PrefixQueries: 1e5}
+			PrefixQueries: 1e5, Waiting: x.waiting}
 		tr.Observe(signals.Sample{ID: id, At: now.Add(-time.Second), Healthy: true, Metrics: m0})
 		m1 := m0
 		m1.Success += x.reqPerS
@@ -94,7 +94,6 @@ func engines(now time.Time, f map[string]fake) []signals.Engine {
 		}
 		m1.ITLCount += x.genTokS
 		m1.ITLSum += x.genTokS * x.tbotMs / 1000
-		m0.Waiting, m1.Waiting = x.waiting, x.waiting
 		if x.queueMs > 0 {
 			m1.QueueCount = m0.QueueCount + x.reqPerS
 			m1.QueueSum = m0.QueueSum + x.reqPerS*x.queueMs/1000
@@ -272,6 +271,53 @@ func TestCycleMeasuredQueueingIsNotAFault(t *testing.T) {
 				t.Errorf("penalized %v, want %v: residual %.2f, predicted %.0f ms", got, tc.penalize, v.TTFTResidual, v.TTFTPredMs)
 			}
 		})
+	}
+}
+
+// A queue that ended just after a scrape (its clients went away: the
+// requests it delayed record first tokens but no queue time, and the
+// gauges read idle at every later scrape) is judged with its first
+// tokens while they are in the window, even once the scrape that saw it
+// has left: the window's gauges cover the intervals its counters do. At
+// stop 35, three such first tokens at 408 ms against an idle prediction
+// of 36 ms gave a healthy engine a 0.90 penalty.
+func TestCycleQueueBeforeTheWindowIsNotAFault(t *testing.T) {
+	c, err := NewController(testFleet(t), DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	ids := []string{"e-east-1", "e-east-2", "e-west-1", "e-west-2"}
+	tr := signals.NewTracker(signals.TrackerOptions{StaleAfter: 5 * time.Second, EvidenceWindow: 10 * time.Second}, ids)
+	idle := signals.Metrics{Success: 1000, PromptTokens: 2e5, GenTokens: 1e5, TTFTSum: 30, TTFTCount: 1000, ITLSum: 800, ITLCount: 1e5, PrefixQueries: 2e5}
+	for s := -12; s <= 0; s++ {
+		at := now.Add(time.Duration(s) * time.Second)
+		for _, id := range ids {
+			m := idle
+			switch {
+			case id == "e-east-1" && s == -11:
+				// The scrape that sees the queue: just outside the window at now.
+				m.Running, m.Waiting = 1, 3
+			case id == "e-east-1" && s > -11:
+				// Its three requests got their first tokens after 400 ms
+				// and were cancelled before the next scrape.
+				m.Success, m.TTFTCount, m.TTFTSum = idle.Success+3, idle.TTFTCount+3, idle.TTFTSum+3*0.4
+				m.PromptTokens = idle.PromptTokens + 3*200
+			}
+			tr.Observe(signals.Sample{ID: id, At: at, Healthy: true, Metrics: m})
+		}
+	}
+	r, err := c.Step(context.Background(), Inputs{Now: now, Engines: tr.Engines(now), Demand: demand(40, 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := view(r, "e-east-1")
+	t.Logf("window %+v; predicted %.0f ms, residual %.2f, penalty %.2f %s", v.Window, v.TTFTPredMs, v.TTFTResidual, v.Penalty, v.PenaltyWhy)
+	if v.Window.TTFTCount != 3 || v.Window.Waiting <= 0 {
+		t.Errorf("window %+v: want the 3 first tokens and the queue that delayed them", v.Window)
+	}
+	if v.Penalty > 0 {
+		t.Errorf("penalized %.2f (%s): the queue explains its first tokens", v.Penalty, v.PenaltyWhy)
 	}
 }
 

@@ -574,3 +574,48 @@ vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} %g
 		})
 	}
 }
+
+// The window's gauges describe the same intervals as its counters: each
+// scrape interval at the mean of the gauge at its two ends. A queue seen
+// at one scrape whose delayed first tokens are counted at the next still
+// shows in the window after that first scrape has left it, and a page
+// without the gauge takes the other end's value.
+func TestWindowGaugesCoverTheirIntervals(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	tr := NewTracker(TrackerOptions{StaleAfter: 5 * time.Second, EvidenceWindow: 5 * time.Second}, []string{"e"})
+	idle := Metrics{Success: 100, TTFTSum: 3, TTFTCount: 100}
+	tr.Observe(Sample{ID: "e", At: at(0), Healthy: true, Metrics: idle})
+	// A burst: 1 running and 3 waiting at the scrape at 1 s.
+	busy := idle
+	busy.Running, busy.Waiting = 1, 3
+	tr.Observe(Sample{ID: "e", At: at(1), Healthy: true, Metrics: busy})
+	// By the next scrape the queue is gone: its 3 first tokens (400 ms
+	// each) and completions are counted there, the gauges read 0.
+	done := idle
+	done.Success, done.TTFTSum, done.TTFTCount = 103, 3+3*0.4, 103
+	for s := 2; s <= 7; s++ {
+		tr.Observe(Sample{ID: "e", At: at(s), Healthy: true, Metrics: done})
+	}
+	// At 7 s the window (5 s back) holds the scrapes at 2-7 s, the
+	// intervals 1-7 s: the burst's scrape at 1 s has left it, its first
+	// tokens have not.
+	w := tr.Engines(at(7))[0].Window
+	if w.TTFTCount != 3 || math.Abs(w.TTFTMeanMs-400) > 1e-9 {
+		t.Fatalf("window's first tokens %+v, want 3 at 400 ms", w)
+	}
+	// The interval 1-2 s: (3+0)/2 waiting, (1+0)/2 running, over 6 s.
+	if math.Abs(w.Waiting-0.25) > 1e-9 || math.Abs(w.Running-0.5/6) > 1e-9 || w.Seconds != 6 {
+		t.Fatalf("window gauges running %.3f waiting %.3f over %.0f s, want 0.083 and 0.25 over 6 s", w.Running, w.Waiting, w.Seconds)
+	}
+
+	// A page without the gauges: the interval takes the known end.
+	tr = NewTracker(TrackerOptions{StaleAfter: 5 * time.Second, EvidenceWindow: 5 * time.Second}, []string{"e"})
+	tr.Observe(Sample{ID: "e", At: at(0), Healthy: true, Metrics: busy})
+	missing := busy
+	missing.Running, missing.Waiting = math.NaN(), math.NaN()
+	tr.Observe(Sample{ID: "e", At: at(1), Healthy: true, Metrics: missing})
+	if w := tr.Engines(at(1))[0].Window; w.Running != 1 || w.Waiting != 3 {
+		t.Fatalf("gauges missing at one end: running %v waiting %v, want 1 and 3", w.Running, w.Waiting)
+	}
+}

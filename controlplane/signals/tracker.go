@@ -122,7 +122,8 @@ type Window struct {
 	// time histogram (vllm:request_queue_time_seconds) where it has one.
 	QueueCount  float64 `json:"queue_count"`
 	QueueMeanMs float64 `json:"queue_mean_ms"`
-	// Mean running and waiting requests over the scrapes.
+	// Mean running and waiting requests over the window's time (each
+	// scrape interval counted at the mean of its two ends: gaugeMean).
 	Running float64 `json:"running"`
 	Waiting float64 `json:"waiting"`
 	// Rates over the window: requests finished, prompt tokens not served
@@ -143,7 +144,9 @@ type delta struct {
 	ttftBounds, ttftIn     []float64
 	queueSum, queueCount   float64
 	success, uncached, gen float64
-	running, waiting       float64
+	// running and waiting: the gauges' mean over the interval, taken as
+	// the mean of its two ends (see gaugeMean).
+	running, waiting float64
 }
 
 // Status is the engine's verdict.
@@ -323,7 +326,7 @@ func (t *Tracker) fold(tr *track, m Metrics, at time.Time) {
 			}
 			foldExtra(&tr.e, m, p, a)
 			tr.hasRates = true
-			d := delta{at: at, dt: sec, running: m.Running, waiting: m.Waiting}
+			d := delta{at: at, dt: sec, running: gaugeMean(p.Running, m.Running), waiting: gaugeMean(p.Waiting, m.Waiting)}
 			pos := func(cur, prev float64) float64 {
 				if math.IsNaN(cur) || math.IsNaN(prev) || cur < prev {
 					return 0
@@ -406,7 +409,31 @@ func ttftSpread(bounds, in []float64, mean float64) float64 {
 	return math.Sqrt(v / n)
 }
 
-// window sums the evidence of the scrapes within the window before now.
+// gaugeMean is a gauge's mean over a scrape interval, from its values at
+// the interval's start (prev) and end (cur): their mean (the trapezoid
+// rule), or the one known when the other is NaN (a page without it).
+//
+// Why both ends: the window's counters are deltas over the intervals
+// between its scrapes, so its gauges must describe the same intervals.
+// With the end values alone, the window's gauges began half an interval
+// after its counters, and a queue that ended just after a scrape lost its
+// last sample from the window while the first tokens it delayed, counted
+// at the next scrape, stayed: those first tokens were judged against an
+// idle engine's prediction. At stop 35 three of them (a mean of 408 ms,
+// the end of a cancelled burst) against 36 ms predicted gave a healthy
+// engine a 0.90 penalty (TestWindowGaugesCoverTheirIntervals).
+func gaugeMean(prev, cur float64) float64 {
+	switch {
+	case math.IsNaN(prev):
+		return cur
+	case math.IsNaN(cur):
+		return prev
+	}
+	return (prev + cur) / 2
+}
+
+// window sums the evidence of the scrapes within the window before now:
+// counters summed, gauges averaged over its time.
 func (t *Tracker) window(tr *track, now time.Time) Window {
 	var w Window
 	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount float64
@@ -439,8 +466,8 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 		succ += d.success
 		unc += d.uncached
 		gen += d.gen
-		run += d.running
-		wait += d.waiting
+		run += d.dt * d.running
+		wait += d.dt * d.waiting
 		n++
 	}
 	if n == 0 || w.Seconds <= 0 {
@@ -464,7 +491,7 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 	if qCount > 0 {
 		w.QueueCount, w.QueueMeanMs = qCount, 1000*qSum/qCount
 	}
-	w.Running, w.Waiting = run/float64(n), wait/float64(n)
+	w.Running, w.Waiting = run/w.Seconds, wait/w.Seconds
 	w.CompletionsPerS, w.UncachedPromptPerS, w.GenerationPerS = succ/w.Seconds, unc/w.Seconds, gen/w.Seconds
 	return w
 }
