@@ -14,13 +14,14 @@ import (
 	"github.com/inferlb/inferlb/tools/workload"
 )
 
-// Issue 23's Envoy check: the first 600 rows of Mooncake's trace (prompts
-// sharing long prefixes inside one user message each, 64 words per hash
-// id, 4× faster) through a real Envoy, ext_proc and control plane get a
-// prefix-cache hit rate within 20% of the simulator's on the same rows,
-// fleet (bench affinity's 4 H100s, at the rig's engine addresses), trace seed, hash_balance_factor and
-// control periods (the rig's, in simulated time), and the control plane
-// learns the split table's shared-prefix depth.
+// Issue 23's Envoy check: the first 2,400 rows of Mooncake's trace
+// (prompts sharing long prefixes inside one user message each, 64 words
+// per hash id, 4× faster: 158 s simulated, 79 s on the rig) through a real
+// Envoy, ext_proc and control plane get a prefix-cache hit rate within 15%
+// of the simulator's on the same rows, fleet (bench affinity's 4 H100s, at
+// the rig's engine addresses), trace seed, hash_balance_factor and control
+// periods (the rig's, in simulated time), and the control plane learns the
+// split table's shared-prefix depth.
 // Needs the shared data directory (skipped without it).
 func TestMooncakeThroughEnvoyMatchesTheSimulator(t *testing.T) {
 	defer leaktest.AfterTest(t)()
@@ -43,33 +44,33 @@ func TestMooncakeThroughEnvoyMatchesTheSimulator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 600
+	const n = 2400
+	if len(rows) < n {
+		t.Fatalf("the Mooncake trace has %d rows, the check replays the first %d", len(rows), n)
+	}
 	// The ratio moves between runs: Envoy's side with timing (the control
 	// plane's cycles and ext_proc's reports in real time), the simulator's
-	// with the rig's engine addresses, which build Maglev's table (0.080 to
-	// 0.105 over four runs at stop 35, Envoy's 0.084-0.086). Outside the
-	// bound, the whole comparison runs again at fresh addresses, up to
-	// three attempts. A regression of the key misses them all.
+	// with the rig's engine addresses, which build Maglev's table. On the
+	// first 600 rows (hit rates near 0.09, a few long prefixes deciding
+	// them) it spread 0.78-1.08 and the bound was 20%; on 2,400 rows (near
+	// 0.33) five runs at stop 36 gave 0.90-0.95 (Envoy 0.317-0.331, the
+	// simulator 0.344-0.351). Outside the bound, the whole comparison runs
+	// again at fresh addresses, up to three attempts. The simulator runs
+	// the same ext_proc and control plane code: what this catches is the
+	// path through Envoy parting from it (the key not reaching Envoy's
+	// hash, reports or scrapes lost, another table than the model's),
+	// which misses every attempt.
 	const attempts = 3
 	var ratios []float64
 	for a := 1; a <= attempts; a++ {
 		r := compareMooncake(t, rows[:n], data)
 		ratios = append(ratios, r)
-		if r >= 0.80 && r <= 1.20 {
+		if r >= 0.85 && r <= 1.15 {
 			break
 		}
-		t.Logf("attempt %d: Envoy/simulator %.2f, outside 20%%", a, r)
+		t.Logf("attempt %d: Envoy/simulator %.2f, outside 15%%", a, r)
 		if a == attempts {
-			// Issue 23 asks for 15%. Until stop 32 the simulator ran at
-			// fixed addresses while the rig's engines had fresh ports, so
-			// each side had its own Maglev table: the ratio spread
-			// 0.75-0.99 and the bound was 25%. At the rig's own addresses:
-			// 0.87-1.00 over nine runs, then, with the penalty's final
-			// spread rule, 0.84-1.05 over six (one of them a clean-clone CI
-			// run that failed a 15% bound), 0.86-1.04 over four at stop 34,
-			// and 0.78 in a clean-clone CI run at stop 35. The bound is
-			// 20%: looser than the issue's 15%, which stays open.
-			t.Errorf("hit rate through Envoy outside 20%% of the simulator's in %d attempts: ratios %.2f", attempts, ratios)
+			t.Errorf("hit rate through Envoy outside 15%% of the simulator's in %d attempts: ratios %.2f", attempts, ratios)
 		}
 	}
 }
@@ -111,9 +112,12 @@ func compareMooncake(t *testing.T, rows []workload.MooncakeRow, data string) flo
 	// ext_proc reports every 500 ms, all in real time: in simulated time,
 	// divided by the time scale.
 	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / o.TimeScale) }
+	// Traffic for as long as the rows last at the speedup, then 20 s for the last
+	// requests to finish.
+	span := (time.Duration(float64(rows[n-1].Timestamp)*float64(time.Millisecond)/o.MooncakeSpeedup) + 20*time.Second).Round(time.Second)
 	sc, err := fleetsim.ParseScenario(fmt.Appendf(nil, `name: mooncake-rig
 fleet: fleet.yaml
-duration: 45s
+duration: %s
 warmup: 0s
 seed: %d
 workload:
@@ -126,7 +130,7 @@ workload:
     - at: 0s
       shares: {local: 1}
 control: {interval: %s, scrape_interval: %s, report_interval: %s}
-`, o.Seed, n, sim(500*time.Millisecond), sim(200*time.Millisecond), sim(500*time.Millisecond)), filepath.Join(dir, "mooncake.yaml"))
+`, span, o.Seed, n, sim(500*time.Millisecond), sim(200*time.Millisecond), sim(500*time.Millisecond)), filepath.Join(dir, "mooncake.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
