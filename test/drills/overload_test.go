@@ -103,7 +103,7 @@ func TestDrillOverload(t *testing.T) {
 	// Let the loop settle (a few cycles: demand window 4 s), then measure
 	// for 15 s.
 	settle := time.Now().Add(8 * time.Second)
-	var maxPenalty float64
+	var maxPenalty, maxCorrection float64
 	var penalized, firstPenalty string
 	minShare, maxShare := 1.0, 0.0
 	var lowShed []float64
@@ -133,6 +133,9 @@ func TestDrillOverload(t *testing.T) {
 			}
 		}
 		if err == nil {
+			for _, x := range v {
+				maxCorrection = max(maxCorrection, x.Correction)
+			}
 			if time.Now().After(settle) {
 				mu.Lock()
 				for _, x := range v {
@@ -194,7 +197,7 @@ func TestDrillOverload(t *testing.T) {
 	t.Logf("offered %.1f/s (1.3× capacity); in the 15-s window: %s", 1.3*capacity, window)
 	t.Logf("admitted %.1f/s = %.0f%% of the measured capacity; engine shares %.3f–%.3f; largest penalty %.2f %s",
 		admitted, 100*admitted/capacity, minShare, maxShare, maxPenalty, penalized)
-	t.Logf("whole run: %s", tally)
+	t.Logf("whole run: %s; largest profile correction %.2f", tally, maxCorrection)
 	slices.Sort(lowShed)
 	if n := len(lowShed); n > 0 {
 		t.Logf("planned low-priority shed in the window: min %.3f, median %.3f, max %.3f (%d samples)", lowShed[0], lowShed[n/2], lowShed[n-1], n)
