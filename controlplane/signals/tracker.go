@@ -421,7 +421,8 @@ func ttftSpread(bounds, in []float64, mean float64) float64 {
 // at the next scrape, stayed: those first tokens were judged against an
 // idle engine's prediction. At stop 35 three of them (a mean of 408 ms,
 // the end of a cancelled burst) against 36 ms predicted gave a healthy
-// engine a 0.90 penalty (TestWindowGaugesCoverTheirIntervals).
+// engine a 0.90 penalty (TestWindowGaugesCoverTheirIntervals here,
+// controlplane's TestCycleQueueBeforeTheWindowIsNotAFault for the penalty).
 func gaugeMean(prev, cur float64) float64 {
 	switch {
 	case math.IsNaN(prev):
