@@ -440,7 +440,6 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 	var ttft, itl, succ, unc, gen, run, wait, qSum, qCount float64
 	var bounds, in []float64 // the window's TTFT buckets (nil: unknown)
 	known := true
-	n := 0
 	for _, d := range tr.deltas {
 		if now.Sub(d.at) > t.evidenceWindow() {
 			continue
@@ -469,9 +468,8 @@ func (t *Tracker) window(tr *track, now time.Time) Window {
 		gen += d.gen
 		run += d.dt * d.running
 		wait += d.dt * d.waiting
-		n++
 	}
-	if n == 0 || w.Seconds <= 0 {
+	if w.Seconds <= 0 {
 		return Window{}
 	}
 	if w.TTFTCount > 0 {

@@ -133,9 +133,6 @@ func TestDrillOverload(t *testing.T) {
 			}
 		}
 		if err == nil {
-			for _, x := range v {
-				maxCorrection = max(maxCorrection, x.Correction)
-			}
 			if time.Now().After(settle) {
 				mu.Lock()
 				for _, x := range v {
@@ -145,6 +142,7 @@ func TestDrillOverload(t *testing.T) {
 				mu.Unlock()
 			}
 			for id, x := range v {
+				maxCorrection = max(maxCorrection, x.Correction)
 				if x.Penalty == 0 {
 					continue
 				}
