@@ -43,19 +43,54 @@ type Decider struct {
 
 	maxMessages atomic.Int64 // body.Limits.MaxMessages (SetMaxMessages)
 
-	placer atomic.Pointer[placer] // prefill-aware placement (nil: off)
+	// placer is the placement in force (nil: off); placeMu guards the
+	// switches it follows.
+	placer               atomic.Pointer[placer]
+	placeMu              sync.Mutex
+	prefillPlace, idlePl bool
 }
 
 // SetPrefillPlacement turns prefill-aware placement on or off (placement.go):
 // a request whose first token is predicted sooner elsewhere in its home
 // engine's region, by more than PlacementSlack, is routed there by its key.
+// On, it supersedes idle placement.
 func (d *Decider) SetPrefillPlacement(on bool) {
-	if !on {
+	d.placeMu.Lock()
+	defer d.placeMu.Unlock()
+	d.prefillPlace = on
+	d.switchPlacer()
+}
+
+// SetIdlePlacement turns idle-engine placement on or off (placement.go):
+// a request moves, by its key, to an engine of its home engine's region
+// with none of this service's requests in flight, or a faster one with
+// fewer and none of its prefills, where its first token is predicted sooner
+// by more than PlacementSlack.
+func (d *Decider) SetIdlePlacement(on bool) {
+	d.placeMu.Lock()
+	defer d.placeMu.Unlock()
+	d.idlePl = on
+	d.switchPlacer()
+}
+
+// switchPlacer puts the placer the switches ask for in force, keeping the
+// one in force when it is already of that kind. Requests placed by a
+// replaced placer end on it (Held keeps it). Callers hold placeMu.
+func (d *Decider) switchPlacer() {
+	cur := d.placer.Load()
+	switch {
+	case d.prefillPlace:
+		if cur == nil || cur.idleOnly {
+			d.placer.Store(newPlacer())
+		}
+	case d.idlePl:
+		if cur == nil || !cur.idleOnly {
+			pl := newPlacer()
+			pl.idleOnly = true
+			d.placer.Store(pl)
+		}
+	default:
 		d.placer.Store(nil)
-		return
-	}
-	if d.placer.Load() == nil {
-		d.placer.Store(newPlacer())
 	}
 }
 
@@ -214,6 +249,10 @@ type Held struct {
 	held           bool // counted in flight: Release must undo it
 	charged        int  // retries charged to the budget
 	prompt, output int  // the request's cost in reports (Class.cost)
+	// placer placed the request, counting it in flight at placed until
+	// Release (nil: no placement).
+	placer *placer
+	placed string
 }
 
 // AffinityHeader is the value of the affinity-key header for the decision.
@@ -351,7 +390,10 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		if (kd.Kind == "group" || kd.Kind == "spread") && kd.Point >= 0 {
 			shared = int(br.Chain.Points[kd.Point].Tokens)
 		}
-		dc.KeyHash = pl.place(p, c.Name, keyHash, prompt, shared, !kd.Off && kd.Key != 0, now)
+		dc.KeyHash, dc.placed = pl.place(p, c.Name, keyHash, prompt, shared, !kd.Off && kd.Key != 0, now)
+		if dc.placed != "" {
+			dc.placer = pl
+		}
 	}
 	return nil
 }
@@ -362,6 +404,10 @@ func (d *Decider) Release(dc *Held) {
 	if dc.held {
 		dc.held = false
 		dc.Class.release()
+		if dc.placer != nil {
+			dc.placer.done(dc.placed)
+			dc.placer = nil
+		}
 	}
 }
 

@@ -88,13 +88,40 @@ func (zeroLoad) Total() int     { return 0 }
 //     is over its share by more than shareSlack and the request loses at
 //     most PlacementSlack there (trading places).
 //
-// Among engines of one speed the table's placement stands. Leaving home
+// Among engines of one speed the table's placement stands (but see the
+// idle rule below). Leaving home
 // is done by the key: the placer finds a key that lands on the chosen
 // engine on the class's table, so Envoy (or the endpoint picker) routes
 // there with nothing but the header; a moved key's next request finds it
 // in the memory (bounded, oldest first out) and goes to the same engine.
+//
+// Idle-engine placement (off by default: Decider.SetIdlePlacement) is a
+// narrower rule, for the engines where the prediction above is exact. A
+// request leaves home, under the same 50 ms slack, the same key trick and
+// the same memory, only for an exclusive engine of home's region and
+// priority with none of this service's prefills outstanding that is
+//   - idle: none of this service's requests in flight there (exclusive:
+//     nobody else's either). It starts the prompt at once, so T(e) holds,
+//     and the move delays nobody. This is a short request keyed behind a
+//     24,000-token prefill (vLLM gives each step's budget to the running
+//     prefill first), or a long prompt keyed to an idle slow engine while
+//     a fast one is idle too; or
+//   - faster than home, with fewer of this service's requests in flight:
+//     the prompt joins its next step, and the in-flight counts Envoy's
+//     bounded load keeps are not made worse.
+//
+// Under load no engine is idle and among engines of one speed the rule
+// does nothing, so the plan's placement and the feedback it learns from
+// are untouched there (docs/sim.md: moving on the placer's backlog alone
+// changed the plan, and lost). It is off by default because at light load
+// the fast engines take more of the work than the plan gives them (the
+// busiest engine's utilization over the mean, shared-preamble: 1.20 →
+// 1.56, at 4% mean utilization).
 type placer struct {
-	mu sync.Mutex
+	// idleOnly: the idle rule alone (idle placement without
+	// --prefill-placement); set before the placer is shared.
+	idleOnly bool
+	mu       sync.Mutex
 	// pol and tables: the tables of the policy last seen (rebuilt when the
 	// policy changes); err its build error.
 	pol    *Policy
@@ -102,6 +129,10 @@ type placer struct {
 	err    error
 	// busy is when the prefills sent to each address end.
 	busy map[string]time.Time
+	// inflight counts the requests placed on each address that have not
+	// ended (Decider.Release: Envoy's access log, or the request table's
+	// expiry); an address with none is absent.
+	inflight map[string]int
 	// sent is the prompt tokens sent to each address, decayed with
 	// sentHalfLife (at sentAt): an engine over its share of them (against
 	// its share of the class's weights) trades places.
@@ -138,7 +169,7 @@ const sentHalfLife = 10 * time.Second
 const maxPlacements = 1 << 16
 
 func newPlacer() *placer {
-	return &placer{busy: map[string]time.Time{}, last: map[uint64]placement{}, sent: map[string]float64{}}
+	return &placer{busy: map[string]time.Time{}, inflight: map[string]int{}, last: map[uint64]placement{}, sent: map[string]float64{}}
 }
 
 func (pl *placer) tablesFor(p *Policy) map[string]*ClassTable {
@@ -152,19 +183,20 @@ func (pl *placer) tablesFor(p *Policy) map[string]*ClassTable {
 	return pl.tables
 }
 
-// place returns the key the request is routed with: key itself, or one
+// place returns the key the request is routed with (key itself, or one
 // that lands on an engine where its first token is predicted sooner by more
-// than PlacementSlack. prompt is the request's prompt tokens, shared the
-// tokens of the key's prefix when the key names a shared prefix (0
-// otherwise), remember whether the key is the request's own (not a fresh
-// one) and its placement is kept for the key's next request, now the
-// decision's time.
-func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int, remember bool, now time.Time) uint64 {
+// than PlacementSlack) and the address the request is counted in flight at
+// until done is called with it ("": none). prompt is the request's prompt
+// tokens, shared the tokens of the key's prefix when the key names a
+// shared prefix (0 otherwise), remember whether the key is the request's
+// own (not a fresh one) and its placement is kept for the key's next
+// request, now the decision's time.
+func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int, remember bool, now time.Time) (uint64, string) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	t := pl.tablesFor(p)[class]
 	if t == nil || len(t.Hosts) < 2 {
-		return key
+		return key, ""
 	}
 	home := t.LB.Choose(envoylb.HeaderHash(hex16(key)), zeroLoad{}, nil, 0)
 	credit := shared
@@ -178,7 +210,7 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 		}
 	}
 	if home < 0 || t.Rates[home] <= 0 {
-		return key
+		return key, ""
 	}
 	when := func(i, cached int) time.Time {
 		start := now
@@ -214,6 +246,13 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 	over := func(i int) float64 {
 		return (pl.sent[t.Hosts[i].Key] + float64(prompt)) / (ssum + float64(prompt)) / (float64(t.Hosts[i].Weight) / wsum)
 	}
+	if pl.idleOnly {
+		best, bestAt := home, homeAt
+		if i, at, ok := pl.idleTarget(p, t, home, region, now, when); ok && homeAt.Sub(at) > PlacementSlack {
+			best, bestAt = i, at
+		}
+		return pl.commit(t, key, home, homeAt, best, bestAt, prompt, remember)
+	}
 	best, bestAt := home, homeAt
 	for i := range t.Hosts {
 		if i == home || !eligible(i) || !t.Exclusive[i] || t.Rates[i] <= t.Rates[home] {
@@ -247,6 +286,38 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 	default:
 		best, bestAt = home, homeAt
 	}
+	return pl.commit(t, key, home, homeAt, best, bestAt, prompt, remember)
+}
+
+// idleTarget is the engine the idle rule may move a request to, and when
+// its first token would come there: among the exclusive engines of home's
+// region and priority with none of this service's prefills outstanding,
+// those with none of its requests in flight, and those faster than home
+// with fewer of its requests in flight, the one predicted soonest (ok
+// false: none qualifies).
+func (pl *placer) idleTarget(p *Policy, t *ClassTable, home int, region string, now time.Time,
+	when func(i, cached int) time.Time) (best int, at time.Time, ok bool) {
+	atHome := pl.inflight[t.Hosts[home].Key]
+	for i, h := range t.Hosts {
+		if i == home || !h.Healthy || h.Weight == 0 || h.Priority != t.Hosts[home].Priority || t.Rates[i] <= 0 ||
+			!t.Exclusive[i] || p.regions[h.Key] != region {
+			continue
+		}
+		if n := pl.inflight[h.Key]; pl.busy[h.Key].After(now) || n > 0 && (t.Rates[i] <= t.Rates[home] || n >= atHome) {
+			continue
+		}
+		if w := when(i, 0); !ok || w.Before(at) {
+			best, at, ok = i, w, true
+		}
+	}
+	return best, at, ok
+}
+
+// commit routes the request to best: by the key itself when the table
+// puts it there, else by a key that lands there (when none does, by the
+// key itself, to home), and counts its prefill and its slot there.
+func (pl *placer) commit(t *ClassTable, key uint64, home int, homeAt time.Time, best int, bestAt time.Time,
+	prompt int, remember bool) (uint64, string) {
 	out := key
 	moved := best != t.LB.Choose(envoylb.HeaderHash(hex16(key)), zeroLoad{}, nil, 0)
 	if moved {
@@ -254,15 +325,25 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 			out = k
 		} else {
 			best, bestAt, moved = home, homeAt, false
-			out = key
 		}
 	}
-	pl.busy[t.Hosts[best].Key] = bestAt
-	pl.sent[t.Hosts[best].Key] += float64(prompt)
+	a := t.Hosts[best].Key
+	pl.busy[a] = bestAt
+	pl.sent[a] += float64(prompt)
+	pl.inflight[a]++
 	if remember {
-		pl.remember(key, placement{addr: t.Hosts[best].Key, tokens: prompt, moved: moved})
+		pl.remember(key, placement{addr: a, tokens: prompt, moved: moved})
 	}
-	return out
+	return out, a
+}
+
+// done ends a request placed on addr (place's second result).
+func (pl *placer) done(addr string) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.inflight[addr]--; pl.inflight[addr] <= 0 {
+		delete(pl.inflight, addr)
+	}
 }
 
 // keyLandingOn finds a key derived from key that lands on host on the

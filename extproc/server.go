@@ -79,6 +79,11 @@ type Options struct {
 	// home's region where its first token is predicted soonest, when that
 	// saves more than PlacementSlack (placement.go).
 	PrefillPlacement bool
+	// IdlePlacement routes a request by its key to an engine of its
+	// home's region with none of this service's requests in flight, or a
+	// faster one with fewer, when its first token is predicted sooner there
+	// by more than PlacementSlack (placement.go).
+	IdlePlacement bool
 	// OnBodyBurst, if set, is called when the request-body bytes in
 	// flight rise to BodyBurst (not again until they have fallen below
 	// it): the service's adaptive-procs controller leaves one P at once.
@@ -159,6 +164,7 @@ func New(opt Options) *Server {
 	}
 	s.dec.SetTokenizers(opt.Tokenizers)
 	s.dec.SetPrefillPlacement(opt.PrefillPlacement)
+	s.dec.SetIdlePlacement(opt.IdlePlacement)
 	if opt.Admission != nil {
 		s.dec.SetAdmission(*opt.Admission)
 	}

@@ -126,8 +126,8 @@ type Config struct {
 	// 0.7 (internal/procs); ignored when GOMAXPROCS is set in the
 	// environment.
 	AdaptiveProcs bool
-	// PrefillPlacement: extproc.Options.PrefillPlacement.
-	PrefillPlacement bool
+	// PrefillPlacement and IdlePlacement: extproc.Options'.
+	PrefillPlacement, IdlePlacement bool
 	// Tokenizers are paths of models' tokenizer.json files (--tokenizer).
 	Tokenizers []string
 	// ReportInterval between Reports (default 1 s).
@@ -437,7 +437,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger, onBodyB
 	if err != nil {
 		return nil, err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, IdlePlacement: cfg.IdlePlacement, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission, OnBodyBurst: onBodyBurst})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)

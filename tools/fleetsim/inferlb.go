@@ -135,6 +135,7 @@ func newDecider(s *Sim) *extproc.Decider {
 	d := extproc.NewDecider(s.wall())
 	d.SetTokenizers(map[string]*hf.Tokenizer{s.tok.SHA256(): s.tok})
 	d.SetPrefillPlacement(s.opt.PrefillPlacement)
+	d.SetIdlePlacement(s.opt.IdlePlacement)
 	return d
 }
 

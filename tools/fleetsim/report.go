@@ -61,8 +61,8 @@ type RunOptions struct {
 	Progress func(policy string, done float64)
 	// BalanceFactor is Options.BalanceFactor for every run.
 	BalanceFactor *float64
-	// PrefillPlacement is Options.PrefillPlacement for every run.
-	PrefillPlacement bool
+	// PrefillPlacement and IdlePlacement are Options' for every run.
+	PrefillPlacement, IdlePlacement bool
 }
 
 // RunScenario runs every policy on the scenario, each in its own
@@ -118,7 +118,7 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 					seed = out.Seed + uint64(k)
 				}
 				o := Options{Scenario: sc, Policy: p, Seed: seed, DataDir: opt.DataDir, BalanceFactor: opt.BalanceFactor,
-					PrefillPlacement: opt.PrefillPlacement}
+					PrefillPlacement: opt.PrefillPlacement, IdlePlacement: opt.IdlePlacement}
 				if opt.Progress != nil {
 					o.Progress = func(d float64) {
 						progMu.Lock()

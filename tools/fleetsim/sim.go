@@ -59,6 +59,9 @@ type Options struct {
 	// PrefillPlacement turns ext_proc's prefill-aware placement on for the
 	// inferlb policies (off by default, as in the service).
 	PrefillPlacement bool
+	// IdlePlacement turns ext_proc's idle-engine placement on for the
+	// inferlb policies (off by default, as in the service).
+	IdlePlacement bool
 	// Keys, if set, is told the affinity key ext_proc's decision gave each
 	// request the inferlb policies admit, in arrival order, with the
 	// request's identity (its conversation and arrival time): tests compare
