@@ -315,7 +315,8 @@ func (pl *placer) idleTarget(p *Policy, t *ClassTable, home int, region string, 
 
 // commit routes the request to best: by the key itself when the table
 // puts it there, else by a key that lands there (when none does, by the
-// key itself, to home), and counts its prefill and its slot there.
+// key itself, counted at home as before), and counts its prefill and its
+// slot there.
 func (pl *placer) commit(t *ClassTable, key uint64, home int, homeAt time.Time, best int, bestAt time.Time,
 	prompt int, remember bool) (uint64, string) {
 	out := key
