@@ -45,9 +45,9 @@ type Decider struct {
 
 	// placer is the placement in force (nil: off); placeMu guards the
 	// switches it follows.
-	placer               atomic.Pointer[placer]
-	placeMu              sync.Mutex
-	prefillPlace, idlePl bool
+	placer            atomic.Pointer[placer]
+	placeMu           sync.Mutex
+	prefillOn, idleOn bool
 }
 
 // SetPrefillPlacement turns prefill-aware placement on or off (placement.go):
@@ -57,7 +57,7 @@ type Decider struct {
 func (d *Decider) SetPrefillPlacement(on bool) {
 	d.placeMu.Lock()
 	defer d.placeMu.Unlock()
-	d.prefillPlace = on
+	d.prefillOn = on
 	d.switchPlacer()
 }
 
@@ -69,7 +69,7 @@ func (d *Decider) SetPrefillPlacement(on bool) {
 func (d *Decider) SetIdlePlacement(on bool) {
 	d.placeMu.Lock()
 	defer d.placeMu.Unlock()
-	d.idlePl = on
+	d.idleOn = on
 	d.switchPlacer()
 }
 
@@ -79,11 +79,11 @@ func (d *Decider) SetIdlePlacement(on bool) {
 func (d *Decider) switchPlacer() {
 	cur := d.placer.Load()
 	switch {
-	case d.prefillPlace:
+	case d.prefillOn:
 		if cur == nil || cur.idleOnly {
 			d.placer.Store(newPlacer())
 		}
-	case d.idlePl:
+	case d.idleOn:
 		if cur == nil || !cur.idleOnly {
 			pl := newPlacer()
 			pl.idleOnly = true

@@ -219,13 +219,6 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 		}
 		return start.Add(time.Duration(float64(max(prompt-cached, 0)) / t.Rates[i] * float64(time.Second)))
 	}
-	if el := now.Sub(pl.sentAt); el > 0 {
-		f := math.Exp2(-el.Seconds() / sentHalfLife.Seconds())
-		for a := range pl.sent {
-			pl.sent[a] *= f
-		}
-		pl.sentAt = now
-	}
 	homeAt := when(home, credit)
 	region := p.regions[t.Hosts[home].Key]
 	// Candidates: the class's engines in home's region and priority (the
@@ -233,6 +226,20 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 	eligible := func(i int) bool {
 		h := t.Hosts[i]
 		return h.Healthy && h.Weight > 0 && h.Priority == t.Hosts[home].Priority && t.Rates[i] > 0 && p.regions[h.Key] == region
+	}
+	if pl.idleOnly {
+		best, bestAt := home, homeAt
+		if i, at, ok := pl.idleTarget(t, home, now, eligible, when); ok && homeAt.Sub(at) > PlacementSlack {
+			best, bestAt = i, at
+		}
+		return pl.commit(t, key, home, homeAt, best, bestAt, prompt, remember)
+	}
+	if el := now.Sub(pl.sentAt); el > 0 {
+		f := math.Exp2(-el.Seconds() / sentHalfLife.Seconds())
+		for a := range pl.sent {
+			pl.sent[a] *= f
+		}
+		pl.sentAt = now
 	}
 	var wsum, ssum float64
 	for i, h := range t.Hosts {
@@ -245,13 +252,6 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 	// over its share of the weights.
 	over := func(i int) float64 {
 		return (pl.sent[t.Hosts[i].Key] + float64(prompt)) / (ssum + float64(prompt)) / (float64(t.Hosts[i].Weight) / wsum)
-	}
-	if pl.idleOnly {
-		best, bestAt := home, homeAt
-		if i, at, ok := pl.idleTarget(p, t, home, region, now, when); ok && homeAt.Sub(at) > PlacementSlack {
-			best, bestAt = i, at
-		}
-		return pl.commit(t, key, home, homeAt, best, bestAt, prompt, remember)
 	}
 	best, bestAt := home, homeAt
 	for i := range t.Hosts {
@@ -290,17 +290,16 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 }
 
 // idleTarget is the engine the idle rule may move a request to, and when
-// its first token would come there: among the exclusive engines of home's
-// region and priority with none of this service's prefills outstanding,
-// those with none of its requests in flight, and those faster than home
-// with fewer of its requests in flight, the one predicted soonest (ok
-// false: none qualifies).
-func (pl *placer) idleTarget(p *Policy, t *ClassTable, home int, region string, now time.Time,
+// its first token would come there: among the eligible exclusive engines
+// (home's region and priority) with none of this service's prefills
+// outstanding, those with none of its requests in flight and those faster
+// than home with fewer of them, the one predicted soonest (ok false: none
+// qualifies).
+func (pl *placer) idleTarget(t *ClassTable, home int, now time.Time, eligible func(int) bool,
 	when func(i, cached int) time.Time) (best int, at time.Time, ok bool) {
 	atHome := pl.inflight[t.Hosts[home].Key]
 	for i, h := range t.Hosts {
-		if i == home || !h.Healthy || h.Weight == 0 || h.Priority != t.Hosts[home].Priority || t.Rates[i] <= 0 ||
-			!t.Exclusive[i] || p.regions[h.Key] != region {
+		if i == home || !eligible(i) || !t.Exclusive[i] {
 			continue
 		}
 		if n := pl.inflight[h.Key]; pl.busy[h.Key].After(now) || n > 0 && (t.Rates[i] <= t.Rates[home] || n >= atHome) {
@@ -330,7 +329,9 @@ func (pl *placer) commit(t *ClassTable, key uint64, home int, homeAt time.Time, 
 	}
 	a := t.Hosts[best].Key
 	pl.busy[a] = bestAt
-	pl.sent[a] += float64(prompt)
+	if !pl.idleOnly {
+		pl.sent[a] += float64(prompt) // the full rule's shares
+	}
 	pl.inflight[a]++
 	if remember {
 		pl.remember(key, placement{addr: a, tokens: prompt, moved: moved})
