@@ -85,6 +85,11 @@ type Params struct {
 	// (zero: plaintext without a token, for a control plane run with
 	// --insecure).
 	XDSAuth XDSAuth
+	// UploadTimeout is how far ext_proc may extend its message timer for a
+	// slow upload (its --upload-timeout): the bootstrap's
+	// max_message_timeout (0: RequestTimeout plus 5 s, ext_proc's default
+	// with the default RequestTimeout).
+	UploadTimeout time.Duration
 	// RequestTimeout bounds receiving a request (headers and body; default
 	// "15s"). It does not limit the response: a stream runs as long as it
 	// keeps sending.
@@ -148,6 +153,11 @@ type hostPort struct {
 }
 
 // data is what the template sees.
+// UploadGrace is extproc.UploadGrace (a test holds them equal): how long
+// ext_proc waits for a streamed body within message_timeout before it
+// extends the timer. MessageTimeout must be at least twice it.
+const UploadGrace = 100 * time.Millisecond
+
 type data struct {
 	Params
 	XDSEndpoints []hostPort
@@ -155,6 +165,8 @@ type data struct {
 	SelectAttempts int
 	// AdminPaths is ReadOnlyAdminPaths.
 	AdminPaths []string
+	// MaxMessageTimeout is UploadTimeout.
+	MaxMessageTimeout string
 }
 
 // Render returns the bootstrap YAML (without an admin section unless
@@ -200,8 +212,14 @@ func Render(p Params) (string, error) {
 	if p.RequestTimeout == "" {
 		p.RequestTimeout = "15s"
 	}
-	if d, err := time.ParseDuration(p.RequestTimeout); err != nil || d <= 0 {
+	rt, err := time.ParseDuration(p.RequestTimeout)
+	if err != nil || rt <= 0 {
 		return "", fmt.Errorf("envoyconfigs: RequestTimeout %q: want a positive duration such as 15s", p.RequestTimeout)
+	}
+	// ext_proc waits UploadGrace for a body within message_timeout before
+	// it extends the timer.
+	if mt, err := time.ParseDuration(p.MessageTimeout); err != nil || mt < 2*UploadGrace {
+		return "", fmt.Errorf("envoyconfigs: MessageTimeout %q: want a duration of at least %v (ext_proc waits %v for a streamed body before it extends the timer)", p.MessageTimeout, 2*UploadGrace, UploadGrace)
 	}
 	if p.MaxRequestHeadersKB == 0 {
 		p.MaxRequestHeadersKB = 60
@@ -222,7 +240,14 @@ func Render(p Params) (string, error) {
 	if p.AuthFilters != "" && p.ClientHeader == "" {
 		return "", fmt.Errorf("envoyconfigs: AuthFilters without a ClientHeader: name the header the filters set")
 	}
-	d := data{Params: p, SelectAttempts: HostSelectionRetryMaxAttempts, AdminPaths: ReadOnlyAdminPaths}
+	if p.UploadTimeout == 0 {
+		p.UploadTimeout = rt + 5*time.Second
+	}
+	if p.UploadTimeout <= UploadGrace {
+		return "", fmt.Errorf("envoyconfigs: UploadTimeout %v: want more than ext_proc's upload grace %v", p.UploadTimeout, UploadGrace)
+	}
+	d := data{Params: p, SelectAttempts: HostSelectionRetryMaxAttempts, AdminPaths: ReadOnlyAdminPaths,
+		MaxMessageTimeout: p.UploadTimeout.String()}
 	addrs := p.XDSAddresses
 	if len(addrs) == 0 {
 		addrs = []string{net.JoinHostPort(p.XDSHost, strconv.Itoa(p.XDSPort))}

@@ -5,11 +5,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lni/goutils/leaktest"
 	"gopkg.in/yaml.v3"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/xds/translate"
 	"github.com/inferlb/inferlb/xds/xdstest"
@@ -53,6 +55,17 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 					t.Fatalf("%s: loaded config lacks %s", v, want)
 				}
 			}
+			// The body streamed to ext_proc without waiting for the
+			// headers' answer, and the timer ext_proc may extend for a
+			// slow upload up to request_timeout plus 5 s.
+			if v != envoyconfigs.Direct {
+				for _, want := range []string{`"request_body_mode": "STREAMED"`, `"send_body_without_waiting_for_header_response": true`,
+					`"max_message_timeout": "20s"`, `"request_trailer_mode": "SEND"`} {
+					if !strings.Contains(s, want) {
+						t.Fatalf("%s: loaded config lacks %s", v, want)
+					}
+				}
+			}
 			// The filter's config type (the filter's name alone is in the
 			// dump's list of compiled-in extensions).
 			if strings.Contains(s, "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor") != (v != envoyconfigs.Direct) {
@@ -69,9 +82,44 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.Direct, NodeID: "n", ListenPort: 1, XDSPort: 1, BodyLimit: 1}); err == nil {
 		t.Fatal("direct without a fallback cluster accepted")
 	}
-	_, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 70000, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1})
+	_, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, MessageTimeout: "150ms"})
+	if err == nil || !strings.Contains(err.Error(), "MessageTimeout") {
+		t.Fatalf("a message timeout shorter than twice ext_proc's upload grace: want an error naming MessageTimeout, got %v", err)
+	}
+	_, err = envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 70000, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1})
 	if err == nil || !strings.Contains(err.Error(), "ListenPort 70000") {
 		t.Fatalf("port 70000: want an error naming ListenPort, got %v", err)
+	}
+}
+
+// Render's check of message_timeout uses ext_proc's upload grace.
+func TestUploadGraceIsExtProcs(t *testing.T) {
+	if envoyconfigs.UploadGrace != extproc.UploadGrace {
+		t.Fatalf("envoy-configs takes ext_proc's upload grace as %v; it is %v", envoyconfigs.UploadGrace, extproc.UploadGrace)
+	}
+}
+
+// The bootstrap lets ext_proc extend its timer as far as its
+// --upload-timeout (default: request_timeout plus 5 s), and refuses one
+// within the grace.
+func TestUploadTimeoutRendered(t *testing.T) {
+	base := envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1}
+	for _, c := range []struct {
+		upload  time.Duration
+		request string
+		want    string
+	}{{0, "", `max_message_timeout: "20s"`}, {0, "30s", `max_message_timeout: "35s"`}, {time.Minute, "", `max_message_timeout: "1m0s"`}} {
+		p := base
+		p.UploadTimeout, p.RequestTimeout = c.upload, c.request
+		y, err := envoyconfigs.Render(p)
+		if err != nil || !strings.Contains(y, c.want) {
+			t.Fatalf("upload timeout %v, request timeout %q: want %s, got %v", c.upload, c.request, c.want, err)
+		}
+	}
+	p := base
+	p.UploadTimeout = 100 * time.Millisecond
+	if _, err := envoyconfigs.Render(p); err == nil || !strings.Contains(err.Error(), "UploadTimeout 100ms") {
+		t.Fatalf("an upload timeout within the grace: want an error naming UploadTimeout, got %v", err)
 	}
 }
 

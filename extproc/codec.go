@@ -55,17 +55,22 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 	return protoCodec.Marshal(v)
 }
 
-// The constant answers: "continue" to every request's request headers (the
-// decision goes with the body's answer) and response headers. They are
-// shared by every stream: never modify one.
+// The constant answers: "continue" to a buffered body's request headers
+// (the decision goes with the body's answer), to each chunk of a streamed
+// body (the decision went with the headers' answer) and to response
+// headers. They are shared by every stream: never modify one.
 var (
 	respContinueHeaders = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{}}}
+	respContinueBody = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{}}}
 	respContinueResponseHeaders = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HeadersResponse{}}}
+	respContinueTrailers = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+		RequestTrailers: &extprocv3.TrailersResponse{}}}
 	constEncoded = func() map[*extprocv3.ProcessingResponse][]byte {
 		m := map[*extprocv3.ProcessingResponse][]byte{}
-		for _, r := range []*extprocv3.ProcessingResponse{respContinueHeaders, respContinueResponseHeaders} {
+		for _, r := range []*extprocv3.ProcessingResponse{respContinueHeaders, respContinueBody, respContinueResponseHeaders, respContinueTrailers} {
 			b, err := proto.Marshal(r)
 			if err != nil {
 				panic(err) // constant messages: cannot fail
@@ -301,9 +306,10 @@ func decodeHeaderMap(b []byte) (*corev3.HeaderMap, bool) {
 // the message that already holds the body.
 var mergeRest = proto.UnmarshalOptions{Merge: true}
 
-// decision is a routing decision's answer as Server.onRequestBody builds
-// it: a request-body response whose common response holds only a header
-// mutation (headers set with a key, a raw value and an append action;
+// decision is a routing decision's answer as Server.decide builds it: a
+// request-body response (the body came buffered) or a request-headers
+// response (it came streamed, and the headers' answer waited for it), whose
+// common response holds only a header mutation (headers set with a key, a raw value and an append action;
 // headers removed) and clear_route_cache. Its pointer is a proto.Message
 // (the embedded message's methods), so any codec encodes it; Codec encodes
 // it directly, without the generic marshaller's reflection (about a tenth
@@ -315,22 +321,26 @@ type decision struct {
 // Field numbers of the messages a decision is made of (the ext_proc and
 // core v3 protos).
 const (
-	fieldResponseRequestBody   = 3 // ProcessingResponse.request_body
-	fieldBodyResponseResponse  = 1 // BodyResponse.response
-	fieldCommonHeaderMutation  = 2 // CommonResponse.header_mutation
-	fieldCommonClearRouteCache = 5 // CommonResponse.clear_route_cache
-	fieldMutationSetHeaders    = 1 // HeaderMutation.set_headers
-	fieldMutationRemoveHeaders = 2 // HeaderMutation.remove_headers
-	fieldOptionHeader          = 1 // HeaderValueOption.header
-	fieldOptionAppendAction    = 3 // HeaderValueOption.append_action
-	fieldHeaderValueKey        = 1 // HeaderValue.key
-	fieldHeaderValueRawValue   = 3 // HeaderValue.raw_value
+	fieldResponseRequestHeaders = 1 // ProcessingResponse.request_headers
+	fieldResponseRequestBody    = 3 // ProcessingResponse.request_body
+	fieldBodyResponseResponse   = 1 // BodyResponse.response, HeadersResponse.response
+	fieldCommonHeaderMutation   = 2 // CommonResponse.header_mutation
+	fieldCommonClearRouteCache  = 5 // CommonResponse.clear_route_cache
+	fieldMutationSetHeaders     = 1 // HeaderMutation.set_headers
+	fieldMutationRemoveHeaders  = 2 // HeaderMutation.remove_headers
+	fieldOptionHeader           = 1 // HeaderValueOption.header
+	fieldOptionAppendAction     = 3 // HeaderValueOption.append_action
+	fieldHeaderValueKey         = 1 // HeaderValue.key
+	fieldHeaderValueRawValue    = 3 // HeaderValue.raw_value
 )
 
 // encodeDecision encodes d as proto.Marshal does (fields in number order,
 // empty ones left out).
 func encodeDecision(d *decision) []byte {
-	cr := d.GetRequestBody().GetResponse()
+	cr, outer := d.GetRequestBody().GetResponse(), protowire.Number(fieldResponseRequestBody)
+	if h := d.GetRequestHeaders(); h != nil {
+		cr, outer = h.GetResponse(), fieldResponseRequestHeaders
+	}
 	hm := cr.GetHeaderMutation()
 	// Sizes, innermost first.
 	optSize := func(o *corev3.HeaderValueOption) (hv, opt int) {
@@ -368,8 +378,8 @@ func encodeDecision(d *decision) []byte {
 	if cr != nil {
 		brSize = protowire.SizeTag(fieldBodyResponseResponse) + protowire.SizeBytes(crSize)
 	}
-	b := make([]byte, 0, protowire.SizeTag(fieldResponseRequestBody)+protowire.SizeBytes(brSize))
-	b = protowire.AppendTag(b, fieldResponseRequestBody, protowire.BytesType)
+	b := make([]byte, 0, protowire.SizeTag(outer)+protowire.SizeBytes(brSize))
+	b = protowire.AppendTag(b, outer, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(brSize))
 	if cr == nil {
 		return b

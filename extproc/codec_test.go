@@ -286,11 +286,14 @@ func TestEncodeDecisionMatchesProto(t *testing.T) {
 			}
 			cr.HeaderMutation = hm
 		}
-		br := &extprocv3.BodyResponse{}
-		if rng.IntN(6) > 0 {
-			br.Response = cr
+		if rng.IntN(6) == 0 {
+			cr = nil
 		}
-		d.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
+		if rng.IntN(2) == 0 { // a streamed body's decision goes with the headers' answer
+			d.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: cr}}
+		} else {
+			d.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}}
+		}
 		check(d)
 	}
 }

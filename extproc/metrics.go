@@ -28,6 +28,13 @@ type metrics struct {
 	contextBounds   *prometheus.CounterVec // method
 	// memoryTrims counts MemoryTrim's returns of memory to the OS.
 	memoryTrims prometheus.Counter
+	// slowUploads counts streamed bodies whose upload outlasted
+	// UploadGrace (Envoy's message timer was extended for them).
+	slowUploads prometheus.Counter
+	// bodies counts the bodies decided on by how Envoy sent them:
+	// buffered (one message) or streamed (chunks, the headers' answer
+	// waiting for them).
+	bodiesBuffered, bodiesStreamed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -98,7 +105,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	m.memoryTrims = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_memory_trims_total",
 		Help: "Times the resident set was above --idle-memory plus twice the request bodies in flight and free memory was returned to the OS."})
-	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims)
+	m.slowUploads = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_slow_uploads_total",
+		Help: "Streamed request bodies not whole after the upload grace: ext_proc extended Envoy's message timer to --upload-timeout for them."})
+	bodies := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_request_bodies_total",
+		Help: "Request bodies decided on, by how Envoy sent them (the ext_proc filter's request_body_mode): buffered (one message) or streamed (chunks sent without waiting for the headers' answer, which carries the decision)."}, []string{"mode"})
+	m.bodiesBuffered, m.bodiesStreamed = bodies.WithLabelValues("buffered"), bodies.WithLabelValues("streamed")
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, bodies)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m

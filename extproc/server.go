@@ -25,6 +25,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -32,6 +33,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/inferlb/inferlb/api/headers"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
@@ -84,12 +86,32 @@ type Options struct {
 	// faster one with fewer, when its first token is predicted sooner there
 	// by more than PlacementSlack (placement.go).
 	IdlePlacement bool
+	// UploadTimeout is how long a streamed request body (Envoy's STREAMED
+	// body mode, sent without waiting for the headers' answer) may take to
+	// arrive: one not whole after UploadGrace has Envoy's message timer
+	// extended to UploadTimeout (override_message_timeout; Envoy honours it
+	// up to its max_message_timeout). Default DefaultUploadTimeout.
+	UploadTimeout time.Duration
 	// OnBodyBurst, if set, is called when the request-body bytes in
 	// flight rise to BodyBurst (not again until they have fallen below
 	// it): the service's adaptive-procs controller leaves one P at once.
 	// It must not block.
 	OnBodyBurst func()
 }
+
+// UploadGrace is how long a streamed request body may take to arrive
+// within Envoy's message_timeout (which then times the whole upload, the
+// headers' answer waiting for the body's end). Envoy sends a body a few
+// microseconds after its headers when the client has sent it; a body not
+// whole by then is a slow client's, and its upload is handed to
+// UploadTimeout. Envoy's message_timeout must be longer than this.
+const UploadGrace = 100 * time.Millisecond
+
+// DefaultUploadTimeout is the default Options.UploadTimeout: the
+// bootstrap's request_timeout (15 s, by which Envoy itself answers 408
+// to a request not received) plus 5 s, so that Envoy's 408 comes first.
+// The bootstrap's max_message_timeout is the same.
+const DefaultUploadTimeout = 20 * time.Second
 
 // BodyBurst is the request-body bytes in flight (held or declared) that
 // make a burst: more than one request at a time brings (8–220 KB each),
@@ -118,6 +140,13 @@ type Server struct {
 	reqs *requestTable
 	// bodyMem is the bytes of request bodies in flight (MaxBodyMemory).
 	bodyMem atomic.Int64
+	// extendUpload asks Envoy to wait UploadTimeout for a slow upload.
+	extendUpload *extprocv3.ProcessingResponse
+}
+
+// extendTimeout is the answer that restarts Envoy's message timer with d.
+func extendTimeout(d time.Duration) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)}
 }
 
 // RunMemoryTrim returns memory to the OS after bursts (MemoryTrim) until
@@ -153,8 +182,11 @@ func New(opt Options) *Server {
 	if opt.MaxBodyMemory <= 0 {
 		opt.MaxBodyMemory = DefaultMaxBodyMemory
 	}
+	if opt.UploadTimeout <= 0 {
+		opt.UploadTimeout = DefaultUploadTimeout
+	}
 	s := &Server{opt: opt, log: opt.Logger, m: newMetrics(opt.Registry), dec: NewDecider(opt.Now()),
-		reqs: newRequestTable(opt.MaxRequestAge, opt.Now())}
+		reqs: newRequestTable(opt.MaxRequestAge, opt.Now()), extendUpload: extendTimeout(opt.UploadTimeout)}
 	opt.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "inferlb_extproc_body_bytes_in_flight",
 		Help: "Request-body bytes held or promised (content-length) and not yet decided on; --max-body-memory bounds it."},
 		func() float64 { return float64(s.bodyMem.Load()) }))
@@ -227,7 +259,7 @@ type phase uint8
 
 const (
 	phaseRequestHeaders phase = iota // waiting for request headers
-	phaseRequestBody                 // headers seen, waiting for the buffered body
+	phaseRequestBody                 // headers seen, waiting for the body (buffered, or its streamed chunks)
 	phaseRouted                      // decision sent; the stream ends
 	phaseObserved                    // response headers seen (only if Envoy sends them)
 	phaseAnswered                    // an ImmediateResponse ended the request
@@ -256,6 +288,91 @@ type stream struct {
 	// answer is the decision's answer once made: sent as a *decision, so
 	// that Codec encodes it directly.
 	answer *decision
+
+	// A streamed body (Envoy's STREAMED mode with
+	// send_body_without_waiting_for_header_response) comes in chunks right
+	// after the headers, whose answer waits for the body's end: it carries
+	// the decision, the route (Envoy has not routed the request yet), and
+	// each chunk's answer follows it.
+	streamed bool
+	// chunks is the streamed body's chunks received (each answered after
+	// the decision); held its bytes so far, from the buffer pools (nil
+	// until a chunk that does not end the body); declared the
+	// content-length (0: none); trailers that the body ended with trailers
+	// (answered last).
+	chunks   int
+	held     *[]byte
+	declared int
+	trailers bool
+	// upload extends Envoy's message timer for a slow upload
+	// (UploadGrace); it stays with the pooled stream, armed only while a
+	// streamed body arrives.
+	upload *uploadTimer
+}
+
+// uploadTimer sends, from its own goroutine, the message that extends
+// Envoy's timer for a streamed body not whole after UploadGrace. A gRPC
+// stream takes one sender at a time: mu serializes it with the stream's
+// own answers.
+type uploadTimer struct {
+	t     *time.Timer
+	armed bool // the stream's goroutine only
+	mu    sync.Mutex
+	// Guarded by mu.
+	srv   grpc.ServerStream
+	msg   *extprocv3.ProcessingResponse
+	count prometheus.Counter // slow uploads
+	off   bool               // the stream answered (or ended): the timer must not send
+}
+
+func (u *uploadTimer) fire() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.off {
+		return
+	}
+	u.off = true
+	u.count.Inc()
+	// An error ends the stream's Recv too; nothing to do here.
+	_ = u.srv.SendMsg(u.msg)
+}
+
+// armUpload starts the timer for the streamed body of a request on srv.
+func (st *stream) armUpload(srv grpc.ServerStream, msg *extprocv3.ProcessingResponse, count prometheus.Counter) {
+	u := st.upload
+	if u == nil {
+		u = &uploadTimer{}
+		st.upload = u
+	}
+	// Set before the timer starts (a stopped timer's goroutine no longer
+	// runs: disarmUpload drops any other).
+	u.mu.Lock()
+	u.srv, u.msg, u.count, u.off = srv, msg, count, false
+	u.mu.Unlock()
+	u.armed = true
+	if u.t == nil {
+		u.t = time.AfterFunc(UploadGrace, u.fire)
+	} else {
+		u.t.Reset(UploadGrace)
+	}
+}
+
+// disarmUpload stops the upload timer before the stream's goroutine sends
+// (or ends). A timer that fired stays with no stream: its goroutine may
+// still be about to run.
+func (st *stream) disarmUpload() {
+	u := st.upload
+	if u == nil || !u.armed {
+		return
+	}
+	u.armed = false
+	stopped := u.t.Stop()
+	u.mu.Lock()
+	u.off, u.srv = true, nil
+	u.mu.Unlock()
+	if !stopped {
+		st.upload = nil
+	}
 }
 
 // streams recycles the per-request state: about 1.7 KB (the decision
@@ -276,8 +393,10 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer func() {
 		// Nothing holds the stream once Process returns: the answers that
 		// alias it (its strip list) were encoded by Send.
-		rm := st.remove[:0]
-		*st = stream{remove: rm}
+		st.disarmUpload()
+		st.releaseHeld()
+		rm, up := st.remove[:0], st.upload
+		*st = stream{remove: rm, upload: up}
 		streams.Put(st)
 	}()
 	// One message at a time, its bytes from the codec's pools (received),
@@ -298,9 +417,13 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			s.log.Warn("ext_proc protocol error", "phase", st.phase.String(), "err", err)
 			return status.Error(codes.FailedPrecondition, err.Error())
 		}
-		if resp == nil { // observability-mode message: no answer expected
+		if st.streamed && st.phase == phaseRequestBody && (st.upload == nil || !st.upload.armed) {
+			st.armUpload(srv, s.extendUpload, s.m.slowUploads)
+		}
+		if resp == nil { // no answer yet (a streamed body's chunk, observability mode)
 			continue
 		}
+		st.disarmUpload()
 		var msg any = resp
 		if st.answer != nil && resp == &st.answer.ProcessingResponse {
 			msg = st.answer
@@ -310,6 +433,21 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			// request): it will not log it as ours.
 			s.abandon(st.id)
 			return err
+		}
+		if st.phase == phaseRouted && st.streamed {
+			// The streamed body's chunks, answered in order after the
+			// headers (grpc-go writes the answers queued together in one
+			// write).
+			for ; st.chunks > 0; st.chunks-- {
+				if err := srv.SendMsg(respContinueBody); err != nil {
+					return err
+				}
+			}
+			if st.trailers {
+				if err := srv.SendMsg(respContinueTrailers); err != nil {
+					return err
+				}
+			}
 		}
 		if st.phase == phaseRouted || st.phase == phaseAnswered {
 			return nil
@@ -340,13 +478,28 @@ func (s *Server) step(st *stream, req *extprocv3.ProcessingRequest) (*extprocv3.
 		if st.phase != phaseRequestHeaders {
 			return nil, fmt.Errorf("request headers in phase %s", st.phase)
 		}
+		if pc := req.GetProtocolConfig(); pc != nil {
+			switch pc.GetRequestBodyMode() {
+			case extprocfilterv3.ProcessingMode_BUFFERED:
+			case extprocfilterv3.ProcessingMode_STREAMED:
+				if !pc.GetSendBodyWithoutWaitingForHeaderResponse() {
+					return nil, errors.New(errBodyModes + " (STREAMED without send_body_without_waiting_for_header_response: the headers' answer, which carries the route, would have to go before the body)")
+				}
+				st.streamed = true
+			default:
+				return nil, fmt.Errorf("%s (request_body_mode %s)", errBodyModes, pc.GetRequestBodyMode())
+			}
+		}
 		return s.onRequestHeaders(st, v.RequestHeaders), nil
 	case *extprocv3.ProcessingRequest_RequestBody:
 		if st.phase != phaseRequestBody {
 			return nil, fmt.Errorf("request body in phase %s", st.phase)
 		}
+		if st.streamed {
+			return s.onBodyChunk(st, v.RequestBody.GetBody(), v.RequestBody.GetEndOfStream()), nil
+		}
 		if !v.RequestBody.GetEndOfStream() {
-			return nil, errors.New("request body arrived in chunks; configure request_body_mode BUFFERED")
+			return nil, errors.New("request body arrived in chunks: " + errBodyModes)
 		}
 		return s.onRequestBody(st, v.RequestBody.GetBody()), nil
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
@@ -356,6 +509,12 @@ func (s *Server) step(st *stream, req *extprocv3.ProcessingRequest) (*extprocv3.
 		// instead of answering.
 		return s.onResponseHeaders(st, v.ResponseHeaders), nil
 	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if st.streamed && st.phase == phaseRequestBody {
+			// The body ended without a chunk that says so: the trailers'
+			// answer goes after the chunks'.
+			st.trailers = true
+			return s.onBodyChunk(st, nil, true), nil
+		}
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}, nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}, nil
@@ -363,6 +522,69 @@ func (s *Server) step(st *stream, req *extprocv3.ProcessingRequest) (*extprocv3.
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}, nil
 	}
 	return nil, fmt.Errorf("unexpected message %T", req.Request)
+}
+
+// errBodyModes says which of Envoy's body modes the service works with.
+const errBodyModes = "configure the ext_proc filter's request_body_mode BUFFERED, or STREAMED with send_body_without_waiting_for_header_response: true"
+
+// onBodyChunk takes a chunk of a streamed body; at its end (the last
+// chunk, or trailers) it decides. Nothing is answered before then: the
+// headers' answer goes first, with the decision.
+func (s *Server) onBodyChunk(st *stream, b []byte, end bool) *extprocv3.ProcessingResponse {
+	if !st.trailers {
+		st.chunks++
+	}
+	n := len(b)
+	if st.held != nil {
+		n += len(*st.held)
+	}
+	// The body is whole at its end, or when it has the content-length
+	// declared: Envoy's last chunk (often empty) need not be waited for,
+	// and a body that ends with trailers, which Envoy 1.40 holds until the
+	// headers are answered, is not stuck.
+	whole := end || (st.declared > 0 && n >= st.declared)
+	if whole && st.held == nil {
+		return s.onRequestBody(st, b) // the whole body in one chunk
+	}
+	if n > s.opt.BodyLimit {
+		// Before Envoy's buffer (its limit is the body limit) fills with
+		// chunks waiting for the headers' answer.
+		return s.reject(st, tooLarge(n, s.opt.BodyLimit))
+	}
+	if int64(n) > st.bodyMem && !s.holdBody(st, int64(n)) {
+		return s.reject(st, errBodyMemory)
+	}
+	st.appendHeld(b)
+	if !whole {
+		return nil
+	}
+	resp := s.onRequestBody(st, *st.held)
+	st.releaseHeld() // the decision keeps nothing of the body
+	return resp
+}
+
+// appendHeld adds a streamed body's chunk to the bytes held, in a pooled
+// buffer of the declared content-length when there is one.
+func (st *stream) appendHeld(b []byte) {
+	if st.held == nil {
+		st.held = getBuf(max(st.declared, len(b)))
+		*st.held = (*st.held)[:0]
+	}
+	h := *st.held
+	if len(h)+len(b) > cap(h) {
+		nb := getBuf(2 * (len(h) + len(b)))
+		*nb = append((*nb)[:0], h...)
+		putBuf(st.held)
+		st.held = nb
+	}
+	*st.held = append(*st.held, b...)
+}
+
+func (st *stream) releaseHeld() {
+	if st.held != nil {
+		putBuf(st.held)
+		st.held = nil
+	}
 }
 
 func headerValue(h *corev3.HeaderValue) string {
@@ -441,7 +663,11 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	if contentLength > 0 && !s.holdBody(st, int64(contentLength)) {
 		return s.reject(st, errBodyMemory)
 	}
+	st.declared = max(contentLength, 0)
 	st.phase = phaseRequestBody
+	if st.streamed {
+		return nil // the answer waits for the body, and carries the decision
+	}
 	// Nothing to change yet: the decision needs the body, and goes with the
 	// body response (allowed for BUFFERED bodies), headers included.
 	return respContinueHeaders
@@ -486,6 +712,11 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	t0 := time.Now()
 	defer func() { s.m.decisionTime.Observe(time.Since(t0).Seconds()) }()
 	s.m.bodyBytes.Observe(float64(len(b)))
+	if st.streamed {
+		s.m.bodiesStreamed.Inc()
+	} else {
+		s.m.bodiesBuffered.Inc()
+	}
 	if len(b) > s.opt.BodyLimit {
 		return s.reject(st, tooLarge(len(b), s.opt.BodyLimit))
 	}
@@ -531,12 +762,17 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 		set = append(set, p.regionHdr)
 	}
 	st.answer = &decision{}
-	st.answer.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-		Response: &extprocv3.CommonResponse{
-			HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: removeUnset(st.remove)},
-			ClearRouteCache: true,
-		},
-	}}
+	cr := &extprocv3.CommonResponse{
+		HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: removeUnset(st.remove)},
+		ClearRouteCache: true,
+	}
+	if st.streamed {
+		// The headers' answer, which waited for the body: the request is
+		// routed when Envoy gets it.
+		st.answer.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: cr}}
+	} else {
+		st.answer.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}}
+	}
 	return &st.answer.ProcessingResponse
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -56,6 +57,10 @@ type extprocBench struct {
 	// settle is how long after each cell the protocol benchmark waits
 	// before it reads the child's resident set again.
 	settle time.Duration
+	// bodyMode is how the protocol client sends a body: "streamed" (as
+	// the frontend bootstrap has Envoy do) or "buffered" (one message,
+	// after the headers' answer; what services before stop 38 take).
+	bodyMode string
 }
 
 // session is request i of worker w's x-session-id ("" when keyed by prefix).
@@ -79,9 +84,11 @@ func init() {
 		Long: `bench extproc measures the ext_proc service in two ways, in one run:
 
 1. Protocol: the service runs as a child process; this command plays Envoy's
-   role over the ext_proc gRPC protocol (request headers and buffered body
-   per request; the service ends the stream with its decision) at each
-   concurrency and body size, and
+   role over the ext_proc gRPC protocol (per request, as the frontend
+   bootstrap has Envoy 1.40 send them: the request headers, then the body
+   at once, without waiting for the headers' answer, in one chunk and an
+   empty last one; --body-mode buffered: the body in one message after the
+   headers' answer) at each concurrency and body size, and
    reports decisions/s, latency per decision (whole ext_proc stream) and the
    service's CPU per decision (from /proc of the child).
 
@@ -110,6 +117,9 @@ balancer's own cost. docs/extproc.md has the figures of
 			if b.key != "session" && b.key != "prefix" {
 				return fmt.Errorf("--key: want session or prefix, got %q", b.key)
 			}
+			if b.bodyMode != "streamed" && b.bodyMode != "buffered" {
+				return fmt.Errorf("--body-mode: want streamed or buffered, got %q", b.bodyMode)
+			}
 			if b.settle < 0 {
 				return fmt.Errorf("--settle must not be negative, got %v", b.settle)
 			}
@@ -128,6 +138,7 @@ balancer's own cost. docs/extproc.md has the figures of
 	f.StringVar(&conc, "concurrency", "1,16,150", "concurrent requests, comma-separated")
 	f.StringVar(&sizes, "sizes", "8192,225280", "chat body sizes in bytes, comma-separated")
 	f.StringVar(&b.key, "key", "session", "what keys the protocol benchmark's requests: session (an x-session-id header) or prefix (none: the prompt's prefix chain and the heavy-hitter sketch)")
+	f.StringVar(&b.bodyMode, "body-mode", "streamed", "how the protocol client sends bodies, as Envoy's request_body_mode: streamed (chunks sent without waiting for the headers' answer, as the frontend bootstrap has Envoy do) or buffered (one message after the headers' answer: for services before streamed bodies)")
 	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
 	f.IntVar(&b.envoyWorkers, "envoy-workers", runtime.NumCPU(), "Envoy worker threads (--concurrency) in the Envoy comparison; Envoy's own default is one per CPU")
 	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")
@@ -388,8 +399,9 @@ func (b *extprocBench) run(ctx context.Context, out io.Writer) error {
 
 func hv(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
 
-// decide plays Envoy for one request over one ext_proc stream.
-func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byte, session string) error {
+// decide plays Envoy for one request over one ext_proc stream, its body
+// streamed or buffered.
+func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byte, session string, streamed bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := c.Process(ctx)
@@ -402,6 +414,9 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 	}}
 	if session != "" {
 		hdrs.Headers = append(hdrs.Headers, hv("x-session-id", session))
+	}
+	if streamed {
+		return decideStreamed(st, hdrs, body)
 	}
 	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}}); err != nil {
@@ -430,6 +445,48 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 	return nil
 }
 
+// decideStreamed sends the request as Envoy 1.40 does with the frontend
+// bootstrap (STREAMED, send_body_without_waiting_for_header_response): the
+// headers with the protocol configuration, then at once the body in one
+// chunk and an empty last one (the chunking Envoy's HTTP/1 path gives a
+// body that arrived whole). The service answers the headers with its
+// decision once the body is whole (its declared length: it need not wait
+// for the empty chunk), then the chunk, and ends the stream.
+func decideStreamed(st extprocv3.ExternalProcessor_ProcessClient, hdrs *corev3.HeaderMap, body []byte) error {
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}, MetadataContext: &corev3.Metadata{},
+		ProtocolConfig: streamedConfig}); err != nil {
+		return err
+	}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body}}, MetadataContext: &corev3.Metadata{}}); err != nil {
+		return err
+	}
+	// Envoy's empty last chunk may reach a stream the service has already
+	// ended: its error is the stream's end, read below.
+	_ = st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{EndOfStream: true}}, MetadataContext: &corev3.Metadata{}})
+	r, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	if r.GetRequestHeaders().GetResponse().GetHeaderMutation() == nil {
+		return fmt.Errorf("no routing decision in the headers' answer: %v", r)
+	}
+	if r, err = st.Recv(); err != nil || r.GetRequestBody() == nil {
+		return fmt.Errorf("the chunk's answer: %v %v", r, err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("stream end after the decision: %v", err)
+	}
+	return nil
+}
+
+// streamedConfig is the protocol configuration the frontend bootstrap's
+// Envoy sends with each request's first message.
+var streamedConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_STREAMED,
+	SendBodyWithoutWaitingForHeaderResponse: true}
+
 func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
 	hport, err := envoyrun.FreePort()
 	if err != nil {
@@ -452,15 +509,15 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 		defer conn.Close()
 		clients = append(clients, extprocv3.NewExternalProcessorClient(conn))
 	}
-	fmt.Fprintf(out, "ext_proc service alone (child pid %d), client playing Envoy over gRPC (%d connections), %v per cell; RSS after: %v idle after the cell\n",
-		pid, len(clients), b.duration, b.settle)
+	fmt.Fprintf(out, "ext_proc service alone (child pid %d), client playing Envoy over gRPC (%d connections, bodies %s), %v per cell; RSS after: %v idle after the cell\n",
+		pid, len(clients), b.bodyMode, b.duration, b.settle)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "body\tconcurrency\tdecisions/s\tp50 ms\tp99 ms\tCPU ms/decision\tservice cores\tpeak RSS MB\tRSS after MB\theap MB\talloc KB/decision\terrors\t")
 	for _, size := range b.sizes {
 		bodies := chatBodies(size, 64)
 		// Warm up (connections, allocator, JIT-free but caches).
 		_, _, _, _ = closedLoop(ctx, 4, 300*time.Millisecond, func(w, i int) error {
-			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], b.session(w, i))
+			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], b.session(w, i), b.bodyMode == "streamed")
 		})
 		for _, c := range b.concurrency {
 			var cr cpuReader
@@ -474,7 +531,7 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 			cpu0 := cr.seconds(pid)
 			t0 := time.Now()
 			ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
-				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], b.session(w, i))
+				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], b.session(w, i), b.bodyMode == "streamed")
 			})
 			el := time.Since(t0).Seconds()
 			cpu1 := cr.seconds(pid)

@@ -33,9 +33,10 @@ import (
 )
 
 // nullProcessor is the cheapest ext_proc service Envoy can have under the
-// same bootstrap: it names the cluster from the request headers and answers
-// every message with "continue", reading nothing, and ends the stream after
-// the body as inferlb's service does. Envoy + nullProcessor is
+// same bootstrap: it names the cluster in its answer to the request headers
+// (at once: Envoy streams the body without waiting for it), answers every
+// body chunk with "continue", reading nothing, and ends the stream once the
+// body is whole, as inferlb's service does. Envoy + nullProcessor is
 // Envoy's own cost of the ext_proc protocol (buffering the body, sending it
 // over gRPC, the extra round trips); inferlb's service adds its decisions
 // on top of that.
@@ -45,6 +46,7 @@ type nullProcessor struct {
 }
 
 func (n nullProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	declared, got := -1, 0
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -55,6 +57,11 @@ func (n nullProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer)
 		var resp *extprocv3.ProcessingResponse
 		switch req.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
+			for _, h := range req.GetRequestHeaders().GetHeaders().GetHeaders() {
+				if h.GetKey() == "content-length" {
+					declared, _ = strconv.Atoi(string(h.GetRawValue()))
+				}
+			}
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 				Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 					{Header: &corev3.HeaderValue{Key: headers.Cluster, RawValue: []byte(n.cluster)}}}}}}}}
@@ -68,8 +75,12 @@ func (n nullProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer)
 		if err := stream.Send(resp); err != nil {
 			return err
 		}
-		if _, ok := req.Request.(*extprocv3.ProcessingRequest_RequestBody); ok {
-			return nil // like inferlb's: the stream ends with the decision
+		if b := req.GetRequestBody(); b != nil {
+			// Like inferlb's: the stream ends once the body is whole (a
+			// streamed body's end, or its declared length).
+			if got += len(b.GetBody()); b.GetEndOfStream() || (declared >= 0 && got >= declared) {
+				return nil
+			}
 		}
 	}
 }

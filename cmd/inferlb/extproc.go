@@ -166,6 +166,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.Int64Var(&cfg.MaxBodyMemory, "max-body-memory", extproc.DefaultMaxBodyMemory, "most request-body bytes in flight (counted from content-length on): a request that would take them past it is answered 503 with Retry-After; at least --body-limit")
 	f.BoolVar(&cfg.PrefillPlacement, "prefill-placement", false, "route a request, by its affinity key, to a faster-prefill engine of its home engine's region when its first token is predicted sooner there by more than 50 ms, and trade places back (docs/extproc.md); off by default: it puts more work on the fast engines than the plan's balance")
 	f.BoolVar(&cfg.IdlePlacement, "idle-placement", false, "route a request, by its affinity key, to an engine of its home engine's region with none of this service's requests in flight (or a faster one with fewer and none of its prefills) when its first token is predicted sooner there by more than 50 ms (docs/extproc.md); off by default: at light load it puts more of the work on the fast engines than the plan's balance; --prefill-placement supersedes it")
+	f.DurationVar(&cfg.UploadTimeout, "upload-timeout", extproc.DefaultUploadTimeout, "how long a request body Envoy streams to ext_proc may take to arrive: one not whole after 100 ms has Envoy's message_timeout extended to this (the bootstrap's max_message_timeout, which --print-bootstrap sets to it; keep it above Envoy's request_timeout, 15 s, so that a client that never finishes gets Envoy's 408)")
 	f.BoolVar(&cfg.AdaptiveProcs, "adaptive-procs", true, "run the Go scheduler on one processor while the service uses under 0.3 of a CPU, on all (GOMAXPROCS's default) above 0.7: one request at a time costs about a fifth less CPU on one; GOMAXPROCS in the environment overrides it")
 	f.Int64Var(&cfg.IdleMemory, "idle-memory", extproc.DefaultIdleMemory, "resident bytes the service returns to after a burst, beside twice the request bodies in flight: above it, free memory goes back to the OS (at most every 5 s); 0: never")
 	f.StringArrayVar(&cfg.Tokenizers, "tokenizer", nil, "a model's tokenizer.json (or .json.gz), repeatable; the policy names each class's by SHA-256 (fleet spec models[].tokenizer) and context limits near a class's are then judged by exact counts, else by the bytes bound")
@@ -271,6 +272,7 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
 		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
 		XDSAuth: xa, ExtProcToken: extToken, ClientHeader: clientHeader, AuthFilters: filters,
+		UploadTimeout: cfg.UploadTimeout,
 	})
 	if err != nil {
 		return err

@@ -128,6 +128,9 @@ type Config struct {
 	AdaptiveProcs bool
 	// PrefillPlacement and IdlePlacement: extproc.Options'.
 	PrefillPlacement, IdlePlacement bool
+	// UploadTimeout is how long a streamed body may take to arrive
+	// (extproc.Options'; 0: extproc.DefaultUploadTimeout).
+	UploadTimeout time.Duration
 	// Tokenizers are paths of models' tokenizer.json files (--tokenizer).
 	Tokenizers []string
 	// ReportInterval between Reports (default 1 s).
@@ -349,6 +352,10 @@ func (cfg *Config) normalize() error {
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
 	case cfg.MaxBodyMemory < 0 || cfg.IdleMemory < 0:
 		return fmt.Errorf("negative body memory bound %d or idle memory %d bytes", cfg.MaxBodyMemory, cfg.IdleMemory)
+	case cfg.UploadTimeout != 0 && cfg.UploadTimeout <= extproc.UploadGrace:
+		// Envoy's timer would be "extended" to less than the grace
+		// already spent.
+		return fmt.Errorf("upload timeout %v (--upload-timeout) must be longer than the upload grace %v", cfg.UploadTimeout, extproc.UploadGrace)
 	case cfg.BodyLimit == 0:
 		cfg.BodyLimit = extproc.DefaultBodyLimit
 	}
@@ -437,7 +444,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger, onBodyB
 	if err != nil {
 		return nil, err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, IdlePlacement: cfg.IdlePlacement, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, IdlePlacement: cfg.IdlePlacement, UploadTimeout: cfg.UploadTimeout, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission, OnBodyBurst: onBodyBurst})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)

@@ -236,8 +236,9 @@ func TestNegativeDurations(t *testing.T) {
 }
 
 // Body-memory settings that cannot work are refused before anything
-// listens: negative bounds, and a body-memory bound below one body of the
-// limit (every such body would be answered 503).
+// listens: negative bounds, a body-memory bound below one body of the
+// limit (every such body would be answered 503), and an upload timeout
+// within ext_proc's upload grace.
 func TestBadBodyMemory(t *testing.T) {
 	for _, c := range []struct {
 		cfg  service.Config
@@ -248,6 +249,8 @@ func TestBadBodyMemory(t *testing.T) {
 		{service.Config{Listen: "127.0.0.1:0", BodyLimit: 1 << 20, MaxBodyMemory: 1 << 19}, "below the body limit"},
 		// 0 is the default (512 MiB), below a 1 GiB body limit.
 		{service.Config{Listen: "127.0.0.1:0", BodyLimit: 1 << 30}, "below the body limit"},
+		// An upload timeout within the grace extends nothing.
+		{service.Config{Listen: "127.0.0.1:0", UploadTimeout: 50 * time.Millisecond}, "upload timeout 50ms (--upload-timeout) must be longer than the upload grace 100ms"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		c.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -1,0 +1,212 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/lni/goutils/leaktest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// streamedHeaders is the first message of a request as Envoy sends it in
+// the given body mode (with or without send_body_without_waiting), with a
+// content-length unless cl < 0.
+func streamedHeaders(mode extprocfilterv3.ProcessingMode_BodySendMode, noWait bool, cl int) *extprocv3.ProcessingRequest {
+	h := []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")}}
+	if cl >= 0 {
+		h = append(h, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(cl))})
+	}
+	return &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: h}}},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, SendBodyWithoutWaitingForHeaderResponse: noWait},
+	}
+}
+
+func chunk(b []byte, end bool) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: b, EndOfStream: end}}}
+}
+
+// The ext_proc protocol of a streamed body (STREAMED, sent without waiting
+// for the headers' answer), message by message: the headers' answer waits
+// for the body and carries the decision, each chunk is answered after it,
+// then the stream ends; a body is whole at its end, its trailers, or its
+// declared length; one past the limit is refused as its chunks arrive; a
+// slow upload gets Envoy's timer extended once; modes the service cannot
+// route in are refused with what to configure.
+func TestStreamedBodyProtocol(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	s := benchServer(t)
+	s.opt.BodyLimit = 4096
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.ForceServerCodecV2(Codec{}))
+	s.Register(g)
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := extprocv3.NewExternalProcessorClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	body := []byte(`{"model":"llama-3-8b","messages":[{"role":"user","content":"hello there"}]}`)
+	streamed := extprocfilterv3.ProcessingMode_STREAMED
+
+	// exchange sends msgs and returns what the service answered until it
+	// ended the stream.
+	exchange := func(msgs ...*extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+		t.Helper()
+		st, err := c.Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if err := st.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out []*extprocv3.ProcessingResponse
+		for {
+			r, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			if err != nil {
+				return out, err
+			}
+			out = append(out, r)
+		}
+	}
+	// routed checks a decision in the headers' answer, then n chunk
+	// answers (and a trailers' answer if trailers).
+	routed := func(name string, out []*extprocv3.ProcessingResponse, err error, n int, trailers bool) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		want := 1 + n
+		if trailers {
+			want++
+		}
+		if len(out) != want {
+			t.Fatalf("%s: %d answers, want %d: %v", name, len(out), want, out)
+		}
+		cr := out[0].GetRequestHeaders().GetResponse()
+		if !cr.GetClearRouteCache() || len(cr.GetHeaderMutation().GetSetHeaders()) == 0 || cr.GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetKey() != "x-inferlb-cluster" {
+			t.Fatalf("%s: the headers' answer is not the decision: %v", name, out[0])
+		}
+		for _, r := range out[1 : 1+n] {
+			if r.GetRequestBody() == nil || r.GetRequestBody().GetResponse() != nil {
+				t.Fatalf("%s: a chunk's answer is not a plain continue: %v", name, r)
+			}
+		}
+		if trailers && out[want-1].GetRequestTrailers() == nil {
+			t.Fatalf("%s: no trailers' answer last: %v", name, out[want-1])
+		}
+	}
+	streamed0 := testutil.ToFloat64(s.m.bodiesStreamed)
+
+	// Chunked, no content-length: whole at the chunk that ends it.
+	out, err := exchange(streamedHeaders(streamed, true, -1), chunk(body[:20], false), chunk(body[20:], false), chunk(nil, true))
+	routed("chunked", out, err, 3, false)
+	// With its content-length: whole at its last byte, without waiting
+	// for Envoy's (empty) end chunk.
+	out, err = exchange(streamedHeaders(streamed, true, len(body)), chunk(body[:30], false), chunk(body[30:], false))
+	routed("declared length", out, err, 2, false)
+	out, err = exchange(streamedHeaders(streamed, true, len(body)), chunk(body, false))
+	routed("declared length, one chunk", out, err, 1, false)
+	// Ended by trailers.
+	out, err = exchange(streamedHeaders(streamed, true, -1), chunk(body, false),
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}})
+	routed("trailers", out, err, 1, true)
+	if got := testutil.ToFloat64(s.m.bodiesStreamed) - streamed0; got != 4 {
+		t.Fatalf("%v streamed bodies counted, want 4", got)
+	}
+
+	// Past the limit, chunked: 413 at the chunk that crosses it, the
+	// others never waited for.
+	big := []byte(`{"model":"llama-3-8b","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`)
+	out, err = exchange(streamedHeaders(streamed, true, -1), chunk(big[:3000], false), chunk(big[3000:], false))
+	if err != nil || len(out) != 1 || out[0].GetImmediateResponse().GetStatus().GetCode() != 413 ||
+		!strings.Contains(string(out[0].GetImmediateResponse().GetBody()), "exceeds the limit of 4096 bytes") {
+		t.Fatalf("chunked past the limit: want one 413 answer, got %v %v", out, err)
+	}
+
+	// A slow upload: after UploadGrace the service asks Envoy to wait
+	// UploadTimeout, once; the request is then decided as usual.
+	slow0 := testutil.ToFloat64(s.m.slowUploads)
+	st, err := c.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(streamedHeaders(streamed, true, len(body))); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(chunk(body[:10], false)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r, err := st.Recv()
+	if err != nil || r.GetOverrideMessageTimeout().AsDuration() != DefaultUploadTimeout || r.Response != nil {
+		t.Fatalf("slow upload: want an override_message_timeout of %v alone, got %v %v", DefaultUploadTimeout, r, err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("the timer was extended after %v", waited)
+	}
+	if got := testutil.ToFloat64(s.m.slowUploads) - slow0; got != 1 {
+		t.Fatalf("%v slow uploads counted, want 1", got)
+	}
+	if err := st.Send(chunk(body[10:], false)); err != nil {
+		t.Fatal(err)
+	}
+	var rest []*extprocv3.ProcessingResponse
+	for {
+		r, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		rest = append(rest, r)
+	}
+	routed("slow upload", rest, nil, 2, false)
+
+	// Modes the service cannot route in.
+	for _, m := range []struct {
+		mode   extprocfilterv3.ProcessingMode_BodySendMode
+		noWait bool
+		says   string
+	}{
+		{streamed, false, "STREAMED without send_body_without_waiting_for_header_response"},
+		{extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true, "request_body_mode FULL_DUPLEX_STREAMED"},
+		{extprocfilterv3.ProcessingMode_NONE, false, "request_body_mode NONE"},
+	} {
+		_, err := exchange(streamedHeaders(m.mode, m.noWait, len(body)))
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), m.says) || !strings.Contains(err.Error(), "configure the ext_proc filter's request_body_mode BUFFERED, or STREAMED with") {
+			t.Fatalf("%v: want FailedPrecondition saying %q and what to configure, got %v", m.mode, m.says, err)
+		}
+	}
+	// BUFFERED, as before: continue to the headers, the decision with the body.
+	out, err = exchange(streamedHeaders(extprocfilterv3.ProcessingMode_BUFFERED, false, len(body)), chunk(body, true))
+	if err != nil || len(out) != 2 || out[0].GetRequestHeaders().GetResponse() != nil || out[1].GetRequestBody().GetResponse().GetHeaderMutation() == nil {
+		t.Fatalf("buffered: %v %v", out, err)
+	}
+}
