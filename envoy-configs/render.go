@@ -85,6 +85,9 @@ type Params struct {
 	// (zero: plaintext without a token, for a control plane run with
 	// --insecure).
 	XDSAuth XDSAuth
+	// BodyMode is how Envoy sends ext_proc the request body: BodyBuffered
+	// (default) or BodyStreamed (docs/extproc.md, "The body").
+	BodyMode string
 	// UploadTimeout is how far ext_proc may extend its message timer for a
 	// slow upload (its --upload-timeout): the bootstrap's
 	// max_message_timeout (0: RequestTimeout plus 5 s, ext_proc's default
@@ -153,6 +156,22 @@ type hostPort struct {
 }
 
 // data is what the template sees.
+// The request body modes (Params.BodyMode).
+const (
+	// BodyBuffered: Envoy buffers the body and sends it a round trip after
+	// the headers, whose answer is "continue"; the decision goes with the
+	// body's answer. Four messages per request.
+	BodyBuffered = "buffered"
+	// BodyStreamed: Envoy sends the body's chunks right after the headers
+	// (STREAMED, send_body_without_waiting_for_header_response); the
+	// headers' answer waits for the body and carries the decision. One
+	// wake-up of ext_proc per request instead of two: a round trip less
+	// and 0.7× ext_proc's CPU one request at a time, but one more message
+	// for Envoy (HTTP/1's empty last chunk), which costs Envoy more at
+	// load.
+	BodyStreamed = "streamed"
+)
+
 // UploadGrace is extproc.UploadGrace (a test holds them equal): how long
 // ext_proc waits for a streamed body within message_timeout before it
 // extends the timer. MessageTimeout must be at least twice it.
@@ -211,6 +230,13 @@ func Render(p Params) (string, error) {
 	}
 	if p.RequestTimeout == "" {
 		p.RequestTimeout = "15s"
+	}
+	switch p.BodyMode {
+	case "":
+		p.BodyMode = BodyBuffered
+	case BodyBuffered, BodyStreamed:
+	default:
+		return "", fmt.Errorf("envoyconfigs: BodyMode %q: want %s or %s", p.BodyMode, BodyBuffered, BodyStreamed)
 	}
 	rt, err := time.ParseDuration(p.RequestTimeout)
 	if err != nil || rt <= 0 {

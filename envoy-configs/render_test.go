@@ -30,11 +30,13 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 	}
 	_, p, _ := net.SplitHostPort(cp.Addr)
 	xdsPort, _ := strconv.Atoi(p)
-	for _, v := range []string{envoyconfigs.FailClosed, envoyconfigs.FailOpen, envoyconfigs.Direct} {
-		t.Run(v, func(t *testing.T) {
+	for _, vm := range []struct{ v, mode string }{{envoyconfigs.FailClosed, ""}, {envoyconfigs.FailOpen, ""}, {envoyconfigs.Direct, ""},
+		{envoyconfigs.FailClosed, envoyconfigs.BodyStreamed}} {
+		v := vm.v
+		t.Run(v+"/"+vm.mode, func(t *testing.T) {
 			y, err := envoyconfigs.Render(envoyconfigs.Params{Variant: v, NodeID: "fe-test", Region: "eu",
 				ListenPort: envoytest.FreePort(t), ExtProcPort: envoytest.FreePort(t), XDSPort: xdsPort,
-				BodyLimit: 1 << 20, FallbackCluster: "class-a"})
+				BodyLimit: 1 << 20, FallbackCluster: "class-a", BodyMode: vm.mode})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,15 +57,21 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 					t.Fatalf("%s: loaded config lacks %s", v, want)
 				}
 			}
-			// The body streamed to ext_proc without waiting for the
-			// headers' answer, and the timer ext_proc may extend for a
-			// slow upload up to request_timeout plus 5 s.
-			if v != envoyconfigs.Direct {
+			// The body buffered by default; streamed to ext_proc without
+			// waiting for the headers' answer on request, with the timer
+			// ext_proc may extend for a slow upload up to request_timeout
+			// plus 5 s.
+			switch {
+			case vm.mode == envoyconfigs.BodyStreamed:
 				for _, want := range []string{`"request_body_mode": "STREAMED"`, `"send_body_without_waiting_for_header_response": true`,
 					`"max_message_timeout": "20s"`, `"request_trailer_mode": "SEND"`} {
 					if !strings.Contains(s, want) {
 						t.Fatalf("%s: loaded config lacks %s", v, want)
 					}
+				}
+			case v != envoyconfigs.Direct:
+				if !strings.Contains(s, `"request_body_mode": "BUFFERED"`) || strings.Contains(s, "send_body_without_waiting") {
+					t.Fatalf("%s: the default is not BUFFERED", v)
 				}
 			}
 			// The filter's config type (the filter's name alone is in the
@@ -82,7 +90,11 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 	if _, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.Direct, NodeID: "n", ListenPort: 1, XDSPort: 1, BodyLimit: 1}); err == nil {
 		t.Fatal("direct without a fallback cluster accepted")
 	}
-	_, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, MessageTimeout: "150ms"})
+	_, err := envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, BodyMode: "chunked"})
+	if err == nil || !strings.Contains(err.Error(), `BodyMode "chunked": want buffered or streamed`) {
+		t.Fatalf("an unknown body mode: want an error naming it, got %v", err)
+	}
+	_, err = envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, MessageTimeout: "150ms"})
 	if err == nil || !strings.Contains(err.Error(), "MessageTimeout") {
 		t.Fatalf("a message timeout shorter than twice ext_proc's upload grace: want an error naming MessageTimeout, got %v", err)
 	}
@@ -103,7 +115,7 @@ func TestUploadGraceIsExtProcs(t *testing.T) {
 // --upload-timeout (default: request_timeout plus 5 s), and refuses one
 // within the grace.
 func TestUploadTimeoutRendered(t *testing.T) {
-	base := envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1}
+	base := envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, BodyMode: envoyconfigs.BodyStreamed}
 	for _, c := range []struct {
 		upload  time.Duration
 		request string

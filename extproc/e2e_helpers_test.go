@@ -113,7 +113,8 @@ type rigOptions struct {
 	balance   uint32
 	policy    func(*policyv1.RoutingPolicy)
 	bodyLimit int
-	noExtProc bool // point Envoy at a port where nothing listens
+	noExtProc bool   // point Envoy at a port where nothing listens
+	bodyMode  string // the bootstrap's (envoyconfigs.BodyMode; "": buffered)
 	reportInt time.Duration
 	// tokenizers are ext_proc's loaded tokenizers (by SHA-256).
 	tokenizers map[string]*hf.Tokenizer
@@ -212,7 +213,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	listen := envoytest.FreePort(t)
 	boot, err := envoyconfigs.Render(envoyconfigs.Params{
 		Variant: o.variant, NodeID: nodeID, Region: "eu-west", ListenPort: listen,
-		ExtProcPort: extPort, XDSPort: xp, BodyLimit: o.bodyLimit, FallbackCluster: "class-llama",
+		ExtProcPort: extPort, XDSPort: xp, BodyLimit: o.bodyLimit, FallbackCluster: "class-llama", BodyMode: o.bodyMode,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -35,6 +35,8 @@ type metrics struct {
 	// buffered (one message) or streamed (chunks, the headers' answer
 	// waiting for them).
 	bodiesBuffered, bodiesStreamed prometheus.Counter
+	// bodyChunks is the chunks a streamed body came in.
+	bodyChunks prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -110,7 +112,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	bodies := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_request_bodies_total",
 		Help: "Request bodies decided on, by how Envoy sent them (the ext_proc filter's request_body_mode): buffered (one message) or streamed (chunks sent without waiting for the headers' answer, which carries the decision)."}, []string{"mode"})
 	m.bodiesBuffered, m.bodiesStreamed = bodies.WithLabelValues("buffered"), bodies.WithLabelValues("streamed")
-	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, bodies)
+	m.bodyChunks = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_request_body_chunks",
+		Help: "Chunks a streamed request body came in until it was whole (each is a message from Envoy and an answer).", Buckets: prometheus.ExponentialBuckets(1, 2, 8)})
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, bodies, m.bodyChunks)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m

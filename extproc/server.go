@@ -714,6 +714,7 @@ func (s *Server) onRequestBody(st *stream, b []byte) *extprocv3.ProcessingRespon
 	s.m.bodyBytes.Observe(float64(len(b)))
 	if st.streamed {
 		s.m.bodiesStreamed.Inc()
+		s.m.bodyChunks.Observe(float64(st.chunks))
 	} else {
 		s.m.bodiesBuffered.Inc()
 	}

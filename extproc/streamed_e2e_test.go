@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
@@ -46,15 +47,15 @@ func counterValue(t *testing.T, s *extproc.Server, name string, labels ...string
 	return n
 }
 
-// Behind the frontend bootstrap, Envoy streams the body to ext_proc without
-// waiting for the headers' answer, and ext_proc routes in that answer, once
+// Behind the frontend bootstrap's streamed body mode, Envoy streams the
+// body to ext_proc without waiting for the headers' answer, and ext_proc routes in that answer, once
 // the body has ended: requests are routed by their body (the model picks
 // the class), a slow client's upload outlives message_timeout (ext_proc
 // extends Envoy's timer), a chunked body past the limit gets 413 as its
 // chunks arrive, and a body that ends with trailers is routed too.
 func TestStreamedBodies(t *testing.T) {
 	noLeaks(t)
-	r := startRig(t, rigOptions{bodyLimit: 64 << 10})
+	r := startRig(t, rigOptions{bodyLimit: 64 << 10, bodyMode: envoyconfigs.BodyStreamed})
 	buffered0 := counterValue(t, r.ext, "inferlb_extproc_request_bodies_total", "mode", "buffered")
 	streamed0 := counterValue(t, r.ext, "inferlb_extproc_request_bodies_total", "mode", "streamed")
 

@@ -30,7 +30,7 @@ func streamedHeaders(mode extprocfilterv3.ProcessingMode_BodySendMode, noWait bo
 		h = append(h, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(cl))})
 	}
 	return &extprocv3.ProcessingRequest{
-		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: h}}},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: h}}},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, SendBodyWithoutWaitingForHeaderResponse: noWait},
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 )
@@ -57,9 +58,9 @@ type extprocBench struct {
 	// settle is how long after each cell the protocol benchmark waits
 	// before it reads the child's resident set again.
 	settle time.Duration
-	// bodyMode is how the protocol client sends a body: "streamed" (as
-	// the frontend bootstrap has Envoy do) or "buffered" (one message,
-	// after the headers' answer; what services before stop 38 take).
+	// bodyMode is the frontend bootstrap's body mode
+	// (envoyconfigs.BodyBuffered or BodyStreamed), in the Envoy comparison
+	// and as the protocol client sends the body.
 	bodyMode string
 }
 
@@ -86,9 +87,9 @@ func init() {
 1. Protocol: the service runs as a child process; this command plays Envoy's
    role over the ext_proc gRPC protocol (per request, as the frontend
    bootstrap has Envoy 1.40 send them: the request headers, then the body
-   at once, without waiting for the headers' answer, in one chunk and an
-   empty last one; --body-mode buffered: the body in one message after the
-   headers' answer) at each concurrency and body size, and
+   in one message after the headers' answer; --body-mode streamed: the
+   body at once, without waiting for the headers' answer, in one chunk and
+   an empty last one) at each concurrency and body size, and
    reports decisions/s, latency per decision (whole ext_proc stream) and the
    service's CPU per decision (from /proc of the child).
 
@@ -117,8 +118,8 @@ balancer's own cost. docs/extproc.md has the figures of
 			if b.key != "session" && b.key != "prefix" {
 				return fmt.Errorf("--key: want session or prefix, got %q", b.key)
 			}
-			if b.bodyMode != "streamed" && b.bodyMode != "buffered" {
-				return fmt.Errorf("--body-mode: want streamed or buffered, got %q", b.bodyMode)
+			if b.bodyMode != envoyconfigs.BodyStreamed && b.bodyMode != envoyconfigs.BodyBuffered {
+				return fmt.Errorf("--body-mode: want %s or %s, got %q", envoyconfigs.BodyBuffered, envoyconfigs.BodyStreamed, b.bodyMode)
 			}
 			if b.settle < 0 {
 				return fmt.Errorf("--settle must not be negative, got %v", b.settle)
@@ -138,7 +139,7 @@ balancer's own cost. docs/extproc.md has the figures of
 	f.StringVar(&conc, "concurrency", "1,16,150", "concurrent requests, comma-separated")
 	f.StringVar(&sizes, "sizes", "8192,225280", "chat body sizes in bytes, comma-separated")
 	f.StringVar(&b.key, "key", "session", "what keys the protocol benchmark's requests: session (an x-session-id header) or prefix (none: the prompt's prefix chain and the heavy-hitter sketch)")
-	f.StringVar(&b.bodyMode, "body-mode", "streamed", "how the protocol client sends bodies, as Envoy's request_body_mode: streamed (chunks sent without waiting for the headers' answer, as the frontend bootstrap has Envoy do) or buffered (one message after the headers' answer: for services before streamed bodies)")
+	f.StringVar(&b.bodyMode, "body-mode", envoyconfigs.BodyBuffered, "the frontend bootstrap's body mode, in the Envoy comparison and as the protocol client sends bodies: buffered (one message after the headers' answer) or streamed (chunks sent without waiting for the headers' answer, which carries the decision; builds before stop 38 serve buffered only)")
 	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
 	f.IntVar(&b.envoyWorkers, "envoy-workers", runtime.NumCPU(), "Envoy worker threads (--concurrency) in the Envoy comparison; Envoy's own default is one per CPU")
 	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")
@@ -446,7 +447,8 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 }
 
 // decideStreamed sends the request as Envoy 1.40 does with the frontend
-// bootstrap (STREAMED, send_body_without_waiting_for_header_response): the
+// bootstrap's streamed body mode (STREAMED,
+// send_body_without_waiting_for_header_response): the
 // headers with the protocol configuration, then at once the body in one
 // chunk and an empty last one (the chunking Envoy's HTTP/1 path gives a
 // body that arrived whole). The service answers the headers with its
@@ -482,8 +484,8 @@ func decideStreamed(st extprocv3.ExternalProcessor_ProcessClient, hdrs *corev3.H
 	return nil
 }
 
-// streamedConfig is the protocol configuration the frontend bootstrap's
-// Envoy sends with each request's first message.
+// streamedConfig is the protocol configuration Envoy sends with each
+// request's first message under the bootstrap's streamed body mode.
 var streamedConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_STREAMED,
 	SendBodyWithoutWaitingForHeaderResponse: true}
 
@@ -517,7 +519,7 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 		bodies := chatBodies(size, 64)
 		// Warm up (connections, allocator, JIT-free but caches).
 		_, _, _, _ = closedLoop(ctx, 4, 300*time.Millisecond, func(w, i int) error {
-			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], b.session(w, i), b.bodyMode == "streamed")
+			return decide(ctx, clients[w%len(clients)], bodies[i%len(bodies)], b.session(w, i), b.bodyMode == envoyconfigs.BodyStreamed)
 		})
 		for _, c := range b.concurrency {
 			var cr cpuReader
@@ -531,7 +533,7 @@ func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir strin
 			cpu0 := cr.seconds(pid)
 			t0 := time.Now()
 			ok, bad, lat, ferr := closedLoop(ctx, c, b.duration, func(w, i int) error {
-				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], b.session(w, i), b.bodyMode == "streamed")
+				return decide(ctx, clients[w%len(clients)], bodies[(w*131+i)%len(bodies)], b.session(w, i), b.bodyMode == envoyconfigs.BodyStreamed)
 			})
 			el := time.Since(t0).Seconds()
 			cpu1 := cr.seconds(pid)

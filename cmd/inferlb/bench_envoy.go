@@ -292,7 +292,7 @@ func (b *extprocBench) benchFrontend(dir, variant string, extProc *child, xdsAdd
 		return nil, "", err
 	}
 	boot, err := envoyconfigs.Render(envoyconfigs.Params{Variant: variant, NodeID: benchNode, Region: "local",
-		ListenPort: port, ExtProcPort: extPort, XDSPort: xdsPort, BodyLimit: bodyLimit, FallbackCluster: benchCluster})
+		ListenPort: port, ExtProcPort: extPort, XDSPort: xdsPort, BodyLimit: bodyLimit, FallbackCluster: benchCluster, BodyMode: b.bodyMode})
 	if err != nil {
 		return nil, "", err
 	}

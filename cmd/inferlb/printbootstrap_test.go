@@ -19,16 +19,21 @@ func TestPrintBootstrapVariants(t *testing.T) {
 	cfg := service.Config{Listen: "127.0.0.1:9002", ControlPlane: "127.0.0.1:18000", NodeID: "fe", Region: "r",
 		BodyLimit: 1 << 20, Auth: auth.Client{Insecure: true}}
 	for _, c := range []struct {
-		variant, fallback, want string
+		variant, fallback, bodyMode, want string
 	}{
-		{"fail-closed", "", "failure_mode_allow: false"},
-		{"fail-open", "inferlb_chat", "failure_mode_allow: true"},
-		{"direct", "inferlb_chat", `--print-bootstrap "direct": want fail-closed or fail-open`},
+		{"fail-closed", "", "", "failure_mode_allow: false"},
+		{"fail-open", "inferlb_chat", "", "failure_mode_allow: true"},
+		{"direct", "inferlb_chat", "", `--print-bootstrap "direct": want fail-closed or fail-open`},
+		{"fail-closed", "", "buffered", "request_body_mode: BUFFERED"},
+		// The upload timeout (default 20 s) is how far Envoy lets ext_proc
+		// extend its timer.
+		{"fail-closed", "", "streamed", `max_message_timeout: "20s"`},
+		{"fail-closed", "", "whole", `--envoy-body-mode "whole": want buffered or streamed`},
 	} {
 		var out bytes.Buffer
 		cmd := &cobra.Command{}
 		cmd.SetOut(&out)
-		err := printFrontendBootstrap(cmd, cfg, c.variant, c.fallback, "", "", 10000)
+		err := printFrontendBootstrap(cmd, cfg, c.variant, c.fallback, "", "", c.bodyMode, 10000)
 		got := out.String()
 		if err != nil {
 			got = err.Error()
@@ -56,7 +61,7 @@ func TestPrintBootstrapSDS(t *testing.T) {
 	cmd := &cobra.Command{}
 	cmd.SetOut(&out)
 	sds := filepath.Join(dir, "sds")
-	if err := printFrontendBootstrap(cmd, cfg, "fail-closed", "", "", sds, 10000); err != nil {
+	if err := printFrontendBootstrap(cmd, cfg, "fail-closed", "", "", sds, "", 10000); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), filepath.Join(sds, "xds-client-cert.yaml")) || strings.Contains(out.String(), "tls_certificates:") {
@@ -71,7 +76,7 @@ func TestPrintBootstrapSDS(t *testing.T) {
 		t.Errorf("SDS file:\n%s\nwant the certificate's absolute path %s, watched", b, abs)
 	}
 	cfg.Auth = auth.Client{Insecure: true}
-	if err := printFrontendBootstrap(cmd, cfg, "fail-closed", "", "", sds, 10000); err == nil || !strings.Contains(err.Error(), "--envoy-sds-dir") {
+	if err := printFrontendBootstrap(cmd, cfg, "fail-closed", "", "", sds, "", 10000); err == nil || !strings.Contains(err.Error(), "--envoy-sds-dir") {
 		t.Errorf("SDS without TLS credentials: %v, want an error naming --envoy-sds-dir", err)
 	}
 }
