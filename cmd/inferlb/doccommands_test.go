@@ -189,6 +189,8 @@ var docCommands = []docCmd{
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
 	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},
 	{cmd: "curl -s http://127.0.0.1:18080/affinity", with: "control-plane", want: `"hot_share_of_class"`},
+	{cmd: "inferlb bench extproc --protocol-only --duration 3s --concurrency 1,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's streamed-body table (minutes, with --extproc-binary and --body-mode per build); the bench extproc entry above covers the command"},
+	{cmd: "inferlb bench extproc --envoy-only --duration 3s --concurrency 1,150 --sizes 8192,225280", skip: "the measurement behind docs/extproc.md's streamed-body table behind Envoy (minutes); the bench extproc entry above covers the command"},
 	{cmd: "inferlb bench extproc --envoy-only --concurrency 150 --sizes 225280,8192", skip: "the measurement behind docs/extproc.md's Envoy table (minutes); the bench extproc entry above covers the command"},
 }
 
