@@ -155,7 +155,6 @@ type hostPort struct {
 	Port int
 }
 
-// data is what the template sees.
 // The request body modes (Params.BodyMode).
 const (
 	// BodyBuffered: Envoy buffers the body and sends it a round trip after
@@ -177,6 +176,7 @@ const (
 // extends the timer. MessageTimeout must be at least twice it.
 const UploadGrace = 100 * time.Millisecond
 
+// data is what the template sees.
 type data struct {
 	Params
 	XDSEndpoints []hostPort
@@ -242,10 +242,14 @@ func Render(p Params) (string, error) {
 	if err != nil || rt <= 0 {
 		return "", fmt.Errorf("envoyconfigs: RequestTimeout %q: want a positive duration such as 15s", p.RequestTimeout)
 	}
-	// ext_proc waits UploadGrace for a body within message_timeout before
-	// it extends the timer.
-	if mt, err := time.ParseDuration(p.MessageTimeout); err != nil || mt < 2*UploadGrace {
-		return "", fmt.Errorf("envoyconfigs: MessageTimeout %q: want a duration of at least %v (ext_proc waits %v for a streamed body before it extends the timer)", p.MessageTimeout, 2*UploadGrace, UploadGrace)
+	mt, err := time.ParseDuration(p.MessageTimeout)
+	if err != nil || mt <= 0 {
+		return "", fmt.Errorf("envoyconfigs: MessageTimeout %q: want a positive duration such as 1s", p.MessageTimeout)
+	}
+	// Streamed, ext_proc waits UploadGrace for a body within
+	// message_timeout before it extends the timer.
+	if p.BodyMode == BodyStreamed && mt < 2*UploadGrace {
+		return "", fmt.Errorf("envoyconfigs: MessageTimeout %q: with BodyMode streamed, want at least %v (ext_proc waits %v for a streamed body before it extends the timer)", p.MessageTimeout, 2*UploadGrace, UploadGrace)
 	}
 	if p.MaxRequestHeadersKB == 0 {
 		p.MaxRequestHeadersKB = 60

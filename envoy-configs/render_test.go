@@ -94,8 +94,8 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `BodyMode "chunked": want buffered or streamed`) {
 		t.Fatalf("an unknown body mode: want an error naming it, got %v", err)
 	}
-	_, err = envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, MessageTimeout: "150ms"})
-	if err == nil || !strings.Contains(err.Error(), "MessageTimeout") {
+	_, err = envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, MessageTimeout: "150ms", BodyMode: envoyconfigs.BodyStreamed})
+	if err == nil || !strings.Contains(err.Error(), `MessageTimeout "150ms": with BodyMode streamed, want at least 200ms`) {
 		t.Fatalf("a message timeout shorter than twice ext_proc's upload grace: want an error naming MessageTimeout, got %v", err)
 	}
 	_, err = envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 70000, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1})
