@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -52,6 +53,18 @@ func codecSeeds(t testing.TB) [][]byte {
 			MetadataContext: &corev3.Metadata{}},
 		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{}}}},
 		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{EndOfStream: true}}},
+		// A request's first message as Envoy sends it: with its protocol
+		// configuration (BUFFERED; STREAMED without waiting; the default).
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/v1/chat/completions")}}}}},
+			MetadataContext: &corev3.Metadata{}, ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED}},
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{}},
+			MetadataContext: &corev3.Metadata{}, ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_STREAMED,
+				ResponseBodyMode: extprocfilterv3.ProcessingMode_NONE, SendBodyWithoutWaitingForHeaderResponse: true}},
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{}}, ProtocolConfig: &extprocv3.ProtocolConfiguration{}},
+		// Beside other fields, left to the standard codec.
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{}}, ObservabilityMode: true,
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED}},
 	}
 	var out [][]byte
 	for _, m := range msgs {
@@ -85,6 +98,16 @@ func codecSeeds(t testing.TB) [][]byte {
 	overlong := append(protowire.AppendTag(nil, 1, protowire.BytesType), 0x83, 0x80, 0x00, 'a', 'b', 'c')
 	out = append(out, hv(key("\xff")), hv(overlong, protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), []byte("x"))),
 		hv(key("a"), key("b")), append(hv(key("a")), hv(key("b"))...))
+	// Protocol configurations proto.Marshal never writes: a mode given
+	// twice, a bool of 2, a mode past the shared table, the message twice.
+	pc := func(fields ...uint64) []byte {
+		var v []byte
+		for i := 0; i+1 < len(fields); i += 2 {
+			v = protowire.AppendVarint(protowire.AppendTag(v, protowire.Number(fields[i]), protowire.VarintType), fields[i+1])
+		}
+		return protowire.AppendBytes(protowire.AppendTag(hv(key("k")), 11, protowire.BytesType), v)
+	}
+	out = append(out, pc(1, 2, 1, 1), pc(3, 2), pc(1, 9), pc(2, 4, 3, 1), append(pc(1, 1), pc(3, 1)[len(hv(key("k"))):]...))
 	return out
 }
 
@@ -295,5 +318,33 @@ func TestEncodeDecisionMatchesProto(t *testing.T) {
 			d.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}}
 		}
 		check(d)
+	}
+}
+
+// A request's first message, with Envoy's protocol configuration, takes
+// the fast path: the configuration is the shared value, not a fresh one per
+// request.
+func TestCodecProtocolConfigShared(t *testing.T) {
+	for _, want := range []*extprocv3.ProtocolConfiguration{
+		{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED},
+		{RequestBodyMode: extprocfilterv3.ProcessingMode_STREAMED, SendBodyWithoutWaitingForHeaderResponse: true},
+	} {
+		b, err := proto.Marshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{}},
+			MetadataContext: &corev3.Metadata{}, ProtocolConfig: want})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a, c received
+		if err := (Codec{}).Unmarshal(split(b, 16384), &a); err != nil {
+			t.Fatal(err)
+		}
+		if err := (Codec{}).Unmarshal(split(b, 16384), &c); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(a.ProtocolConfig, want) || a.ProtocolConfig != c.ProtocolConfig || a.MetadataContext == nil {
+			t.Fatalf("decoded %v (shared: %v), want %v shared", a.ProtocolConfig, a.ProtocolConfig == c.ProtocolConfig, want)
+		}
+		a.release()
+		c.release()
 	}
 }

@@ -419,8 +419,10 @@ func decide(ctx context.Context, c extprocv3.ExternalProcessorClient, body []byt
 	if streamed {
 		return decideStreamed(st, hdrs, body)
 	}
+	// As Envoy 1.40 sends it: with an empty metadata_context and, on a
+	// request's first message, the protocol configuration.
 	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}}); err != nil {
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}, MetadataContext: &corev3.Metadata{}, ProtocolConfig: bufferedConfig}); err != nil {
 		return err
 	}
 	if _, err := st.Recv(); err != nil {
@@ -484,10 +486,13 @@ func decideStreamed(st extprocv3.ExternalProcessor_ProcessClient, hdrs *corev3.H
 	return nil
 }
 
-// streamedConfig is the protocol configuration Envoy sends with each
-// request's first message under the bootstrap's streamed body mode.
-var streamedConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_STREAMED,
-	SendBodyWithoutWaitingForHeaderResponse: true}
+// streamedConfig and bufferedConfig are the protocol configurations Envoy
+// sends with each request's first message under the bootstrap's body modes.
+var (
+	streamedConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_STREAMED,
+		SendBodyWithoutWaitingForHeaderResponse: true}
+	bufferedConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED}
+)
 
 func (b *extprocBench) runProtocol(ctx context.Context, out io.Writer, dir string, bodyLimit int) error {
 	hport, err := envoyrun.FreePort()
