@@ -557,18 +557,5 @@ func TestLocalInflightLimit(t *testing.T) {
 // engines: responses whose serving engine ext_proc read from Envoy.
 func observedResponses(t *testing.T, s *extproc.Server) float64 {
 	t.Helper()
-	mfs, err := s.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != "inferlb_extproc_upstream_responses_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			n += m.GetCounter().GetValue()
-		}
-	}
-	return n
+	return counterValue(t, s, "inferlb_extproc_upstream_responses_total")
 }

@@ -25,22 +25,9 @@ import (
 // Messages out of order end the stream with FailedPrecondition instead of a
 // guess; before any policy, requests get 503.
 func TestStateMachine(t *testing.T) {
-	defer leaktest.AfterTest(t)()
+	t.Cleanup(leaktest.AfterTest(t))
 	s := New(Options{Registry: prometheus.NewRegistry()})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	s.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := extprocv3.NewExternalProcessorClient(conn)
+	c := serveOnLoopback(t, s)
 	ctx := context.Background()
 
 	st, _ := c.Process(ctx)
@@ -74,6 +61,30 @@ func TestStateMachine(t *testing.T) {
 		t.Fatalf("no policy: status %v", got)
 	}
 	_ = st.CloseSend()
+}
+
+// serveOnLoopback serves s over gRPC on a loopback port with the given
+// server options and returns a client of it; both stop when the test ends
+// (before a leak check registered earlier with t.Cleanup).
+func serveOnLoopback(t *testing.T, s *Server, opts ...grpc.ServerOption) extprocv3.ExternalProcessorClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(opts...)
+	s.Register(g)
+	go func() { _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		g.Stop()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		g.Stop()
+	})
+	return extprocv3.NewExternalProcessorClient(conn)
 }
 
 // Demand reports count a request's output as its max_tokens, or the class's

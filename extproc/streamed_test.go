@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -47,23 +45,10 @@ func chunk(b []byte, end bool) *extprocv3.ProcessingRequest {
 // slow upload gets Envoy's timer extended once; modes the service cannot
 // route in are refused with what to configure.
 func TestStreamedBodyProtocol(t *testing.T) {
-	defer leaktest.AfterTest(t)()
+	t.Cleanup(leaktest.AfterTest(t))
 	s := benchServer(t)
 	s.opt.BodyLimit = 4096
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.ForceServerCodecV2(Codec{}))
-	s.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := extprocv3.NewExternalProcessorClient(conn)
+	c := serveOnLoopback(t, s, grpc.ForceServerCodecV2(Codec{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	body := []byte(`{"model":"llama-3-8b","messages":[{"role":"user","content":"hello there"}]}`)
