@@ -386,11 +386,7 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		if now.IsZero() {
 			now = time.Now()
 		}
-		shared := 0
-		if (kd.Kind == "group" || kd.Kind == "spread") && kd.Point >= 0 {
-			shared = int(br.Chain.Points[kd.Point].Tokens)
-		}
-		dc.KeyHash, dc.placed = pl.place(p, c.Name, keyHash, prompt, shared, !kd.Off && kd.Key != 0, now)
+		dc.KeyHash, dc.placed = pl.place(p, c.Name, keyHash, prompt, sharedTokens(&kd, br), !kd.Off && kd.Key != 0, now)
 		if dc.placed != "" {
 			dc.placer = pl
 		}
@@ -481,4 +477,25 @@ func (d *Decider) Failed(addr string) (engineID string) {
 	}
 	d.obs.Failure(addr, engineID)
 	return engineID
+}
+
+// sharedTokens is the prefix of the request's prompt that placement
+// credits to its home engine as cached (placer.place's shared): a group or
+// spread key's prefix, and the request's deepest hot prefix whatever its
+// key. A hot point is one the split table learned that many conversations
+// pass through; the table keys them deeper (or spreads them), so the
+// engines the class's table sends them to hold it. Without the credit a
+// request opening with a hot 3,000-token preamble looked 250 ms slower at
+// a slow home than at an idle fast engine, which has to prefill the
+// preamble too: on shared-preamble idle placement moved such requests, and
+// the busiest engine's utilization over the mean went from 1.20 to 1.56.
+func sharedTokens(kd *KeyDecision, br *body.Request) int {
+	n := 0
+	if (kd.Kind == "group" || kd.Kind == "spread") && kd.Point >= 0 {
+		n = int(br.Chain.Points[kd.Point].Tokens)
+	}
+	if kd.Hot >= 0 {
+		n = max(n, int(br.Chain.Points[kd.Hot].Tokens))
+	}
+	return n
 }

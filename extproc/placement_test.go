@@ -337,6 +337,21 @@ func TestIdlePlacement(t *testing.T) {
 		}
 	})
 
+	t.Run("a prefix credited at home keeps a long prompt there", func(t *testing.T) {
+		// 4,000 tokens keyed to a (idle, 364 ms) against the idle faster
+		// f (160 ms): it moves. With 3,500 of them credited as cached at
+		// home (a hot preamble, sharedTokens) a takes 45 ms: it stays.
+		pl := newIdle()
+		k := keyOn(t, p, idleA, 1)
+		if _, a := pl.place(p, "c", k, 4000, 0, true, t0); a != idleF {
+			t.Fatalf("an uncached 4,000-token prompt went to %s, want the faster idle %s", a, idleF)
+		}
+		pl = newIdle()
+		if got, a := pl.place(p, "c", k, 4000, 3500, true, t0); got != k || a != idleA {
+			t.Fatalf("a 4,000-token prompt with 3,500 cached at home moved to %s", a)
+		}
+	})
+
 	t.Run("ends are counted", func(t *testing.T) {
 		pl := newIdle()
 		_, _, a := place(pl, idleA, 1, 300, 0)
@@ -397,5 +412,50 @@ func TestDecideIdlePlacementCountsTheRequest(t *testing.T) {
 	d.Release(&dc.Held)
 	if len(pl.inflight) != 0 {
 		t.Fatalf("after Release the placer counts %v in flight", pl.inflight)
+	}
+}
+
+// TestSharedTokensCreditsTheHotPrefix: placement credits home with the
+// request's deepest hot prefix whatever its key (a preamble the table keys
+// deeper), with a group or spread key's prefix, and with nothing when the
+// table knows no point of the prompt.
+func TestSharedTokensCreditsTheHotPrefix(t *testing.T) {
+	b := conversation(testPreamble, 0, 1)[0]
+	hot := preAnchor(t, b)
+	if len(hot) < 3 {
+		t.Fatalf("%d points inside the preamble", len(hot))
+	}
+	var deeper []*policyv1.PrefixRule
+	for _, h := range hot {
+		deeper = append(deeper, &policyv1.PrefixRule{Prefix: h, Action: policyv1.PrefixRule_ACTION_DEEPER, Spread: 4})
+	}
+	br := parse(t, b)
+	deepest := int(br.Chain.Points[len(hot)-1].Tokens)
+	for _, c := range []struct {
+		name string
+		aff  *policyv1.Affinity
+		kind string
+		want int
+	}{
+		{"no table", nil, "conversation", 0},
+		{"hot preamble keyed deeper", table(deeper...), "conversation", deepest},
+		// A spread key is credited with its conversation's point, past
+		// the hot one.
+		{"spread", table(&policyv1.PrefixRule{Prefix: hot[len(hot)-1], Action: policyv1.PrefixRule_ACTION_SPREAD, Spread: 4}), "spread", int(br.Chain.Points[len(hot)].Tokens)},
+		{"group", table(&policyv1.PrefixRule{Prefix: hot[1], Action: policyv1.PrefixRule_ACTION_GROUP}), "group", int(br.Chain.Points[1].Tokens)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := compiled(t, c.aff)
+			kd := a.key("", br, nil)
+			if kd.Kind != c.kind {
+				t.Fatalf("kind %q, want %q", kd.Kind, c.kind)
+			}
+			if got := sharedTokens(&kd, br); got != c.want {
+				t.Errorf("credited %d tokens, want %d", got, c.want)
+			}
+		})
+	}
+	if deepest <= 0 || deepest >= br.PromptTokens {
+		t.Fatalf("the preamble's deepest point has %d of the prompt's %d tokens", deepest, br.PromptTokens)
 	}
 }
