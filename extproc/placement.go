@@ -95,8 +95,9 @@ func (zeroLoad) Total() int     { return 0 }
 // there with nothing but the header; a moved key's next request finds it
 // in the memory (bounded, oldest first out) and goes to the same engine.
 //
-// Idle-engine placement (off by default: Decider.SetIdlePlacement) is a
-// narrower rule, for the engines where the prediction above is exact. A
+// Idle-engine placement (Decider.SetIdlePlacement; on in `inferlb
+// extproc` by default) is a narrower rule, for the engines where the
+// prediction above is exact. A
 // request leaves home, under the same 50 ms slack, the same key trick and
 // the same memory, only for an exclusive engine of home's region and
 // priority with none of this service's prefills outstanding that is
@@ -113,10 +114,12 @@ func (zeroLoad) Total() int     { return 0 }
 // Under load no engine is idle and among engines of one speed the rule
 // does nothing, so the plan's placement and the feedback it learns from
 // are untouched there (docs/sim.md: moving on the placer's backlog alone
-// changed the plan, and lost). It is off by default because at light load
-// the fast engines take more of the work than the plan gives them (the
-// busiest engine's utilization over the mean, shared-preamble: 1.20 →
-// 1.56, at 4% mean utilization).
+// changed the plan, and lost). Home is credited with the request's
+// deepest hot prefix (Decide's sharedTokens): without it, requests opening
+// with a hot preamble left a slow home that held it for an idle fast engine
+// that did not, and at light load the fast engines took more of the work
+// than the plan gave them (shared-preamble's busiest engine's utilization
+// over the mean 1.20 → 1.56; 1.20 with the credit).
 type placer struct {
 	// idleOnly: the idle rule alone (idle placement without
 	// --prefill-placement); set before the placer is shared.

@@ -84,7 +84,8 @@ type Options struct {
 	// IdlePlacement routes a request by its key to an engine of its
 	// home's region with none of this service's requests in flight, or a
 	// faster one with fewer, when its first token is predicted sooner there
-	// by more than PlacementSlack (placement.go).
+	// by more than PlacementSlack (placement.go). `inferlb extproc` turns
+	// it on by default; the zero Options route by the key alone.
 	IdlePlacement bool
 	// UploadTimeout is how long a streamed request body (Envoy's STREAMED
 	// body mode, sent without waiting for the headers' answer) may take to

@@ -62,7 +62,7 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
 	f.IntVar(&o.requests, "requests", 1_000_000, "--bench: requests to simulate")
 	f.StringVar(&o.header, "header", "", "file whose text opens the --out summary (README.md)")
 	f.BoolVar(&o.prefillPlacement, "prefill-placement", false, "ext_proc's --prefill-placement for the inferlb policies")
-	f.BoolVar(&o.idlePlacement, "idle-placement", false, "ext_proc's --idle-placement for the inferlb policies")
+	f.BoolVar(&o.idlePlacement, "idle-placement", true, "ext_proc's --idle-placement for the inferlb policies (on, as ext_proc's default)")
 	f.Float64Var(&o.balanceFactor, "balance-factor", controlplane.DefaultConfig().BalanceFactor, "the control plane's --balance-factor for the inferlb policies (0 = off: the latency-minimizing plan)")
 	f.DurationVar(&o.duration, "duration", 0, "traffic time instead of the scenario's (a quick look; the warm-up shrinks to at most a quarter)")
 	return cmd

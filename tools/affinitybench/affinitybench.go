@@ -550,7 +550,7 @@ func startControlPlane(ctx context.Context, o Options, g *group, spec *fleet.Spe
 // startExtProc runs an ext_proc server subscribed to the control plane at
 // xdsAddr and reporting to it; it returns the server and its port.
 func startExtProc(ctx context.Context, g *group, xdsAddr string, log *slog.Logger) (*extproc.Server, int, error) {
-	ext := extproc.New(extproc.Options{Logger: log})
+	ext := extproc.New(extproc.Options{Logger: log, IdlePlacement: true})
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, 0, err

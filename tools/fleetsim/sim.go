@@ -60,7 +60,9 @@ type Options struct {
 	// inferlb policies (off by default, as in the service).
 	PrefillPlacement bool
 	// IdlePlacement turns ext_proc's idle-engine placement on for the
-	// inferlb policies (off by default, as in the service).
+	// inferlb policies. The service's command turns it on by default (as
+	// does `inferlb sim`); the zero Options route by the key alone, as
+	// extproc.Options do.
 	IdlePlacement bool
 	// Keys, if set, is told the affinity key ext_proc's decision gave each
 	// request the inferlb policies admit, in arrival order, with the
