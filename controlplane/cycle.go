@@ -267,6 +267,10 @@ type Inputs struct {
 	// Prefixes is the prefix view by class (signals.Intake.Prefixes), from
 	// which the split tables are learned (affinity.go).
 	Prefixes map[string]signals.ClassPrefixes
+	// Instances is the number of ext_proc instances reporting per node
+	// (signals.Intake.Instances); a node absent has one. A node served by
+	// several has no exclusive engine (exclusiveEngines).
+	Instances map[string]int
 }
 
 // EngineView is what the cycle concluded about an engine (admin view).
@@ -627,7 +631,7 @@ func (c *Controller) Step(ctx context.Context, in Inputs) (*Result, error) {
 	}
 	// 6: every node's weights are known, so each node's policy can say
 	// which engines only it sends requests to (exclusiveEngines).
-	exclusive := c.exclusiveEngines(res.Nodes, demand)
+	exclusive := c.exclusiveEngines(res.Nodes, demand, in.Instances)
 	for _, fe := range c.problem.frontends {
 		nd := res.Nodes[fe.NodeID]
 		if err := c.translateNode(fe, nd, classes[fe.NodeID], eng.health, exclusive[fe.NodeID], c.published[fe.NodeID], in.Now, nextVersion); err != nil {
@@ -806,8 +810,12 @@ const exclusiveShare = 0.9
 // exclusiveEngines is, per node, the engines it sends at least
 // exclusiveShare of the requests of, with the cycle's weights and smoothed
 // demand (every class). A boolean, so that the policy changes only when a
-// share crosses the bound, not with every change of demand.
-func (c *Controller) exclusiveEngines(nodes map[string]*NodeDecision, dem map[signals.DemandKey]signals.DemandRate) map[string]map[string]bool {
+// share crosses the bound, not with every change of demand. A node served
+// by several ext_proc instances (instances) has none: exclusive promises
+// the instance that it sees the engine's requests (placement moves a
+// request to an engine that looks idle to it, which another instance's
+// requests may be keeping busy).
+func (c *Controller) exclusiveEngines(nodes map[string]*NodeDecision, dem map[signals.DemandKey]signals.DemandRate, instances map[string]int) map[string]map[string]bool {
 	byNode := map[string]map[string]float64{}
 	total := map[string]float64{}
 	for _, fe := range c.problem.frontends {
@@ -827,7 +835,7 @@ func (c *Controller) exclusiveEngines(nodes map[string]*NodeDecision, dem map[si
 	for node, m := range byNode {
 		ex := map[string]bool{}
 		for id, r := range m {
-			ex[id] = r >= exclusiveShare*total[id]
+			ex[id] = r >= exclusiveShare*total[id] && instances[node] <= 1
 		}
 		out[node] = ex
 	}

@@ -779,3 +779,39 @@ func TestQueueOurTrafficLeftIsNotBackground(t *testing.T) {
 		})
 	}
 }
+
+// TestCycleExclusiveNeedsOneInstance: an engine only one node sends to is
+// exclusive in that node's policy (ext_proc's placement may then treat it
+// as idle when none of its own requests are there), unless the node's
+// requests are split among several ext_proc instances (Inputs.Instances),
+// none of which sees them all.
+func TestCycleExclusiveNeedsOneInstance(t *testing.T) {
+	exclusive := func(inst map[string]int) map[string]bool {
+		t.Helper()
+		c, err := NewController(testFleet(t), DefaultConfig(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Unix(1_800_000_000, 0)
+		r, err := c.Step(context.Background(), Inputs{Now: now, Engines: engines(now, nil), Demand: demand(40, 20), Instances: inst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, cl := range r.Nodes["fe-east"].Resources.Policy.GetClasses() {
+			for _, e := range cl.GetEndpoints() {
+				out[e.GetEngineId()] = out[e.GetEngineId()] || e.GetExclusive()
+			}
+		}
+		return out
+	}
+	one := exclusive(nil)
+	if !one["e-east-1"] && !one["e-east-2"] {
+		t.Fatalf("one instance per node: no east engine is exclusive to fe-east (%v); the test shows nothing", one)
+	}
+	for id, ex := range exclusive(map[string]int{"fe-east": 2, "fe-west": 1}) {
+		if ex {
+			t.Errorf("fe-east has two ext_proc instances, yet %s is exclusive in its policy", id)
+		}
+	}
+}

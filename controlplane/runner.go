@@ -503,7 +503,7 @@ func (r *Runner) inputs() Inputs {
 	}
 	r.intake.SetMeasuredRPS(served)
 	dem, ev := r.intake.Snapshot(now)
-	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, DemandWindow: r.cfg.DemandWindow}
+	return Inputs{Now: now, Engines: engines, Demand: dem, Evidence: ev, DemandWindow: r.cfg.DemandWindow, Instances: r.intake.Instances(now)}
 }
 
 func (r *Runner) allReported() bool {

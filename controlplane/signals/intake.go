@@ -786,6 +786,23 @@ type IntakeStatus struct {
 }
 
 // Status returns counters and the last rejection.
+// Instances is the number of ext_proc instances per node whose reports
+// cover part of the window ending at now. Several instances of one node
+// split its requests among them: none of them sees all the requests of an
+// engine only that node sends to.
+func (in *Intake) Instances(now time.Time) map[string]int {
+	from := now.Add(-in.opt.Window)
+	out := map[string]int{}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for k, reps := range in.byInstance {
+		if len(reps) > 0 && !reps[len(reps)-1].end.Before(from) {
+			out[k[0]]++
+		}
+	}
+	return out
+}
+
 func (in *Intake) Status() IntakeStatus {
 	in.mu.Lock()
 	defer in.mu.Unlock()

@@ -619,3 +619,39 @@ func TestWindowGaugesCoverTheirIntervals(t *testing.T) {
 		t.Fatalf("gauges missing at one end: running %v waiting %v, want 1 and 3", w.Running, w.Waiting)
 	}
 }
+
+// TestIntakeCountsInstances: Instances counts a node's ext_proc instances
+// with a report in the window, so that the control plane knows when none
+// of them sees all of an engine's requests.
+func TestIntakeCountsInstances(t *testing.T) {
+	now := time.Unix(5000, 0)
+	in, err := NewIntake(IntakeOptions{Window: 10 * time.Second, Nodes: []string{"fe", "fe2"}, Classes: []string{"c"},
+		Priorities: []string{"p"}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(20 * time.Second)
+	report := func(node, inst string) {
+		t.Helper()
+		r := &policyv1.ReportRequest{NodeId: node, Instance: inst,
+			IntervalStart: timestamppb.New(now.Add(-time.Second)), IntervalEnd: timestamppb.New(now),
+			Demand: []*policyv1.DemandSample{{Class: "c", Priority: "p", Requests: 1}}}
+		if err := in.Report(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report("fe", "a")
+	report("fe2", "x")
+	if got := in.Instances(now); got["fe"] != 1 || got["fe2"] != 1 {
+		t.Fatalf("one instance per node: %v", got)
+	}
+	now = now.Add(5 * time.Second)
+	report("fe", "b")
+	if got := in.Instances(now); got["fe"] != 2 || got["fe2"] != 1 {
+		t.Fatalf("a second instance of fe: %v", got)
+	}
+	// a's and x's reports leave the window; b's stays.
+	if got := in.Instances(now.Add(8 * time.Second)); got["fe"] != 1 || got["fe2"] != 0 {
+		t.Fatalf("after the first reports left the window: %v", got)
+	}
+}

@@ -310,7 +310,7 @@ func (x *inferlb) cycle() {
 	now := s.wall()
 	dem, ev := x.pl.intake.Snapshot(now)
 	res, err := x.ctrl.Step(s.ctx, controlplane.Inputs{Now: now, Engines: x.pl.tracker.Engines(now), Demand: dem, Evidence: ev,
-		DemandWindow: runDefaults.DemandWindow, Prefixes: x.pl.intake.Prefixes(now)})
+		DemandWindow: runDefaults.DemandWindow, Prefixes: x.pl.intake.Prefixes(now), Instances: x.pl.intake.Instances(now)})
 	if err != nil {
 		s.rec.noteDetail("control cycle failed", err.Error())
 		return

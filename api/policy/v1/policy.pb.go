@@ -426,10 +426,11 @@ type Endpoint struct {
 	// profile (0: unknown). ext_proc's prefill-aware placement predicts when a
 	// prompt's first token can come from it.
 	PrefillTokensPerS float64 `protobuf:"fixed64,6,opt,name=prefill_tokens_per_s,json=prefillTokensPerS,proto3" json:"prefill_tokens_per_s,omitempty"`
-	// No other frontend has a weight for the engine (in any class, under the
-	// weights in force): this frontend sends all its requests. Prefill-aware
-	// placement moves requests only to such engines: elsewhere it cannot know
-	// what they would queue behind.
+	// This frontend sends at least 90% of the engine's requests (in every
+	// class, under the weights in force) and one ext_proc instance reports
+	// for it: that instance sees what a request there would queue behind.
+	// Placement (prefill-aware and idle-engine) moves requests only to such
+	// engines.
 	Exclusive     bool `protobuf:"varint,7,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
