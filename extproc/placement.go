@@ -201,8 +201,8 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 	if t == nil || len(t.Hosts) < 2 {
 		return key, ""
 	}
-	home := t.LB.Choose(envoylb.HeaderHash(hex16(key)), zeroLoad{}, nil, 0)
-	credit := shared
+	table := t.LB.Choose(envoylb.HeaderHash(hex16(key)), zeroLoad{}, nil, 0) // where the key lands
+	home, credit := table, shared
 	if prev, ok := pl.last[key]; ok {
 		// A key placed elsewhere before goes back there (its cache is
 		// there); one that stayed home follows the table, which moves
@@ -235,7 +235,7 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 		if i, at, ok := pl.idleTarget(t, home, now, eligible, when); ok && homeAt.Sub(at) > PlacementSlack {
 			best, bestAt = i, at
 		}
-		return pl.commit(t, key, home, homeAt, best, bestAt, prompt, remember)
+		return pl.commit(t, key, table, home, homeAt, best, bestAt, prompt, remember)
 	}
 	if el := now.Sub(pl.sentAt); el > 0 {
 		f := math.Exp2(-el.Seconds() / sentHalfLife.Seconds())
@@ -289,7 +289,7 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 	default:
 		best, bestAt = home, homeAt
 	}
-	return pl.commit(t, key, home, homeAt, best, bestAt, prompt, remember)
+	return pl.commit(t, key, table, home, homeAt, best, bestAt, prompt, remember)
 }
 
 // idleTarget is the engine the idle rule may move a request to, and when
@@ -318,11 +318,12 @@ func (pl *placer) idleTarget(t *ClassTable, home int, now time.Time, eligible fu
 // commit routes the request to best: by the key itself when the table
 // puts it there, else by a key that lands there (when none does, by the
 // key itself, counted at home as before), and counts its prefill and its
-// slot there.
-func (pl *placer) commit(t *ClassTable, key uint64, home int, homeAt time.Time, best int, bestAt time.Time,
+// slot there. table is where the key lands on the class's table (place
+// looked it up once).
+func (pl *placer) commit(t *ClassTable, key uint64, table, home int, homeAt time.Time, best int, bestAt time.Time,
 	prompt int, remember bool) (uint64, string) {
 	out := key
-	moved := best != t.LB.Choose(envoylb.HeaderHash(hex16(key)), zeroLoad{}, nil, 0)
+	moved := best != table
 	if moved {
 		if k, ok := keyLandingOn(t, key, best); ok {
 			out = k

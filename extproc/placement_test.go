@@ -215,7 +215,7 @@ func TestDecidePlacesALongPrompt(t *testing.T) {
 // tokens/s) and a faster one (25,000) in region r, all exclusive; a third
 // of the first speed in r that another frontend also sends to; one in
 // region far. Equal weights.
-func idlePolicy(t *testing.T) *Policy {
+func idlePolicy(t testing.TB) *Policy {
 	t.Helper()
 	eps := []*policyv1.Endpoint{
 		{EngineId: "a", Address: idleA, Weight: 1, Healthy: true, PrefillTokensPerS: 11000, Exclusive: true},
@@ -457,5 +457,37 @@ func TestSharedTokensCreditsTheHotPrefix(t *testing.T) {
 	}
 	if deepest <= 0 || deepest >= br.PromptTokens {
 		t.Fatalf("the preamble's deepest point has %d of the prompt's %d tokens", deepest, br.PromptTokens)
+	}
+}
+
+// BenchmarkDecidePlacement is a decision's cost with idle placement off
+// and on (the default of `inferlb extproc`), on a class of five engines
+// with prefill rates (idlePolicy), 8 KB chat bodies of distinct sessions
+// whose requests end at once: where a key lands is looked up on the
+// class's Maglev table, and nothing moves.
+func BenchmarkDecidePlacement(b *testing.B) {
+	chat := []byte(strings.Replace(string(benchBody(8<<10)), `"llama-3-8b"`, `"m"`, 1))
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("idle=%v", on), func(b *testing.B) {
+			d := NewDecider(time.Unix(0, 0))
+			if _, _, err := d.SetPolicy(idlePolicy(b).Source()); err != nil {
+				b.Fatal(err)
+			}
+			d.SetIdlePlacement(on)
+			sessions := make([]string, 1024)
+			for i := range sessions {
+				sessions[i] = fmt.Sprintf("s%d", i)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				var dc Decision
+				if rej := d.Decide(Input{Kind: body.Chat, Session: sessions[i%len(sessions)], Body: chat, Now: time.Unix(100, 0)}, &dc); rej != nil {
+					b.Fatal(rej)
+				}
+				d.Release(&dc.Held)
+				i++
+			}
+		})
 	}
 }
