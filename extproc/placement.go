@@ -97,9 +97,9 @@ func (zeroLoad) Total() int     { return 0 }
 //
 // Idle-engine placement (Decider.SetIdlePlacement; on in `inferlb
 // extproc` by default) is a narrower rule, for the engines where the
-// prediction above is exact. A
-// request leaves home, under the same 50 ms slack, the same key trick and
-// the same memory, only for an exclusive engine of home's region and
+// prediction above is exact. A request leaves home, under the same 50 ms
+// slack, the same key trick and the same memory, only for an exclusive
+// engine (one ext_proc instance sees all its requests) of home's region and
 // priority with none of this service's prefills outstanding that is
 //   - idle: none of this service's requests in flight there (exclusive:
 //     nobody else's either). It starts the prompt at once, so T(e) holds,

@@ -785,7 +785,6 @@ type IntakeStatus struct {
 	Instances       []string             `json:"instances"`
 }
 
-// Status returns counters and the last rejection.
 // Instances is the number of ext_proc instances per node whose reports
 // cover part of the window ending at now. Several instances of one node
 // split its requests among them: none of them sees all the requests of an
@@ -803,6 +802,7 @@ func (in *Intake) Instances(now time.Time) map[string]int {
 	return out
 }
 
+// Status returns counters and the last rejection.
 func (in *Intake) Status() IntakeStatus {
 	in.mu.Lock()
 	defer in.mu.Unlock()
