@@ -187,6 +187,10 @@ func msgSuffix(msg string) string {
 }
 
 func (p *parser) ws() {
+	// Most values follow their separator directly: one comparison then.
+	if p.i < len(p.b) && p.b[p.i] > ' ' {
+		return
+	}
 	for p.i < len(p.b) {
 		switch p.b[p.i] {
 		case ' ', '\t', '\n', '\r':
@@ -382,6 +386,9 @@ func (p *parser) stringSpan() (span [2]int, esc bool, err error) {
 	b := p.b
 	for i := p.i; i < len(b); i++ {
 		c := b[i]
+		if !strSpecial[c] {
+			continue
+		}
 		if c == '"' {
 			p.i = i + 1
 			return [2]int{start, i}, esc, nil
@@ -404,6 +411,16 @@ func (p *parser) stringSpan() (span [2]int, esc bool, err error) {
 	p.i = len(b)
 	return span, false, p.syntax("unterminated string")
 }
+
+// strSpecial marks the bytes a string's scan stops at: its closing quote,
+// an escape, and the control characters JSON forbids in strings.
+var strSpecial = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
 
 // escapeLen validates the escape at p.i (a backslash) and returns its length.
 func (p *parser) escapeLen() (int, error) {

@@ -48,6 +48,23 @@ func TestParseChat(t *testing.T) {
 	}
 }
 
+// TestEscapedMessageKeys: a message's keys are matched after their escapes
+// are decoded, as any JSON reader does ("r\u006fle" is "role").
+func TestEscapedMessageKeys(t *testing.T) {
+	plain := []byte(`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there"}]}`)
+	escaped := []byte(`{"model":"m","messages":[{"r\u006fle":"system","c\u006Fntent":"be brief"},{"\u0072ole":"user","content\u0000":"x","content":"hello there"}]}`)
+	var a, b Request
+	if err := Parse(plain, Chat, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := Parse(escaped, Chat, &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Messages != 2 || b.PromptTokens != a.PromptTokens || b.PrefixHash != a.PrefixHash {
+		t.Fatalf("escaped keys: %d messages, %d tokens, prefix %x; want %d, %d, %x", b.Messages, b.PromptTokens, b.PrefixHash, a.Messages, a.PromptTokens, a.PrefixHash)
+	}
+}
+
 func TestMaxTokensFallback(t *testing.T) {
 	var r Request
 	if err := Parse([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":7}`), Chat, &r); err != nil {

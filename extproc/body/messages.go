@@ -317,11 +317,11 @@ func (p *parser) message(idx int) (m msgRec, tokens int, err error) {
 		if err != nil {
 			return m, 0, err
 		}
-		var name string
+		// The key is compared in place (no string made of it): this runs
+		// twice per message, and a hostile body has thousands of them.
+		raw := p.b[key[0]:key[1]]
 		if esc {
-			name = decodeString(p.b[key[0]:key[1]])
-		} else {
-			name = string(p.b[key[0]:key[1]])
+			raw = []byte(decodeString(raw))
 		}
 		p.ws()
 		if p.peek() != ':' {
@@ -329,7 +329,7 @@ func (p *parser) message(idx int) (m msgRec, tokens int, err error) {
 		}
 		p.i++
 		p.ws()
-		switch name {
+		switch string(raw) {
 		case "role":
 			s, err := p.roleField(idx)
 			if err != nil {
