@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"bytes"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -115,10 +114,6 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return protoCodec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(buf)}, v)
 }
 
-// emptyMetadata is an empty metadata_context (field 8), which Envoy 1.40
-// adds to every message.
-var emptyMetadata = []byte{8<<3 | byte(protowire.BytesType), 0}
-
 // decodeFast decodes the messages Envoy sends on every request — request
 // headers, request body, response headers — each member of the request
 // oneof present once, with any other top-level fields merged in by the
@@ -173,14 +168,9 @@ func decodeFast(b []byte, req *extprocv3.ProcessingRequest) bool {
 	default:
 		return false
 	}
-	switch {
-	case len(rest) == 0:
-	case bytes.Equal(rest, emptyMetadata):
-		req.MetadataContext = &corev3.Metadata{}
-	default:
-		if decodeRestFast(rest, req) {
-			return true
-		}
+	// Envoy 1.40 adds an empty metadata_context to every message, and its
+	// protocol configuration to a request's first.
+	if len(rest) > 0 && !decodeRestFast(rest, req) {
 		// The standard decoder then merges every field of rest.
 		req.MetadataContext, req.ProtocolConfig = nil, nil
 		return mergeRest.Unmarshal(rest, req) == nil
