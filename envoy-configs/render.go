@@ -88,6 +88,12 @@ type Params struct {
 	// BodyMode is how Envoy sends ext_proc the request body: BodyBuffered
 	// (default) or BodyStreamed (docs/extproc.md, "The body").
 	BodyMode string
+	// StreamAbove, with BodyMode buffered, streams the bodies whose
+	// declared content-length is at least this many bytes (a route of
+	// their own overrides the filter's body mode), so that ext_proc can
+	// refuse one its first bytes prove over a limit before Envoy has read
+	// the rest (0: DefaultStreamAbove; negative: none streamed).
+	StreamAbove int
 	// UploadTimeout is how far ext_proc may extend its message timer for a
 	// slow upload (its --upload-timeout): the bootstrap's
 	// max_message_timeout (0: RequestTimeout plus 5 s, ext_proc's default
@@ -171,6 +177,12 @@ const (
 	BodyStreamed = "streamed"
 )
 
+// DefaultStreamAbove is Params.StreamAbove's default: a body of 1 MiB is
+// a prompt of about 250,000 tokens, past most models' context; a hostile
+// one (a hundred thousand tiny messages) is proved over an 8,192-token
+// context 250 KB in.
+const DefaultStreamAbove = 1 << 20
+
 // UploadGrace is extproc.UploadGrace (a test holds them equal): how long
 // ext_proc waits for a streamed body within message_timeout before it
 // extends the timer. MessageTimeout must be at least twice it.
@@ -186,6 +198,9 @@ type data struct {
 	AdminPaths []string
 	// MaxMessageTimeout is UploadTimeout.
 	MaxMessageTimeout string
+	// StreamLarge: the buffered bootstrap streams bodies of StreamAbove
+	// bytes and more (a body limit below it, or no ext_proc, leaves none).
+	StreamLarge bool
 }
 
 // Render returns the bootstrap YAML (without an admin section unless
@@ -246,10 +261,17 @@ func Render(p Params) (string, error) {
 	if err != nil || mt <= 0 {
 		return "", fmt.Errorf("envoyconfigs: MessageTimeout %q: want a positive duration such as 1s", p.MessageTimeout)
 	}
+	switch {
+	case p.StreamAbove == 0:
+		p.StreamAbove = DefaultStreamAbove
+	case p.StreamAbove < 0:
+		p.StreamAbove = 0 // none
+	}
 	// Streamed, ext_proc waits UploadGrace for a body within
 	// message_timeout before it extends the timer.
-	if p.BodyMode == BodyStreamed && mt < 2*UploadGrace {
-		return "", fmt.Errorf("envoyconfigs: MessageTimeout %q: with BodyMode streamed, want at least %v (ext_proc waits %v for a streamed body before it extends the timer)", p.MessageTimeout, 2*UploadGrace, UploadGrace)
+	streamLarge := p.BodyMode == BodyBuffered && p.StreamAbove > 0 && p.StreamAbove <= p.BodyLimit && p.Variant != Direct
+	if (p.BodyMode == BodyStreamed || streamLarge) && mt < 2*UploadGrace {
+		return "", fmt.Errorf("envoyconfigs: MessageTimeout %q: with bodies streamed (BodyMode streamed, or StreamAbove), want at least %v (ext_proc waits %v for a streamed body before it extends the timer)", p.MessageTimeout, 2*UploadGrace, UploadGrace)
 	}
 	if p.MaxRequestHeadersKB == 0 {
 		p.MaxRequestHeadersKB = 60
@@ -277,7 +299,8 @@ func Render(p Params) (string, error) {
 		return "", fmt.Errorf("envoyconfigs: UploadTimeout %v: want more than ext_proc's upload grace %v", p.UploadTimeout, UploadGrace)
 	}
 	d := data{Params: p, SelectAttempts: HostSelectionRetryMaxAttempts, AdminPaths: ReadOnlyAdminPaths,
-		MaxMessageTimeout: p.UploadTimeout.String()}
+		MaxMessageTimeout: p.UploadTimeout.String(),
+		StreamLarge:       streamLarge}
 	addrs := p.XDSAddresses
 	if len(addrs) == 0 {
 		addrs = []string{net.JoinHostPort(p.XDSHost, strconv.Itoa(p.XDSPort))}

@@ -70,8 +70,14 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 					}
 				}
 			case v != envoyconfigs.Direct:
-				if !strings.Contains(s, `"request_body_mode": "BUFFERED"`) || strings.Contains(s, "send_body_without_waiting") {
-					t.Fatalf("%s: the default is not BUFFERED", v)
+				// Buffered, but for the bodies of 1 MiB and more (the
+				// limit here), which a route of their own streams.
+				for _, want := range []string{`"request_body_mode": "BUFFERED"`, `"send_body_without_waiting_for_header_response": true`,
+					`"max_message_timeout": "20s"`, `"name": "content-length"`, `"start": "1048576"`,
+					"type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", `"request_body_mode": "STREAMED"`} {
+					if !strings.Contains(s, want) {
+						t.Fatalf("%s: the default lacks %s", v, want)
+					}
 				}
 			}
 			// The filter's config type (the filter's name alone is in the
@@ -95,8 +101,18 @@ func TestVariantsLoadInEnvoy(t *testing.T) {
 		t.Fatalf("an unknown body mode: want an error naming it, got %v", err)
 	}
 	_, err = envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1, MessageTimeout: "150ms", BodyMode: envoyconfigs.BodyStreamed})
-	if err == nil || !strings.Contains(err.Error(), `MessageTimeout "150ms": with BodyMode streamed, want at least 200ms`) {
+	if err == nil || !strings.Contains(err.Error(), `MessageTimeout "150ms": with bodies streamed (BodyMode streamed, or StreamAbove), want at least 200ms`) {
 		t.Fatalf("a message timeout shorter than twice ext_proc's upload grace: want an error naming MessageTimeout, got %v", err)
+	}
+	// Buffered, the large bodies are streamed by default, and need the
+	// same; with none streamed, any positive message timeout does.
+	buffered := envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 1, ExtProcPort: 1, XDSPort: 1, BodyLimit: 4 << 20, MessageTimeout: "150ms"}
+	if _, err := envoyconfigs.Render(buffered); err == nil || !strings.Contains(err.Error(), `MessageTimeout "150ms": with bodies streamed`) {
+		t.Fatalf("buffered, large bodies streamed, 150ms: want an error naming MessageTimeout, got %v", err)
+	}
+	buffered.StreamAbove = -1
+	if _, err := envoyconfigs.Render(buffered); err != nil {
+		t.Fatalf("buffered, StreamAbove -1, 150ms: %v", err)
 	}
 	_, err = envoyconfigs.Render(envoyconfigs.Params{Variant: envoyconfigs.FailClosed, NodeID: "n", ListenPort: 70000, ExtProcPort: 1, XDSPort: 1, BodyLimit: 1})
 	if err == nil || !strings.Contains(err.Error(), "ListenPort 70000") {

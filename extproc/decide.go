@@ -301,6 +301,39 @@ func (d *Decider) Decide(in Input, dc *Decision) *Rejection {
 	return nil
 }
 
+// limitRejection is the answer to a body proved over one of the parser's
+// limits.
+func limitRejection(le *body.LimitError) *apiError {
+	if le.Context {
+		return badRequest("context_length_exceeded", le.Field, fmt.Sprintf(
+			"This request's %s has more than %d elements of at least one token each: it exceeds the largest context served here, %d tokens.", le.Field, le.Limit, le.Limit))
+	}
+	return badRequest("too_many_messages", le.Field, fmt.Sprintf("Too many messages: at most %d are accepted.", le.Limit))
+}
+
+// provedOver returns the answer a body's first bytes already prove: a
+// prefix of a body with more messages (or completion token ids) than a
+// limit allows is over it whatever follows, and the parser, reading in
+// order, would stop the whole body at the same element with the same
+// answer. It returns nil when the prefix proves nothing (the rest may
+// still be malformed or over a limit).
+func (d *Decider) provedOver(prefix []byte, kind body.Kind) *apiError {
+	p := d.policy.Load()
+	if p == nil {
+		return nil
+	}
+	lim := body.Limits{MaxMessages: int(d.maxMessages.Load()), MaxContext: p.maxContext}
+	if lim.MaxMessages <= 0 && lim.MaxContext <= 0 {
+		return nil
+	}
+	var r body.Request
+	var le *body.LimitError
+	if err := body.ParseWithin(prefix, kind, lim, &r); errors.As(err, &le) {
+		return limitRejection(le)
+	}
+	return nil
+}
+
 func (d *Decider) decide(in Input, dc *Decision) *apiError {
 	*dc = Decision{}
 	p := d.policy.Load()
@@ -315,11 +348,7 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		}
 		var le *body.LimitError
 		if errors.As(err, &le) {
-			if le.Context {
-				return badRequest("context_length_exceeded", le.Field, fmt.Sprintf(
-					"This request's %s has more than %d elements of at least one token each: it exceeds the largest context served here, %d tokens.", le.Field, le.Limit, le.Limit))
-			}
-			return badRequest("too_many_messages", le.Field, fmt.Sprintf("Too many messages: at most %d are accepted.", le.Limit))
+			return limitRejection(le)
 		}
 		return badRequest("invalid_json", "", "We could not parse the JSON body of your request: "+err.Error()+".")
 	}

@@ -115,7 +115,9 @@ type rigOptions struct {
 	bodyLimit int
 	noExtProc bool   // point Envoy at a port where nothing listens
 	bodyMode  string // the bootstrap's (envoyconfigs.BodyMode; "": buffered)
-	reportInt time.Duration
+	// streamAbove is the bootstrap's envoyconfigs.Params.StreamAbove.
+	streamAbove int
+	reportInt   time.Duration
 	// tokenizers are ext_proc's loaded tokenizers (by SHA-256).
 	tokenizers map[string]*hf.Tokenizer
 }
@@ -214,6 +216,7 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	boot, err := envoyconfigs.Render(envoyconfigs.Params{
 		Variant: o.variant, NodeID: nodeID, Region: "eu-west", ListenPort: listen,
 		ExtProcPort: extPort, XDSPort: xp, BodyLimit: o.bodyLimit, FallbackCluster: "class-llama", BodyMode: o.bodyMode,
+		StreamAbove: o.streamAbove,
 	})
 	if err != nil {
 		t.Fatal(err)

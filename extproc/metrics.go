@@ -37,6 +37,9 @@ type metrics struct {
 	bodiesBuffered, bodiesStreamed prometheus.Counter
 	// bodyChunks is the chunks a streamed body came in.
 	bodyChunks prometheus.Histogram
+	// bodiesCut is the streamed bodies refused on what their first bytes
+	// proved, before their end.
+	bodiesCut prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -114,7 +117,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.bodiesBuffered, m.bodiesStreamed = bodies.WithLabelValues("buffered"), bodies.WithLabelValues("streamed")
 	m.bodyChunks = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_request_body_chunks",
 		Help: "Chunks a streamed request body came in until it was whole (each is a message from Envoy and an answer).", Buckets: prometheus.ExponentialBuckets(1, 2, 8)})
-	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, bodies, m.bodyChunks)
+	m.bodiesCut = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_request_bodies_cut_total",
+		Help: "Streamed request bodies refused before their end, on a limit their first bytes proved (too many messages or token ids for the largest context): Envoy did not read the rest for ext_proc."})
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, bodies, m.bodyChunks, m.bodiesCut)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m

@@ -305,6 +305,9 @@ type stream struct {
 	held     *[]byte
 	declared int
 	trailers bool
+	// proveAt is the held size at which the prefix is next parsed for a
+	// limit it proves (at least proveFrom).
+	proveAt int
 	// upload extends Envoy's message timer for a slow upload
 	// (UploadGrace); it stays with the pooled stream, armed only while a
 	// streamed body arrives.
@@ -557,12 +560,31 @@ func (s *Server) onBodyChunk(st *stream, b []byte, end bool) *extprocv3.Processi
 	}
 	st.appendHeld(b)
 	if !whole {
+		// A body too big to take whole (the bootstrap streams the large
+		// ones) is refused as soon as its first bytes prove it over a
+		// limit, before Envoy has read the rest: a hundred thousand tiny
+		// messages cost what the first of them over the largest context
+		// do. Checked from proveFrom at doubling sizes, so the prefixes
+		// read add up to at most twice the body, and a body smaller than
+		// proveFrom is read once.
+		if n >= max(st.proveAt, proveFrom) {
+			st.proveAt = 2 * n
+			if e := s.dec.provedOver(*st.held, st.kind); e != nil {
+				s.m.bodiesCut.Inc()
+				return s.reject(st, e)
+			}
+		}
 		return nil
 	}
 	resp := s.onRequestBody(st, *st.held)
 	st.releaseHeld() // the decision keeps nothing of the body
 	return resp
 }
+
+// proveFrom is the size from which a streamed body's prefix is parsed for
+// a limit it proves (onBodyChunk): below it, the whole body costs little
+// more than its proof would.
+const proveFrom = 256 << 10
 
 // appendHeld adds a streamed body's chunk to the bytes held, in a pooled
 // buffer of the declared content-length when there is one.

@@ -159,3 +159,49 @@ func TestStreamedBodies(t *testing.T) {
 		t.Fatalf("body with trailers: %d %s", resp.StatusCode, b)
 	}
 }
+
+// Behind the default (buffered) bootstrap, a body declared at least
+// StreamAbove long is streamed by a route of its own: one within the
+// limits is routed by its body as any other (Envoy routes it again by the
+// decision's cluster header), and a hostile one, a hundred thousand tiny
+// messages, is refused 400 on what its first bytes prove, before Envoy
+// has sent ext_proc the rest; the bodies below StreamAbove stay buffered.
+func TestLargeBodiesStreamed(t *testing.T) {
+	noLeaks(t)
+	r := startRig(t, rigOptions{bodyLimit: 4 << 20, streamAbove: 64 << 10})
+	mode := func(m string) float64 {
+		return counterValue(t, r.ext, "inferlb_extproc_request_bodies_total", "mode", m)
+	}
+	buffered0, streamed0 := mode("buffered"), mode("streamed")
+
+	if res := r.post(chat("s", "a short one"), nil); res.status != 200 || !strings.HasPrefix(res.engine, "e") {
+		t.Fatalf("a short request: %d from %q: %s", res.status, res.engine, res.body)
+	}
+	long := chat("s", strings.Repeat("lorem ipsum ", 10_000)) // 120 KB
+	if res := r.post(long, nil); res.status != 200 || !strings.HasPrefix(res.engine, "e") {
+		t.Fatalf("a long request: %d from %q: %s", res.status, res.engine, res.body)
+	}
+	if res := r.post(chatMsgs("qwen-2-7b", []msg{{"user", strings.Repeat("dolor sit ", 10_000)}}, nil), nil); res.status != 200 || res.engine != "qwen0" {
+		t.Fatalf("a long qwen request: %d from %q: %s", res.status, res.engine, res.body)
+	}
+	if b, s := mode("buffered")-buffered0, mode("streamed")-streamed0; b != 1 || s != 2 {
+		t.Fatalf("bodies buffered %v, streamed %v; want 1 and 2", b, s)
+	}
+
+	var hb bytes.Buffer
+	hb.WriteString(`{"model":"llama-3-8b","messages":[`)
+	for i := range 100_000 {
+		if i > 0 {
+			hb.WriteByte(',')
+		}
+		hb.WriteString(`{"role":"user","content":"a"}`)
+	}
+	hb.WriteString(`]}`)
+	res := r.post(hb.Bytes(), nil)
+	if res.status != 400 || !strings.Contains(res.body, `"too_many_messages"`) {
+		t.Fatalf("100,000 messages (%d bytes): %d %s, want 400 too_many_messages", hb.Len(), res.status, res.body)
+	}
+	if got := counterValue(t, r.ext, "inferlb_extproc_request_bodies_cut_total"); got != 1 {
+		t.Fatalf("bodies cut short: %v, want 1 (the hostile body refused before its end)", got)
+	}
+}

@@ -17,6 +17,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
 )
 
 // streamedHeaders is the first message of a request as Envoy sends it in
@@ -193,5 +196,104 @@ func TestStreamedBodyProtocol(t *testing.T) {
 	out, err = exchange(streamedHeaders(extprocfilterv3.ProcessingMode_BUFFERED, false, len(body)), chunk(body, true))
 	if err != nil || len(out) != 2 || out[0].GetRequestHeaders().GetResponse() != nil || out[1].GetRequestBody().GetResponse().GetHeaderMutation() == nil {
 		t.Fatalf("buffered: %v %v", out, err)
+	}
+}
+
+// A streamed body over a limit is refused as soon as its first bytes prove
+// it, before the rest arrives (the bootstrap streams large bodies so that
+// Envoy need not read a hostile one whole), with the answer the whole body
+// gets; a body as large within the limits is read to its end and routed.
+func TestStreamedBodyProvedOverEarly(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	s := benchServerWith(t, nil, []*policyv1.ClassPolicy{{Name: "llama", Cluster: "c", Model: "llama-3-8b", MaxContextTokens: 131072, RetryBudgetFraction: 0.1, MaxRetries: 1}})
+	s.dec.SetMaxMessages(10_000)
+	c := serveOnLoopback(t, s, grpc.ForceServerCodecV2(Codec{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const chunkSize = 64 << 10
+
+	// send streams body in chunks and returns the first answer, and how
+	// many bytes had been sent when it came (each chunk is given the time
+	// to be read before the next goes).
+	send := func(body []byte) (*extprocv3.ProcessingResponse, int) {
+		t.Helper()
+		st, err := c.Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.CloseSend()
+		if err := st.Send(streamedHeaders(extprocfilterv3.ProcessingMode_STREAMED, true, len(body))); err != nil {
+			t.Fatal(err)
+		}
+		recv := make(chan *extprocv3.ProcessingResponse, 1)
+		go func() {
+			for {
+				r, err := st.Recv()
+				if err == nil && r.GetOverrideMessageTimeout() != nil {
+					continue // a slow upload's timer extension, for Envoy
+				}
+				recv <- r
+				return
+			}
+		}()
+		sent := 0
+		for sent < len(body) {
+			end := min(sent+chunkSize, len(body))
+			if err := st.Send(chunk(body[sent:end], end == len(body))); err != nil {
+				break // the service answered and ended the stream
+			}
+			sent = end
+			select {
+			case r := <-recv:
+				return r, sent
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		select {
+		case r := <-recv:
+			return r, sent
+		case <-ctx.Done():
+			t.Fatal("no answer")
+		}
+		return nil, 0
+	}
+
+	// 100,000 tiny messages (3.1 MB), over the 10,000-message limit from
+	// the 10,001st, about 300 KB in.
+	var b strings.Builder
+	b.WriteString(`{"model":"llama-3-8b","messages":[`)
+	for i := range 100_000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"role":"user","content":"a"}`)
+	}
+	b.WriteString(`]}`)
+	hostile := []byte(b.String())
+	var whole Decision
+	want := s.dec.Decide(Input{Kind: body.Chat, Body: hostile, Now: time.Now()}, &whole)
+	if want == nil || want.e.code != "too_many_messages" {
+		t.Fatalf("the whole body: %v, want too_many_messages", want)
+	}
+	r, sent := send(hostile)
+	if ir := r.GetImmediateResponse(); ir.GetStatus().GetCode() != 400 || string(ir.GetBody()) != string(want.e.body()) {
+		t.Fatalf("answer %v, want the whole body's 400: %s", r, want.e.body())
+	}
+	if sent > 640<<10 {
+		t.Fatalf("answered after %d of %d bytes: the proof is in the first 300 KB (checked at 256 and 512 KB)", sent, len(hostile))
+	}
+
+	// 600 KB of words in one message (120,000 tokens): within the limits,
+	// read whole and routed.
+	b.Reset()
+	b.WriteString(`{"model":"llama-3-8b","messages":[{"role":"user","content":"`)
+	for b.Len() < 600<<10 {
+		b.WriteString("word ")
+	}
+	b.WriteString(`"}]}`)
+	long := []byte(b.String())
+	r, sent = send(long)
+	if sent != len(long) || r.GetRequestHeaders().GetResponse().GetHeaderMutation() == nil {
+		t.Fatalf("a long prompt within the limits: answer %v after %d of %d bytes, want its route after the whole body", r, sent, len(long))
 	}
 }

@@ -29,6 +29,7 @@ type extprocOptions struct {
 	authFilters, cpuProfile            string
 	envoySDSDir, envoyBodyMode         string
 	gcPercent, envoyPort               int
+	envoyStreamAbove                   int
 }
 
 func init() {
@@ -112,7 +113,7 @@ and exits.`,
 				}
 			}
 			if o.printBootstrap != "" {
-				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoySDSDir, o.envoyBodyMode, o.envoyPort)
+				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoySDSDir, o.envoyBodyMode, o.envoyPort, o.envoyStreamAbove)
 			}
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
@@ -176,6 +177,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&o.printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
 	f.IntVar(&o.envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
 	f.StringVar(&o.envoyBodyMode, "envoy-body-mode", envoyconfigs.BodyBuffered, "with --print-bootstrap: how Envoy sends request bodies: buffered (a round trip after the headers) or streamed (right after them, the headers' answer waiting for the body: a round trip less and 0.7× the service's CPU one request at a time, one more message for Envoy at load; docs/extproc.md)")
+	f.IntVar(&o.envoyStreamAbove, "envoy-stream-above", envoyconfigs.DefaultStreamAbove, "with --print-bootstrap and buffered bodies: stream the bodies declared at least this many bytes long to ext_proc as they arrive, so that one whose first bytes prove it over a limit (a hundred thousand tiny messages) is refused before Envoy reads the rest; 0: none")
 	f.StringVar(&o.envoySDSDir, "envoy-sds-dir", "", "with --print-bootstrap and TLS credentials: write SDS resource files for Envoy's certificate, key and CA into this directory and have the bootstrap read them from there, so Envoy takes rotated files live (empty: static file names, read once at start)")
 	f.StringVar(&o.fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
 	f.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
@@ -191,7 +193,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	cliconfig.Add(cmd)
 }
 
-func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters, sdsDir, bodyMode string, envoyPort int) error {
+func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fallback, authFilters, sdsDir, bodyMode string, envoyPort, streamAbove int) error {
 	if variant != envoyconfigs.FailClosed && variant != envoyconfigs.FailOpen {
 		// The template's direct variant (no ext_proc) is for measurements
 		// and tests, not for a frontend of this service.
@@ -199,6 +201,12 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 	}
 	if bodyMode != "" && bodyMode != envoyconfigs.BodyBuffered && bodyMode != envoyconfigs.BodyStreamed {
 		return fmt.Errorf("--envoy-body-mode %q: want %s or %s", bodyMode, envoyconfigs.BodyBuffered, envoyconfigs.BodyStreamed)
+	}
+	switch {
+	case streamAbove < 0:
+		return fmt.Errorf("--envoy-stream-above %d: want a size in bytes, or 0 for none", streamAbove)
+	case streamAbove == 0:
+		streamAbove = -1 // envoyconfigs: none
 	}
 	eh, ep, err := splitHostPort(cfg.Listen, "--listen")
 	if err != nil {
@@ -276,7 +284,7 @@ func printFrontendBootstrap(cmd *cobra.Command, cfg service.Config, variant, fal
 		Variant: variant, NodeID: cfg.NodeID, Region: cfg.Region, ListenPort: envoyPort,
 		ExtProcHost: eh, ExtProcPort: ep, XDSHost: xh, XDSPort: xp, XDSAddresses: cps, BodyLimit: cfg.BodyLimit, FallbackCluster: fallback,
 		XDSAuth: xa, ExtProcToken: extToken, ClientHeader: clientHeader, AuthFilters: filters,
-		UploadTimeout: cfg.UploadTimeout, BodyMode: bodyMode,
+		UploadTimeout: cfg.UploadTimeout, BodyMode: bodyMode, StreamAbove: streamAbove,
 	})
 	if err != nil {
 		return err
