@@ -3,6 +3,7 @@ package extproc_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -188,18 +189,39 @@ func TestLargeBodiesStreamed(t *testing.T) {
 		t.Fatalf("bodies buffered %v, streamed %v; want 1 and 2", b, s)
 	}
 
-	var hb bytes.Buffer
-	hb.WriteString(`{"model":"llama-3-8b","messages":[`)
-	for i := range 100_000 {
-		if i > 0 {
-			hb.WriteByte(',')
+	// The client sends the first 640 KB of the 3.1 MB it declares (past
+	// the 16,385th message, which proves it over --max-messages) and the
+	// rest only after the answer: a body read whole would never be
+	// answered.
+	msg := `{"role":"user","content":"a"}`
+	hostile := `{"model":"llama-3-8b","messages":[` + strings.Repeat(msg+",", 99_999) + msg + `]}`
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pr, pw := io.Pipe()
+	answered := make(chan struct{})
+	go func() {
+		_, _ = pw.Write([]byte(hostile[:640<<10]))
+		select {
+		case <-answered:
+			pw.CloseWithError(errors.New("answered before the upload ended"))
+		case <-ctx.Done():
+			pw.CloseWithError(errors.New("no answer to the body's first 640 KB within 10 s"))
 		}
-		hb.WriteString(`{"role":"user","content":"a"}`)
+	}()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+"/v1/chat/completions", pr)
+	req.ContentLength = int64(len(hostile))
+	req.Header.Set("content-type", "application/json")
+	hc := &http.Client{}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Do(req)
+	close(answered)
+	if err != nil {
+		t.Fatalf("100,000 messages, the first 640 KB sent: %v (no answer before the rest of the body)", err)
 	}
-	hb.WriteString(`]}`)
-	res := r.post(hb.Bytes(), nil)
-	if res.status != 400 || !strings.Contains(res.body, `"too_many_messages"`) {
-		t.Fatalf("100,000 messages (%d bytes): %d %s, want 400 too_many_messages", hb.Len(), res.status, res.body)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(b), `"too_many_messages"`) {
+		t.Fatalf("100,000 messages (%d bytes): %d %s, want 400 too_many_messages", len(hostile), resp.StatusCode, b)
 	}
 	if got := counterValue(t, r.ext, "inferlb_extproc_request_bodies_cut_total"); got != 1 {
 		t.Fatalf("bodies cut short: %v, want 1 (the hostile body refused before its end)", got)

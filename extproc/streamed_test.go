@@ -260,16 +260,8 @@ func TestStreamedBodyProvedOverEarly(t *testing.T) {
 
 	// 100,000 tiny messages (3.1 MB), over the 10,000-message limit from
 	// the 10,001st, about 300 KB in.
-	var b strings.Builder
-	b.WriteString(`{"model":"llama-3-8b","messages":[`)
-	for i := range 100_000 {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`{"role":"user","content":"a"}`)
-	}
-	b.WriteString(`]}`)
-	hostile := []byte(b.String())
+	msg := `{"role":"user","content":"a"}`
+	hostile := []byte(`{"model":"llama-3-8b","messages":[` + strings.Repeat(msg+",", 99_999) + msg + `]}`)
 	var whole Decision
 	want := s.dec.Decide(Input{Kind: body.Chat, Body: hostile, Now: time.Now()}, &whole)
 	if want == nil || want.e.code != "too_many_messages" {
@@ -285,13 +277,7 @@ func TestStreamedBodyProvedOverEarly(t *testing.T) {
 
 	// 600 KB of words in one message (120,000 tokens): within the limits,
 	// read whole and routed.
-	b.Reset()
-	b.WriteString(`{"model":"llama-3-8b","messages":[{"role":"user","content":"`)
-	for b.Len() < 600<<10 {
-		b.WriteString("word ")
-	}
-	b.WriteString(`"}]}`)
-	long := []byte(b.String())
+	long := []byte(`{"model":"llama-3-8b","messages":[{"role":"user","content":"` + strings.Repeat("word ", 120_000) + `"}]}`)
 	r, sent = send(long)
 	if sent != len(long) || r.GetRequestHeaders().GetResponse().GetHeaderMutation() == nil {
 		t.Fatalf("a long prompt within the limits: answer %v after %d of %d bytes, want its route after the whole body", r, sent, len(long))
