@@ -61,6 +61,7 @@ type controlPlaneOptions struct {
 	// with the rest of the fleet, the API server's credentials.
 	kubeconfig, inferencePool, fleetConfigMap, fleetConfigMapKey string
 	discoveryTimeout                                             time.Duration
+	keepSysmonAwake                                              bool
 }
 
 func init() {
@@ -78,12 +79,14 @@ func init() {
 				return err
 			}
 			if o.inferencePool != "" {
+				keepSysmonAwake(o.keepSysmonAwake, d.Logger)
 				return o.serveKubernetes(cmd, d)
 			}
 			r, err := controlplane.NewRunner(d)
 			if err != nil {
 				return namingFlags(cmd.Flags(), err)
 			}
+			keepSysmonAwake(o.keepSysmonAwake, d.Logger)
 			return r.Run(cmd.Context())
 		},
 	}
@@ -172,6 +175,7 @@ func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *control
 	f := cmd.Flags()
 	c, t, p := &d.Cycle, &d.Cycle.Translate, &d.Cycle.Penalty
 	f.StringVar(&o.fleet, "fleet", "", "fleet spec (YAML), e.g. examples/fleet-3region.yaml (or --inference-pool)")
+	sysmonFlag(f, &o.keepSysmonAwake)
 	f.StringVar(&o.inferencePool, "inference-pool", "", "Kubernetes discovery instead of --fleet: the engines are the ready pods of this InferencePool (namespace/name), the rest of the fleet is in --fleet-configmap (docs/kubernetes.md)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "with --inference-pool: kubeconfig file of the API server (empty: the pod's in-cluster service account)")
 	f.StringVar(&o.fleetConfigMap, "fleet-configmap", "inferlb-fleet", "with --inference-pool: the ConfigMap, in the pool's namespace, holding the fleet spec without engines")

@@ -63,6 +63,7 @@ while after they start, as a server loading its model does.`,
 	f.IntVar(&e.defaultMaxTokens, "default-max-tokens", 128, "output tokens when a request sets no max_tokens")
 	f.Int64Var(&e.maxBody, "max-body-bytes", 4<<20, "largest request body; larger gets 413")
 	f.StringVar(&e.server, "server", "", "server kind to mimic: vllm or sglang (default: vllm; in fleet mode each engine's engines[].server)")
+	sysmonFlag(f, &e.keepSysmonAwake)
 	f.DurationVar(&e.loadingFor, "loading-for", 0, "answer 503 on health paths and requests for this long after start (a server loading its model)")
 	d := enginesim.H100Llama8B
 	f.Float64Var(&e.prof.PrefillTokensPerS, "prefill-tokens-per-s", d.PrefillTokensPerS, "standalone profile: prefill throughput (uncached tokens/s)")
@@ -86,6 +87,7 @@ type engineSimFlags struct {
 	timeScale                                          float64
 	seed                                               uint64
 	defaultMaxTokens                                   int
+	keepSysmonAwake                                    bool
 	maxBody                                            int64
 	prof                                               fleet.Profile
 	server                                             string
@@ -129,6 +131,7 @@ func (e *engineSimFlags) run(cmd *cobra.Command, args []string) error {
 			return err
 		}
 	}
+	keepSysmonAwake(e.keepSysmonAwake, log)
 	return e.serve(cmd, spec, log)
 }
 

@@ -30,6 +30,7 @@ type extprocOptions struct {
 	envoySDSDir, envoyBodyMode         string
 	gcPercent, envoyPort               int
 	envoyStreamAbove                   int
+	keepSysmonAwake                    bool
 }
 
 func init() {
@@ -115,6 +116,9 @@ and exits.`,
 			if o.printBootstrap != "" {
 				return printFrontendBootstrap(cmd, *cfg, o.printBootstrap, o.fallback, o.authFilters, o.envoySDSDir, o.envoyBodyMode, o.envoyPort, o.envoyStreamAbove)
 			}
+			// Before anything of the service starts: the runtime reads
+			// GODEBUG once, at the process's start.
+			keepSysmonAwake(o.keepSysmonAwake, log)
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
 			// collecting less often buys CPU: GOGC 400 cut CPU per 8 KB
@@ -180,6 +184,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.IntVar(&o.envoyStreamAbove, "envoy-stream-above", envoyconfigs.DefaultStreamAbove, "with --print-bootstrap and buffered bodies: stream the bodies declared at least this many bytes long to ext_proc as they arrive, so that one whose first bytes prove it over a limit (a hundred thousand tiny messages) is refused before Envoy reads the rest; 0: none")
 	f.StringVar(&o.envoySDSDir, "envoy-sds-dir", "", "with --print-bootstrap and TLS credentials: write SDS resource files for Envoy's certificate, key and CA into this directory and have the bootstrap read them from there, so Envoy takes rotated files live (empty: static file names, read once at start)")
 	f.StringVar(&o.fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")
+	sysmonFlag(f, &o.keepSysmonAwake)
 	f.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC) for the service; GOGC in the environment overrides it")
 	f.Float64Var(&o.adm.LocalReserve, "local-reserve", o.adm.LocalReserve, "share of a class's in-flight limit kept for more important traffic: the least important priority is refused at (1 - this) of the limit, the most important only at the limit, in [0, 1)")
 	f.Float64Var(&o.adm.RetryBurst, "retry-burst", o.adm.RetryBurst, "most retries a class's retry budget holds (and starts with), >= 1")
