@@ -311,6 +311,13 @@ func limitRejection(le *body.LimitError) *apiError {
 	return badRequest("too_many_messages", le.Field, fmt.Sprintf("Too many messages: at most %d are accepted.", le.Limit))
 }
 
+// limits are the parser's limits under policy p: the same for a whole
+// body (decide) and for a streamed body's prefix (provedOver), so that a
+// prefix is refused only with the answer the whole body would get.
+func (d *Decider) limits(p *Policy) body.Limits {
+	return body.Limits{MaxMessages: int(d.maxMessages.Load()), MaxContext: p.maxContext}
+}
+
 // provedOver returns the answer a body's first bytes already prove: a
 // prefix of a body with more messages (or completion token ids) than a
 // limit allows is over it whatever follows, and the parser, reading in
@@ -322,7 +329,7 @@ func (d *Decider) provedOver(prefix []byte, kind body.Kind) *apiError {
 	if p == nil {
 		return nil
 	}
-	lim := body.Limits{MaxMessages: int(d.maxMessages.Load()), MaxContext: p.maxContext}
+	lim := d.limits(p)
 	if lim.MaxMessages <= 0 && lim.MaxContext <= 0 {
 		return nil
 	}
@@ -340,8 +347,7 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 	if p == nil {
 		return errNoPolicy
 	}
-	lim := body.Limits{MaxMessages: int(d.maxMessages.Load()), MaxContext: p.maxContext}
-	if err := body.ParseWithin(in.Body, in.Kind, lim, &dc.Body); err != nil {
+	if err := body.ParseWithin(in.Body, in.Kind, d.limits(p), &dc.Body); err != nil {
 		var fe *body.FieldError
 		if errors.As(err, &fe) {
 			return badRequest("invalid_field", fe.Field, "Invalid request: "+err.Error()+".")
