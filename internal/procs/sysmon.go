@@ -22,15 +22,15 @@ import (
 // trace to print (GODEBUG=schedtrace=N, in milliseconds); then, idle, it
 // backs off to one wake-up every 10 ms and stays there until it has work
 // (a P to retake from a system call, a goroutine to preempt). SysmonAwake
-// asks for a trace every 2^31-1 ms (24.8 days), the largest period: in
-// practice none is printed, except one line on stderr at start on a host
-// whose monotonic clock has run longer than that (the runtime's first
-// trace is due at that clock's 24.8 days). GODEBUG is read once, when the
-// process starts, so the setting needs a new process image: ExecSysmonAwake.
+// asks for a trace every 2^31-1 ms (24.8 days), the largest period: the
+// runtime prints one line (SCHED ...) to stderr every 24.8 days of the
+// host's monotonic clock, so the first comes at start on a host that has
+// run longer than that. GODEBUG is read once, when the process starts, so
+// the setting needs a new process image: ExecSysmonAwake.
 const SysmonAwake = "schedtrace=2147483647"
 
 // ErrNoExec is returned by ExecSysmonAwake when the process cannot
-// execute itself again (its executable is unknown).
+// execute itself again (its executable is unknown, or exec failed).
 var ErrNoExec = errors.New("procs: cannot re-execute the process")
 
 // WithSysmonAwake returns env with SysmonAwake added to GODEBUG, and
