@@ -31,6 +31,10 @@ type metrics struct {
 	// slowUploads counts streamed bodies whose upload outlasted
 	// UploadGrace (Envoy's message timer was extended for them).
 	slowUploads prometheus.Counter
+	// laneWaits and laneTimeouts: large buffered bodies' waits for the
+	// large-body lane, and those that went on without it.
+	laneWaits    prometheus.Histogram
+	laneTimeouts prometheus.Counter
 	// bodies counts the bodies decided on by how Envoy sent them:
 	// buffered (one message) or streamed (chunks, the headers' answer
 	// waiting for them).
@@ -110,6 +114,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Time from the first upstream byte sent to the last one received, per served request.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	m.memoryTrims = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_memory_trims_total",
 		Help: "Times the resident set was above --idle-memory plus twice the request bodies in flight and free memory was returned to the OS."})
+	m.laneWaits = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "inferlb_extproc_large_body_lane_wait_seconds",
+		Help:    "How long a large buffered request body's headers waited for the large-body lane (--large-body-lane) before Envoy could send it.",
+		Buckets: []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}})
+	m.laneTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_large_body_lane_timeouts_total",
+		Help: "Large buffered request bodies that went on without the large-body lane after waiting 250 ms for it."})
 	m.slowUploads = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_slow_uploads_total",
 		Help: "Streamed request bodies not whole after the upload grace: ext_proc extended Envoy's message timer to --upload-timeout for them."})
 	bodies := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_request_bodies_total",
@@ -119,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Chunks a streamed request body came in until it was whole (each is a message from Envoy and an answer).", Buckets: prometheus.ExponentialBuckets(1, 2, 8)})
 	m.bodiesCut = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_request_bodies_cut_total",
 		Help: "Streamed request bodies refused before their end, on a limit their first bytes proved (too many messages or token ids for the largest context): Envoy did not read the rest for ext_proc."})
-	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, bodies, m.bodyChunks, m.bodiesCut)
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, m.laneWaits, m.laneTimeouts, bodies, m.bodyChunks, m.bodiesCut)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m

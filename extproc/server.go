@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/semaphore"
 	"io"
 	"log/slog"
 	"strconv"
@@ -93,6 +94,14 @@ type Options struct {
 	// extended to UploadTimeout (override_message_timeout; Envoy honours it
 	// up to its max_message_timeout). Default DefaultUploadTimeout.
 	UploadTimeout time.Duration
+	// LargeBodyLane is the bytes of large request bodies (declared
+	// content-length at least LargeBody) that Envoy may be sending to the
+	// service, or the service parsing, at once, when Envoy buffers them
+	// (BUFFERED body mode: it sends a body only after the headers'
+	// answer). A large body's headers are answered when it fits (one
+	// body always does), or after LaneWait at the latest; small bodies
+	// never wait. 0: no lane.
+	LargeBodyLane int64
 	// OnBodyBurst, if set, is called when the request-body bytes in
 	// flight rise to BodyBurst (not again until they have fallen below
 	// it): the service's adaptive-procs controller leaves one P at once.
@@ -120,6 +129,16 @@ const DefaultUploadTimeout = 20 * time.Second
 // parse at about 330 MB/s).
 const BodyBurst = 1 << 20
 
+// LargeBody is the declared size from which a buffered request body takes
+// the large-body lane (Options.LargeBodyLane): 64 KiB, a prompt of about
+// 16,000 tokens, above the common chat request (a few KB).
+const LargeBody = 64 << 10
+
+// LaneWait is the longest a large body's headers wait for the lane: well
+// under Envoy's message_timeout (the bootstrap's default 1 s), which times
+// the headers' answer. A body that waited this long goes on without it.
+const LaneWait = 250 * time.Millisecond
+
 // DefaultMaxBodyMemory is the default bound on request-body bytes in
 // flight: 128 bodies of the default limit. Well above what a frontend
 // holds in normal load (150 concurrent 220 KB bodies are 33 MB), it caps
@@ -143,6 +162,9 @@ type Server struct {
 	bodyMem atomic.Int64
 	// extendUpload asks Envoy to wait UploadTimeout for a slow upload.
 	extendUpload *extprocv3.ProcessingResponse
+	// lane admits large buffered bodies a few at a time (LargeBodyLane;
+	// nil: no lane).
+	lane *semaphore.Weighted
 }
 
 // extendTimeout is the answer that restarts Envoy's message timer with d.
@@ -191,6 +213,9 @@ func New(opt Options) *Server {
 	opt.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "inferlb_extproc_body_bytes_in_flight",
 		Help: "Request-body bytes held or promised (content-length) and not yet decided on; --max-body-memory bounds it."},
 		func() float64 { return float64(s.bodyMem.Load()) }))
+	if opt.LargeBodyLane > 0 {
+		s.lane = semaphore.NewWeighted(opt.LargeBodyLane)
+	}
 	s.dec.SetClientPriorities(opt.ClientPriorities)
 	if opt.MaxMessages != 0 {
 		s.dec.SetMaxMessages(opt.MaxMessages)
@@ -405,6 +430,12 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	}()
 	// One message at a time, its bytes from the codec's pools (received),
 	// given back once its step is done: nothing a step keeps aliases them.
+	var laneHeld int64 // bytes of the large-body lane this stream holds
+	defer func() {
+		if laneHeld > 0 {
+			s.lane.Release(laneHeld)
+		}
+	}()
 	in := &received{}
 	defer in.release()
 	defer s.holdBody(st, 0)
@@ -432,6 +463,13 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		if st.answer != nil && resp == &st.answer.ProcessingResponse {
 			msg = st.answer
 		}
+		if resp == respContinueHeaders && s.lane != nil && st.declared >= LargeBody {
+			// Envoy sends a buffered body on this answer: a large one
+			// waits for room, so that a wave of them reaches the service
+			// a few at a time instead of taking both CPUs from the small
+			// requests beside it (docs/extproc.md).
+			laneHeld = s.enterLane(srv.Context(), int64(st.declared))
+		}
 		if err := srv.SendMsg(msg); err != nil {
 			// Envoy never got the decision (and fails or bypasses the
 			// request): it will not log it as ours.
@@ -457,6 +495,27 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			return nil
 		}
 	}
+}
+
+// enterLane waits until n bytes (at most the lane's size) fit in the
+// large-body lane, ctx ends, or LaneWait passes, and returns the bytes it
+// holds (0: it goes on without the lane).
+func (s *Server) enterLane(ctx context.Context, n int64) int64 {
+	n = min(n, s.opt.LargeBodyLane)
+	if s.lane.TryAcquire(n) {
+		s.m.laneWaits.Observe(0)
+		return n
+	}
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, LaneWait)
+	defer cancel()
+	err := s.lane.Acquire(ctx, n)
+	s.m.laneWaits.Observe(time.Since(t0).Seconds())
+	if err != nil {
+		s.m.laneTimeouts.Inc()
+		return 0
+	}
+	return n
 }
 
 // abandon forgets an admitted request whose end will not be logged.

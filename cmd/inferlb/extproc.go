@@ -94,6 +94,9 @@ and exits.`,
 			if cfg.MaxMessages == 0 || cfg.MaxMessages < -1 {
 				return fmt.Errorf("%s must be positive, or -1 for no bound, got %d", name("max-messages"), cfg.MaxMessages)
 			}
+			if cfg.LargeBodyLane < 0 {
+				return fmt.Errorf("%s must not be negative (0: no lane), got %d", name("large-body-lane"), cfg.LargeBodyLane)
+			}
 			if cfg.IdleMemory < 0 {
 				return fmt.Errorf("%s must not be negative (0: never trim), got %d", name("idle-memory"), cfg.IdleMemory)
 			}
@@ -168,6 +171,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&cfg.PolicyFile, "policy-file", "", "RoutingPolicy in protobuf JSON, in force until the control plane sends one")
 	f.IntVar(&cfg.BodyLimit, "body-limit", extproc.DefaultBodyLimit, "largest request body in bytes (413 beyond); give Envoy the same buffer limit")
 	f.IntVar(&cfg.MaxMessages, "max-messages", extproc.DefaultMaxMessages, "most messages in a chat request: the parser stops at the next one and answers 400 too_many_messages (a request with more messages than the policy's largest context has tokens gets 400 context_length_exceeded the same way); -1: no bound but the context's")
+	f.Int64Var(&cfg.LargeBodyLane, "large-body-lane", 0, "bytes of large request bodies (declared 64 KiB or more) Envoy may send to the service at once when it buffers bodies: a large body's headers are answered when it fits (one always does; at most 250 ms of waiting), so that a wave of them does not take the CPUs from the small requests beside it; it also caps the service's throughput of large bodies (1 MiB: 0.54-0.82x at 150 concurrent 220 KB bodies on two CPUs; docs/extproc.md); 0: no lane")
 	f.Int64Var(&cfg.MaxBodyMemory, "max-body-memory", extproc.DefaultMaxBodyMemory, "most request-body bytes in flight (counted from content-length on): a request that would take them past it is answered 503 with Retry-After; at least --body-limit")
 	f.BoolVar(&cfg.PrefillPlacement, "prefill-placement", false, "route a request, by its affinity key, to a faster-prefill engine of its home engine's region when its first token is predicted sooner there by more than 50 ms, and trade places back (docs/extproc.md); off by default: it puts more work on the fast engines than the plan's balance")
 	f.BoolVar(&cfg.IdlePlacement, "idle-placement", true, "route a request, by its affinity key, to an engine of its home engine's region with none of this service's requests in flight (or a faster one with fewer and none of its prefills) when its first token is predicted sooner there by more than 50 ms, the prompt's hot prefix counted as cached at home (docs/extproc.md); --idle-placement=false routes by the key alone; --prefill-placement supersedes it")

@@ -117,6 +117,8 @@ type Config struct {
 	// MaxBodyMemory bounds the request-body bytes in flight; beyond it
 	// requests are answered 503 (0: extproc.DefaultMaxBodyMemory).
 	MaxBodyMemory int64
+	// LargeBodyLane is extproc.Options.LargeBodyLane (0: no lane).
+	LargeBodyLane int64
 	// IdleMemory is the resident memory the process returns to after a
 	// burst, beside twice the body bytes in flight (extproc.MemoryTrim;
 	// 0: no trimming).
@@ -350,6 +352,8 @@ func (cfg *Config) normalize() error {
 		return fmt.Errorf("negative report interval %v or shutdown grace %v", cfg.ReportInterval, cfg.ShutdownGrace)
 	case cfg.BodyLimit < 0:
 		return fmt.Errorf("body limit %d bytes is negative", cfg.BodyLimit)
+	case cfg.LargeBodyLane < 0:
+		return fmt.Errorf("negative large-body lane %d bytes (--large-body-lane; 0: none)", cfg.LargeBodyLane)
 	case cfg.MaxBodyMemory < 0 || cfg.IdleMemory < 0:
 		return fmt.Errorf("negative body memory bound %d or idle memory %d bytes", cfg.MaxBodyMemory, cfg.IdleMemory)
 	case cfg.UploadTimeout != 0 && cfg.UploadTimeout <= extproc.UploadGrace:
@@ -444,7 +448,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger, onBodyB
 	if err != nil {
 		return nil, err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, IdlePlacement: cfg.IdlePlacement, UploadTimeout: cfg.UploadTimeout, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, LargeBodyLane: cfg.LargeBodyLane, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, IdlePlacement: cfg.IdlePlacement, UploadTimeout: cfg.UploadTimeout, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission, OnBodyBurst: onBodyBurst})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)
