@@ -15,6 +15,11 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 )
 
+// lanePolicy is one class of the benchmark's model.
+var lanePolicy = &policyv1.RoutingPolicy{NodeId: "n", Version: "1",
+	Priorities: []*policyv1.Priority{{Name: "p", Level: 0}}, DefaultPriority: "p",
+	Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "c", Model: "llama-3-8b"}}}
+
 // laneStream opens an ext_proc stream and sends a buffered chat request's
 // headers declaring n body bytes; the headers' answer comes on the returned
 // channel.
@@ -47,9 +52,7 @@ func TestLargeBodyLane(t *testing.T) {
 	defer cancel()
 	reg := prometheus.NewRegistry()
 	s := New(Options{Registry: reg, LargeBodyLane: 150 << 10})
-	if err := s.SetPolicy(&policyv1.RoutingPolicy{NodeId: "n", Version: "1",
-		Priorities: []*policyv1.Priority{{Name: "p", Level: 0}}, DefaultPriority: "p",
-		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "c", Model: "llama-3-8b"}}}); err != nil {
+	if err := s.SetPolicy(lanePolicy); err != nil {
 		t.Fatal(err)
 	}
 	c := serveOnLoopback(t, s)
@@ -103,9 +106,7 @@ func TestLargeBodyLane(t *testing.T) {
 
 	// Without a lane, two large bodies are answered at once.
 	n := New(Options{Registry: prometheus.NewRegistry()})
-	if err := n.SetPolicy(&policyv1.RoutingPolicy{NodeId: "n", Version: "1",
-		Priorities: []*policyv1.Priority{{Name: "p", Level: 0}}, DefaultPriority: "p",
-		Classes: []*policyv1.ClassPolicy{{Name: "llama", Cluster: "c", Model: "llama-3-8b"}}}); err != nil {
+	if err := n.SetPolicy(lanePolicy); err != nil {
 		t.Fatal(err)
 	}
 	nc := serveOnLoopback(t, n)

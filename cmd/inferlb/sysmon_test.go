@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/internal/procs"
 )
 
@@ -77,19 +80,18 @@ func TestServingCommandsKeepSysmonAwake(t *testing.T) {
 				}()
 				// Serving means the exec, if any, is behind it.
 				hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
-				deadline := time.Now().Add(30 * time.Second)
-				for {
+				if err := envoytest.Poll(context.Background(), 30*time.Second, 20*time.Millisecond, func() error {
 					resp, err := hc.Get("http://" + addr + c.health)
-					if err == nil {
-						resp.Body.Close()
-						if resp.StatusCode == http.StatusOK {
-							break
-						}
+					if err != nil {
+						return err
 					}
-					if time.Now().After(deadline) {
-						t.Fatalf("%s not serving %s after 30 s: %v\n%s", c.name, c.health, err, out.String())
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						return fmt.Errorf("%s: %s", c.health, resp.Status)
 					}
-					time.Sleep(20 * time.Millisecond) // polling the health endpoint
+					return nil
+				}); err != nil {
+					t.Fatalf("%s not serving: %v\n%s", c.name, err, out.String())
 				}
 				environ, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/environ")
 				if err != nil {
