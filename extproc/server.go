@@ -331,7 +331,7 @@ type stream struct {
 	declared int
 	trailers bool
 	// proveAt is the held size at which the prefix is next parsed for a
-	// limit it proves (at least proveFrom).
+	// limit it proves: proveFrom, then its doublings (0: proveFrom).
 	proveAt int
 	// upload extends Envoy's message timer for a slow upload
 	// (UploadGrace); it stays with the pooled stream, armed only while a
@@ -623,11 +623,19 @@ func (s *Server) onBodyChunk(st *stream, b []byte, end bool) *extprocv3.Processi
 		// ones) is refused as soon as its first bytes prove it over a
 		// limit, before Envoy has read the rest: a hundred thousand tiny
 		// messages cost what the first of them over the largest context
-		// do. Checked from proveFrom at doubling sizes, so the prefixes
-		// read add up to at most twice the body, and a body smaller than
-		// proveFrom is read once.
-		if n >= max(st.proveAt, proveFrom) {
-			st.proveAt = 2 * n
+		// do. Checked when the bytes held cross proveFrom and each of its
+		// doublings, so the prefixes read add up to about twice the body,
+		// and a body smaller than proveFrom is read once. The sizes are
+		// fixed, not doublings of the size first checked: a chunk that
+		// crossed 256 KB by much must not put the next check past 512 KB
+		// (what a client that waits for the answer after 640 KB relies on).
+		if st.proveAt == 0 {
+			st.proveAt = proveFrom
+		}
+		if n >= st.proveAt {
+			for st.proveAt <= n {
+				st.proveAt *= 2
+			}
 			if e := s.dec.provedOver(*st.held, st.kind); e != nil {
 				s.m.bodiesCut.Inc()
 				return s.reject(st, e)

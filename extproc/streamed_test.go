@@ -210,12 +210,10 @@ func TestStreamedBodyProvedOverEarly(t *testing.T) {
 	c := serveOnLoopback(t, s, grpc.ForceServerCodecV2(Codec{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	const chunkSize = 64 << 10
-
-	// send streams body in chunks and returns the first answer, and how
-	// many bytes had been sent when it came (each chunk is given the time
-	// to be read before the next goes).
-	send := func(body []byte) (*extprocv3.ProcessingResponse, int) {
+	// send streams body in chunks of chunkSize and returns the first
+	// answer, and how many bytes had been sent when it came (each chunk is
+	// given the time to be read before the next goes).
+	send := func(body []byte, chunkSize int) (*extprocv3.ProcessingResponse, int) {
 		t.Helper()
 		st, err := c.Process(ctx)
 		if err != nil {
@@ -267,18 +265,29 @@ func TestStreamedBodyProvedOverEarly(t *testing.T) {
 	if want == nil || want.e.code != "too_many_messages" {
 		t.Fatalf("the whole body: %v, want too_many_messages", want)
 	}
-	r, sent := send(hostile)
+	r, sent := send(hostile, 64<<10)
 	if ir := r.GetImmediateResponse(); ir.GetStatus().GetCode() != 400 || string(ir.GetBody()) != string(want.e.body()) {
 		t.Fatalf("answer %v, want the whole body's 400: %s", r, want.e.body())
 	}
 	if sent > 640<<10 {
 		t.Fatalf("answered after %d of %d bytes: the proof is in the first 300 KB (checked at 256 and 512 KB)", sent, len(hostile))
 	}
+	// In chunks of 75,000 bytes the first check comes at 300,000, just
+	// short of the proof (the 10,001st message starts at byte 300,063);
+	// the next is at 512 KiB, with the chunk that crosses it (the
+	// seventh), not at twice the size first checked (the eighth).
+	r, sent = send(hostile, 75_000)
+	if ir := r.GetImmediateResponse(); ir.GetStatus().GetCode() != 400 || string(ir.GetBody()) != string(want.e.body()) {
+		t.Fatalf("in chunks of 75,000 bytes: answer %v, want the whole body's 400: %s", r, want.e.body())
+	}
+	if sent != 7*75_000 {
+		t.Fatalf("in chunks of 75,000 bytes: answered after %d of %d bytes, want %d (the first chunk past 512 KiB)", sent, len(hostile), 7*75_000)
+	}
 
 	// 600 KB of words in one message (120,000 tokens): within the limits,
 	// read whole and routed.
 	long := []byte(`{"model":"llama-3-8b","messages":[{"role":"user","content":"` + strings.Repeat("word ", 120_000) + `"}]}`)
-	r, sent = send(long)
+	r, sent = send(long, 64<<10)
 	if sent != len(long) || r.GetRequestHeaders().GetResponse().GetHeaderMutation() == nil {
 		t.Fatalf("a long prompt within the limits: answer %v after %d of %d bytes, want its route after the whole body", r, sent, len(long))
 	}
