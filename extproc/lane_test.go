@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,15 +44,18 @@ func laneStream(ctx context.Context, t *testing.T, c extprocv3.ExternalProcessor
 }
 
 // Large buffered bodies get their headers answered (Envoy then sends the
-// body) a lane's worth at a time: one that does not fit waits until one
-// before it is decided on, or LaneWait at the latest; small bodies never
-// wait, and without a lane nothing does.
+// body) a lane's worth at a time while small requests come beside them:
+// one that does not fit waits until one before it is decided on, or
+// LaneWait at the latest. With no small request in the last SmallRecent
+// they go at once; small bodies never wait, and without a lane nothing
+// does.
 func TestLargeBodyLane(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	reg := prometheus.NewRegistry()
-	s := New(Options{Registry: reg, LargeBodyLane: 150 << 10})
+	var skew atomic.Int64 // the service's clock ahead of the real one
+	s := New(Options{Registry: reg, LargeBodyLane: 150 << 10, Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
 	if err := s.SetPolicy(lanePolicy); err != nil {
 		t.Fatal(err)
 	}
@@ -72,29 +76,39 @@ func TestLargeBodyLane(t *testing.T) {
 	if !answered(ch1, 5*time.Second) {
 		t.Fatal("the first large body waited with the lane empty")
 	}
+	// No small request yet: nothing to protect, the lane's throughput
+	// would be lost for no one.
 	_, ch2 := laneStream(ctx, t, c, len(body))
-	if answered(ch2, 100*time.Millisecond) {
-		t.Fatal("a second large body was let in beside the first (200 KB in a 150 KB lane)")
+	if !answered(ch2, 5*time.Second) {
+		t.Fatal("a second large body waited for the lane with no small request beside it")
+	}
+	if got := testutil.ToFloat64(s.m.laneBypassed); got != 1 {
+		t.Fatalf("large bodies past the full lane %v, want 1", got)
 	}
 	_, small := laneStream(ctx, t, c, 8<<10)
 	if !answered(small, 5*time.Second) {
 		t.Fatal("a small body waited for the large-body lane")
+	}
+	// A small request came: the next large body waits for room.
+	_, ch3 := laneStream(ctx, t, c, len(body))
+	if answered(ch3, 100*time.Millisecond) {
+		t.Fatal("a large body was let in beside the first, a small request beside them (200 KB in a 150 KB lane)")
 	}
 	// The first body's decision makes room.
 	if err := first.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
 		t.Fatal(err)
 	}
-	if !answered(ch2, 5*time.Second) {
-		t.Fatal("the second large body still waits after the first was decided on")
+	if !answered(ch3, 5*time.Second) {
+		t.Fatal("the third large body still waits after the first was decided on")
 	}
 	if got := testutil.ToFloat64(s.m.laneTimeouts); got != 0 {
 		t.Fatalf("lane timeouts %v, want 0", got)
 	}
 	// A body whose predecessor never comes goes on after LaneWait.
-	_, ch3 := laneStream(ctx, t, c, len(body))
+	_, ch4 := laneStream(ctx, t, c, len(body))
 	t0 := time.Now()
-	if !answered(ch3, 5*time.Second) {
+	if !answered(ch4, 5*time.Second) {
 		t.Fatal("a large body waited past LaneWait")
 	}
 	if el := time.Since(t0); el < LaneWait-10*time.Millisecond {
@@ -102,6 +116,15 @@ func TestLargeBodyLane(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(s.m.laneTimeouts); got != 1 {
 		t.Fatalf("lane timeouts %v, want 1", got)
+	}
+	// SmallRecent after the small request, the lane is open again.
+	skew.Store(int64(SmallRecent))
+	_, ch5 := laneStream(ctx, t, c, len(body))
+	if !answered(ch5, 5*time.Second) {
+		t.Fatalf("a large body waited for the lane %v after the last small request", SmallRecent)
+	}
+	if got := testutil.ToFloat64(s.m.laneBypassed); got != 2 {
+		t.Fatalf("large bodies past the full lane %v, want 2", got)
 	}
 
 	// Without a lane, two large bodies are answered at once.

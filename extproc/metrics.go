@@ -35,6 +35,9 @@ type metrics struct {
 	// large-body lane, and those that went on without it.
 	laneWaits    prometheus.Histogram
 	laneTimeouts prometheus.Counter
+	// laneBypassed: large bodies sent beside a full lane, no small
+	// request having come in the last SmallRecent.
+	laneBypassed prometheus.Counter
 	// bodies counts the bodies decided on by how Envoy sent them:
 	// buffered (one message) or streamed (chunks, the headers' answer
 	// waiting for them).
@@ -119,6 +122,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Buckets: []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}})
 	m.laneTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_large_body_lane_timeouts_total",
 		Help: "Large buffered request bodies that went on without the large-body lane after waiting 250 ms for it."})
+	m.laneBypassed = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_large_body_lane_bypassed_total",
+		Help: "Large buffered request bodies sent beside a full large-body lane without waiting, no small request having come in the last second (the lane protects small requests; with none, large bodies keep their throughput)."})
 	m.slowUploads = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_slow_uploads_total",
 		Help: "Streamed request bodies not whole after the upload grace: ext_proc extended Envoy's message timer to --upload-timeout for them."})
 	bodies := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_request_bodies_total",
@@ -128,7 +133,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Chunks a streamed request body came in until it was whole (each is a message from Envoy and an answer).", Buckets: prometheus.ExponentialBuckets(1, 2, 8)})
 	m.bodiesCut = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_request_bodies_cut_total",
 		Help: "Streamed request bodies refused before their end, on a limit their first bytes proved (too many messages or token ids for the largest context): Envoy did not read the rest for ext_proc."})
-	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, m.laneWaits, m.laneTimeouts, bodies, m.bodyChunks, m.bodiesCut)
+	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, m.laneWaits, m.laneTimeouts, m.laneBypassed, bodies, m.bodyChunks, m.bodiesCut)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
 		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
 	return m

@@ -98,9 +98,11 @@ type Options struct {
 	// content-length at least LargeBody) that Envoy may be sending to the
 	// service, or the service parsing, at once, when Envoy buffers them
 	// (BUFFERED body mode: it sends a body only after the headers'
-	// answer). A large body's headers are answered when it fits (one
-	// body always does), or after LaneWait at the latest; small bodies
-	// never wait. 0: no lane.
+	// answer), while small requests come beside them (one in the last
+	// SmallRecent). A large body's headers are then answered when it fits
+	// (one body always does), or after LaneWait at the latest; with no
+	// small request to protect they are answered at once. Small bodies
+	// never wait. `inferlb extproc` sets DefaultLargeBodyLane; 0: no lane.
 	LargeBodyLane int64
 	// OnBodyBurst, if set, is called when the request-body bytes in
 	// flight rise to BodyBurst (not again until they have fallen below
@@ -134,6 +136,18 @@ const BodyBurst = 1 << 20
 // 16,000 tokens, above the common chat request (a few KB).
 const LargeBody = 64 << 10
 
+// DefaultLargeBodyLane is `inferlb extproc`'s --large-body-lane: four
+// bodies of 256 KiB, about 60,000 tokens of prompt each.
+const DefaultLargeBodyLane = 1 << 20
+
+// SmallRecent is how long after a small request's headers (declared
+// content-length under LargeBody) large bodies keep to the lane: a small
+// request is exposed to a wave of large ones from its headers to its
+// first token, which at the rates worth protecting (one a second or
+// more) this covers; with none in that time, large bodies are all there
+// is, and the lane would cost their throughput for no one.
+const SmallRecent = time.Second
+
 // LaneWait is the longest a large body's headers wait for the lane: well
 // under Envoy's message_timeout (the bootstrap's default 1 s), which times
 // the headers' answer. A body that waited this long goes on without it.
@@ -165,6 +179,9 @@ type Server struct {
 	// lane admits large buffered bodies a few at a time (LargeBodyLane;
 	// nil: no lane).
 	lane *semaphore.Weighted
+	// lastSmall is when (opt.Now, Unix nanoseconds) the latest small
+	// request's headers came (SmallRecent).
+	lastSmall atomic.Int64
 }
 
 // extendTimeout is the answer that restarts Envoy's message timer with d.
@@ -499,12 +516,18 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 
 // enterLane waits until n bytes (at most the lane's size) fit in the
 // large-body lane, ctx ends, or LaneWait passes, and returns the bytes it
-// holds (0: it goes on without the lane).
+// holds (0: it goes on without the lane). With no small request in the
+// last SmallRecent it does not wait: a body that does not fit goes on
+// beside the lane (counted in laneBypassed).
 func (s *Server) enterLane(ctx context.Context, n int64) int64 {
 	n = min(n, s.opt.LargeBodyLane)
 	if s.lane.TryAcquire(n) {
 		s.m.laneWaits.Observe(0)
 		return n
+	}
+	if !s.smallRecent() {
+		s.m.laneBypassed.Inc()
+		return 0
 	}
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, LaneWait)
@@ -516,6 +539,12 @@ func (s *Server) enterLane(ctx context.Context, n int64) int64 {
 		return 0
 	}
 	return n
+}
+
+// smallRecent says whether a small request's headers came in the last
+// SmallRecent.
+func (s *Server) smallRecent() bool {
+	return s.opt.Now().UnixNano()-s.lastSmall.Load() < int64(SmallRecent)
 }
 
 // abandon forgets an admitted request whose end will not be logged.
@@ -755,6 +784,9 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	}
 	st.declared = max(contentLength, 0)
 	st.phase = phaseRequestBody
+	if s.lane != nil && st.declared < LargeBody {
+		s.lastSmall.Store(s.opt.Now().UnixNano())
+	}
 	if st.streamed {
 		return nil // the answer waits for the body, and carries the decision
 	}

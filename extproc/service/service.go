@@ -117,7 +117,8 @@ type Config struct {
 	// MaxBodyMemory bounds the request-body bytes in flight; beyond it
 	// requests are answered 503 (0: extproc.DefaultMaxBodyMemory).
 	MaxBodyMemory int64
-	// LargeBodyLane is extproc.Options.LargeBodyLane (0: no lane).
+	// LargeBodyLane is extproc.Options.LargeBodyLane (0: no lane; the
+	// command's default is extproc.DefaultLargeBodyLane).
 	LargeBodyLane int64
 	// IdleMemory is the resident memory the process returns to after a
 	// burst, beside twice the body bytes in flight (extproc.MemoryTrim;
