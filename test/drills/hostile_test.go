@@ -93,18 +93,25 @@ func p99(d []time.Duration) time.Duration {
 //
 // The normal requests' TTFT p99 beside the wave is compared with the same
 // traffic without it when the machine lets it be judged (the two quiet
-// rounds agree within 1.25×). The issue asked for 1.5×. A wave is 20 MB
-// that Envoy buffers and copies into ext_proc messages on the same two
-// workers as the normal requests, and ext_proc spends 70–80 ms of CPU on
-// it. Until stop 34 ext_proc met it on one P (adaptive procs) for up to a
-// second: on the 2-core test machine the ratio measured 1.35–3.10×
-// (median 1.86× over 17 runs). Now the bodies in hand wake the controller
-// (extproc.BodyBurst): 1.34–2.17× (median 1.63× over 13 runs; lower in 8
-// of 9 interleaved pairs), and the slowest hostile answer's median went
-// from 119 to 94 ms. What is asserted is 3×, above every run with the
-// wake here, in one of up to three attempts: a clean-clone CI run on a
-// busier machine measured 3.38× (a wave of 0.93 MB bodies gave 13×);
-// TestOnBodyBurst and procs' TestControllerWakes hold the wake.
+// rounds agree within 1.25×), and must stay within the 1.5× the issue
+// asked for. A wave is 20 MB that Envoy buffers and copies into ext_proc
+// messages on the same two workers as the normal requests. Sent all at
+// once, it measured 1.71–2.31× (median 1.91×, 4 runs) however little of
+// it ext_proc parses: the excess is the transfer (docs/extproc.md). The
+// large-body lane (extproc.Options.LargeBodyLane, on by default) has
+// Envoy send large bodies a megabyte at a time while small requests come
+// beside them: 1.01–1.09× (median 1.08×) in the same 4 interleaved pairs.
+// The p99 of about 200 requests is their second slowest: it is set by the
+// few that arrive while the wave passes (100–150 ms), so it moves with
+// the arrivals each attempt's seed draws. Under the race detector (make
+// test's; the client and engines run in the test's process) the first
+// attempt's seeds measured 1.05–2.35× in 9 runs (over 1.5× in 7), the
+// second and third's 1.01–1.51× in 8 (over in 1); the first attempt
+// given the second's seeds measured 1.19 and 1.31×. A busier machine than this one (a clean-clone CI run
+// measured 3.38× before the lane) may be over the bar more often, so an
+// attempt over it is repeated, up to three; the drill fails when every
+// attempt it could judge was over. With --large-body-lane 0 it failed 2
+// runs of 2 (every attempt 1.52–2.13×).
 func TestDrillHostileBodies(t *testing.T) {
 	s := startStack(t, stackOptions{engines: 3, envoyWorkers: 2, extArgs: []string{"--body-limit", fmt.Sprint(4 << 20)},
 		envoy: func(p *envoyconfigs.Params) { p.BodyLimit, p.MessageTimeout = 4<<20, "1s" }})
@@ -115,14 +122,12 @@ func TestDrillHostileBodies(t *testing.T) {
 	hc := &http.Client{Timeout: 30 * time.Second}
 	defer hc.CloseIdleConnections()
 
-	// A wave's effect on the normal requests' p99 swings with the machine
-	// (a clean-clone CI run on a busier machine measured 3.38×, its
-	// slowest hostile answer 249 ms against 94 here): over the bar, the
-	// measurement is repeated, up to three attempts, and so is one whose
-	// quiet rounds are too far apart to judge it. The drill fails when
-	// every attempt it could judge was over the bar: a regression fails
-	// them all (a wave of 0.93 MB bodies gave 13×).
-	const attempts, bar = 3, 3.0
+	// A wave's effect on the normal requests' p99 swings with the machine:
+	// over the bar, the measurement is repeated, up to three attempts, and
+	// so is one whose quiet rounds are too far apart to judge it. The
+	// drill fails when every attempt it could judge was over the bar: a
+	// regression fails them all.
+	const attempts, bar = 3, 1.5
 	statuses := map[string]int{}
 	var slowest time.Duration // the slowest hostile request's answer
 	judged, over := 0, 0
@@ -178,41 +183,13 @@ func hostileRound(t *testing.T, s *stack, c *loadgen.Client, hc *http.Client, bo
 		quiet = append(quiet, q...)
 		quietP99 = append(quietP99, p99(q))
 
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		start := make(chan struct{})
-		for i := 0; i < 64; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				t0 := time.Now()
-				req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", bytes.NewReader(body))
-				req.Header.Set("content-type", "application/json")
-				resp, err := hc.Do(req)
-				key := ""
-				if err != nil {
-					key = "error: " + err.Error()
-				} else {
-					b, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					key = fmt.Sprint(resp.StatusCode)
-					if resp.StatusCode == 400 && !bytes.Contains(b, []byte(`"context_length_exceeded"`)) {
-						key = "400 " + string(b)
-					}
-				}
-				mu.Lock()
-				statuses[key]++
-				*slowest = max(*slowest, time.Since(t0))
-				mu.Unlock()
-			}()
-		}
+		send, wait := hostileWave(s, hc, body, statuses, slowest)
 		var normal []time.Duration
 		var nerr error
 		done := make(chan struct{})
 		go func() { defer close(done); normal, nerr = ttfts(c, rate, window, seed+10+round) }()
-		close(start)
-		wg.Wait()
+		send()
+		wait()
 		<-done
 		if nerr != nil {
 			t.Fatalf("beside hostile bodies: %v", nerr)
@@ -224,4 +201,41 @@ func hostileRound(t *testing.T, s *stack, c *loadgen.Client, hc *http.Client, bo
 	noise = float64(max(quietP99[0], quietP99[1])) / float64(min(quietP99[0], quietP99[1]))
 	return ratio, noise, fmt.Sprintf("normal TTFT p99: %v without the hostile bodies (%d requests; rounds %v), %v beside them (%d): %.2f×",
 		q, len(quiet), quietP99, l, len(loud), ratio)
+}
+
+// hostileWave readies 64 concurrent requests of the hostile body: send
+// lets them go at once, wait returns when all are answered. Their
+// statuses are counted in statuses (400: context_length_exceeded), and the
+// slowest answer is kept in slowest.
+func hostileWave(s *stack, hc *http.Client, body []byte, statuses map[string]int, slowest *time.Duration) (send, wait func()) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	start := make(chan struct{})
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			t0 := time.Now()
+			req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/chat/completions", bytes.NewReader(body))
+			req.Header.Set("content-type", "application/json")
+			resp, err := hc.Do(req)
+			key := ""
+			if err != nil {
+				key = "error: " + err.Error()
+			} else {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				key = fmt.Sprint(resp.StatusCode)
+				if resp.StatusCode == 400 && !bytes.Contains(b, []byte(`"context_length_exceeded"`)) {
+					key = "400 " + string(b)
+				}
+			}
+			mu.Lock()
+			statuses[key]++
+			*slowest = max(*slowest, time.Since(t0))
+			mu.Unlock()
+		}()
+	}
+	return func() { close(start) }, wg.Wait
 }
