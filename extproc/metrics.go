@@ -121,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help:    "How long a large buffered request body's headers waited for the large-body lane (--large-body-lane) before Envoy could send it.",
 		Buckets: []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}})
 	m.laneTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_large_body_lane_timeouts_total",
-		Help: "Large buffered request bodies that went on without the large-body lane after waiting 250 ms for it."})
+		Help: "Large buffered request bodies that went on without the large-body lane after waiting 250 ms for it (or whose stream Envoy ended while they waited)."})
 	m.laneBypassed = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_large_body_lane_bypassed_total",
 		Help: "Large buffered request bodies sent beside a full large-body lane without waiting, no small request having come in the last second (the lane protects small requests; with none, large bodies keep their throughput)."})
 	m.slowUploads = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_slow_uploads_total",

@@ -179,9 +179,14 @@ type Server struct {
 	// lane admits large buffered bodies a few at a time (LargeBodyLane;
 	// nil: no lane).
 	lane *semaphore.Weighted
-	// lastSmall is when (opt.Now, Unix nanoseconds) the latest small
-	// request's headers came (SmallRecent).
+	// lastSmall is when the latest small request's headers came
+	// (SmallRecent): nanoseconds since epoch, the service's start, on
+	// the monotonic clock (a step of the wall clock does not move it);
+	// -SmallRecent before the first.
 	lastSmall atomic.Int64
+	epoch     time.Time
+	// laneWait is LaneWait (tests lengthen it).
+	laneWait time.Duration
 }
 
 // extendTimeout is the answer that restarts Envoy's message timer with d.
@@ -232,6 +237,8 @@ func New(opt Options) *Server {
 		func() float64 { return float64(s.bodyMem.Load()) }))
 	if opt.LargeBodyLane > 0 {
 		s.lane = semaphore.NewWeighted(opt.LargeBodyLane)
+		s.epoch, s.laneWait = opt.Now(), LaneWait
+		s.lastSmall.Store(-int64(SmallRecent))
 	}
 	s.dec.SetClientPriorities(opt.ClientPriorities)
 	if opt.MaxMessages != 0 {
@@ -530,7 +537,7 @@ func (s *Server) enterLane(ctx context.Context, n int64) int64 {
 		return 0
 	}
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, LaneWait)
+	ctx, cancel := context.WithTimeout(ctx, s.laneWait)
 	defer cancel()
 	err := s.lane.Acquire(ctx, n)
 	s.m.laneWaits.Observe(time.Since(t0).Seconds())
@@ -544,7 +551,7 @@ func (s *Server) enterLane(ctx context.Context, n int64) int64 {
 // smallRecent says whether a small request's headers came in the last
 // SmallRecent.
 func (s *Server) smallRecent() bool {
-	return s.opt.Now().UnixNano()-s.lastSmall.Load() < int64(SmallRecent)
+	return int64(s.opt.Now().Sub(s.epoch))-s.lastSmall.Load() < int64(SmallRecent)
 }
 
 // abandon forgets an admitted request whose end will not be logged.
@@ -653,8 +660,9 @@ func (s *Server) onBodyChunk(st *stream, b []byte, end bool) *extprocv3.Processi
 		// limit, before Envoy has read the rest: a hundred thousand tiny
 		// messages cost what the first of them over the largest context
 		// do. Checked when the bytes held cross proveFrom and each of its
-		// doublings, so the prefixes read add up to about twice the body,
-		// and a body smaller than proveFrom is read once. The sizes are
+		// doublings, so the prefixes read add up to about twice the body
+		// (under three times whatever the chunks), and a body smaller
+		// than proveFrom is read once. The sizes are
 		// fixed, not doublings of the size first checked: a chunk that
 		// crossed 256 KB by much must not put the next check past 512 KB
 		// (what a client that waits for the answer after 640 KB relies on).
@@ -778,15 +786,19 @@ func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extproc
 	if h.GetEndOfStream() {
 		return s.reject(st, badRequest("missing_body", "", "The request has no body; expected a JSON object."))
 	}
+	if s.lane != nil && contentLength < LargeBody {
+		// Marked before the body memory's check: a small request refused
+		// 503 because large bodies hold the memory is one to protect. A
+		// body without a content-length counts as small (the lane and
+		// the bootstrap's streamed route only know declared sizes).
+		s.lastSmall.Store(int64(s.opt.Now().Sub(s.epoch)))
+	}
 	// The body's bytes are counted from here, before Envoy sends them.
 	if contentLength > 0 && !s.holdBody(st, int64(contentLength)) {
 		return s.reject(st, errBodyMemory)
 	}
 	st.declared = max(contentLength, 0)
 	st.phase = phaseRequestBody
-	if s.lane != nil && st.declared < LargeBody {
-		s.lastSmall.Store(s.opt.Now().UnixNano())
-	}
 	if st.streamed {
 		return nil // the answer waits for the body, and carries the decision
 	}

@@ -275,13 +275,28 @@ func TestStreamedBodyProvedOverEarly(t *testing.T) {
 	// In chunks of 75,000 bytes the first check comes at 300,000, just
 	// short of the proof (the 10,001st message starts at byte 300,063);
 	// the next is at 512 KiB, with the chunk that crosses it (the
-	// seventh), not at twice the size first checked (the eighth).
-	r, sent = send(hostile, 75_000)
+	// seventh), not at twice the size first checked (the eighth). Driven
+	// through the state machine one message at a time: what is asserted
+	// is which chunk is answered, not how fast.
+	st := &stream{}
+	defer func() { st.releaseHeld(); s.holdBody(st, 0) }()
+	if r, err := s.step(st, streamedHeaders(extprocfilterv3.ProcessingMode_STREAMED, true, len(hostile))); r != nil || err != nil {
+		t.Fatalf("headers: answer %v, %v; want none before the body", r, err)
+	}
+	var err error
+	n := 0
+	for r, sent = nil, 0; sent < len(hostile) && r == nil; n++ {
+		end := min(sent+75_000, len(hostile))
+		if r, err = s.step(st, chunk(hostile[sent:end], end == len(hostile))); err != nil {
+			t.Fatal(err)
+		}
+		sent = end
+	}
 	if ir := r.GetImmediateResponse(); ir.GetStatus().GetCode() != 400 || string(ir.GetBody()) != string(want.e.body()) {
 		t.Fatalf("in chunks of 75,000 bytes: answer %v, want the whole body's 400: %s", r, want.e.body())
 	}
-	if sent != 7*75_000 {
-		t.Fatalf("in chunks of 75,000 bytes: answered after %d of %d bytes, want %d (the first chunk past 512 KiB)", sent, len(hostile), 7*75_000)
+	if n != 7 {
+		t.Fatalf("in chunks of 75,000 bytes: answered at chunk %d (%d of %d bytes), want 7 (the first past 512 KiB)", n, sent, len(hostile))
 	}
 
 	// 600 KB of words in one message (120,000 tokens): within the limits,
