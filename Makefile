@@ -31,7 +31,10 @@ build:
 # full-length simulations take minutes; the last run has it without (about
 # 40 s). The sim-vs-real comparison (TestSimAgainstReal) also runs alone and
 # without the race detector, which would slow the real request path it
-# measures several-fold (about two minutes).
+# measures several-fold (about two minutes). So does the hostile-body drill
+# (TestDrillHostileBodies, about 35 s): under the race detector its own
+# client and engines, in the test's process, would be what its latency
+# ratio measured.
 # --engines (issue 24): llama.cpp's llama-server, built from source on the
 # first run (cached under $(VENV)/llama.cpp), and its tiny model, for the
 # tests that put a real engine behind the stack (test/drills, llamacpp_test.go).
@@ -40,6 +43,7 @@ test:
 	$(GO) vet ./...
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test $(TESTFLAGS) $$(grep -v '/test/drills$$' <<<"$$pkgs")
 	$(GO) test $(TESTFLAGS) ./test/drills
+	$(GO) test -run 'TestDrillHostileBodies' ./test/drills
 	$(GO) test -run 'TestAffinityBar' ./tools/fleetsim
 	$(GO) test -run 'TestSimAgainstReal' ./tools/simreal
 	$(GO) test -run 'TestMooncakeThroughEnvoyMatchesTheSimulator' ./tools/affinitybench
