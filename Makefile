@@ -59,6 +59,7 @@ test-helm:
 test-short: setup
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test -short -race $$(grep -v '/test/drills$$' <<<"$$pkgs")
 	$(GO) test -short -race ./test/drills
+	$(GO) test -short -run 'TestDrillHostileBodies' ./test/drills
 
 demo: setup build
 	$(BIN) demo $(DEMOFLAGS)

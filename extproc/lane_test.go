@@ -45,10 +45,11 @@ func laneStream(ctx context.Context, t *testing.T, c extprocv3.ExternalProcessor
 
 // Large buffered bodies get their headers answered (Envoy then sends the
 // body) a lane's worth at a time while small requests come beside them:
-// one that does not fit waits until one before it is decided on, or
-// LaneWait at the latest. With no small request in the last SmallRecent
-// they go at once; small bodies never wait, and without a lane nothing
-// does.
+// one that does not fit waits until one before it is decided on, or the
+// lane's wait at the latest (LaneWait; lengthened here, so that only the
+// decision can let the third body in). With no small request in the last
+// SmallRecent they go at once; small bodies never wait, and without a
+// lane nothing does.
 func TestLargeBodyLane(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
 	ctx, cancel := context.WithCancel(context.Background())
