@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"golang.org/x/sync/semaphore"
 	"io"
 	"log/slog"
 	"strconv"
@@ -31,6 +30,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -355,7 +355,7 @@ type stream struct {
 	declared int
 	trailers bool
 	// proveAt is the held size at which the prefix is next parsed for a
-	// limit it proves: proveFrom, then its doublings (0: proveFrom).
+	// limit it proves, a doubling of proveFrom (0: proveFrom itself).
 	proveAt int
 	// upload extends Envoy's message timer for a slow upload
 	// (UploadGrace); it stays with the pooled stream, armed only while a
@@ -662,17 +662,15 @@ func (s *Server) onBodyChunk(st *stream, b []byte, end bool) *extprocv3.Processi
 		// do. Checked when the bytes held cross proveFrom and each of its
 		// doublings, so the prefixes read add up to about twice the body
 		// (under three times whatever the chunks), and a body smaller
-		// than proveFrom is read once. The sizes are
-		// fixed, not doublings of the size first checked: a chunk that
-		// crossed 256 KB by much must not put the next check past 512 KB
-		// (what a client that waits for the answer after 640 KB relies on).
-		if st.proveAt == 0 {
-			st.proveAt = proveFrom
-		}
-		if n >= st.proveAt {
-			for st.proveAt <= n {
-				st.proveAt *= 2
+		// than proveFrom is read once. The sizes are fixed, not doublings
+		// of the size first checked: a chunk that crossed 256 KB by much
+		// must not put the next check past 512 KB (what a client that
+		// waits for the answer after 640 KB relies on).
+		if at := max(st.proveAt, proveFrom); n >= at {
+			for at <= n {
+				at *= 2
 			}
+			st.proveAt = at
 			if e := s.dec.provedOver(*st.held, st.kind); e != nil {
 				s.m.bodiesCut.Inc()
 				return s.reject(st, e)
