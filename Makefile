@@ -10,7 +10,7 @@ BIN   := bin/inferlb
 # packages at a time, each with a deadline.
 TESTFLAGS ?= -race -p 2 -timeout 25m
 
-.PHONY: setup build test test-short demo bench lint fmt clean sim-report profiles
+.PHONY: setup build test test-short demo bench bench-rivals lint fmt clean sim-report profiles
 
 setup:
 	@scripts/setup.sh
@@ -39,7 +39,7 @@ build:
 # first run (cached under $(VENV)/llama.cpp), and its tiny model, for the
 # tests that put a real engine behind the stack (test/drills, llamacpp_test.go).
 test:
-	@scripts/setup.sh --browser --engines --k8s
+	@scripts/setup.sh --browser --engines --k8s --rivals
 	$(GO) vet ./...
 	pkgs=$$($(GO) list ./...) || exit 1; $(GO) test $(TESTFLAGS) $$(grep -v '/test/drills$$' <<<"$$pkgs")
 	$(GO) test $(TESTFLAGS) ./test/drills
@@ -66,6 +66,17 @@ demo: setup build
 
 bench: setup
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+
+# inferlb beside the real SGLang and vLLM routers (installed from PyPI,
+# pinned, by setup --rivals), every workload, one region then three (the
+# first region short of capacity), medians of 3 runs: tables, JSON and
+# charts into docs/results/rivals (docs/rivals.md). About an hour.
+RIVALFLAGS ?=
+bench-rivals: build
+	@scripts/setup.sh --rivals
+	$(BIN) bench rivals --results docs/results/rivals/one-region $(RIVALFLAGS)
+	$(BIN) bench rivals --results docs/results/rivals/three-regions --regions 3 --shares us-east=2,us-west=1,eu-west=1 \
+	    --workloads multiturn,multiturn-sessions,agentic $(RIVALFLAGS)
 
 # Every simulation scenario with every policy, from the scenarios' pinned
 # seeds: tables and charts into docs/results (docs/sim.md). A few minutes.

@@ -13,6 +13,9 @@
 #     and a tiny model for it (scripts/setup-engines.sh, cached under
 #     $VENV/llama.cpp), for the tests that put a real inference engine behind
 #     the stack and for `inferlb demo --engines llamacpp`.
+#   - with --rivals (make bench-rivals, make test): the real routers the rival
+#     bench runs beside inferlb (smg, sglang-router, vllm-router from PyPI,
+#     pinned, one virtual environment each; scripts/setup-rivals.sh).
 #   - with --k8s (make test): a real etcd and kube-apiserver for the
 #     Kubernetes tests, built from the Go module proxy and cached by version
 #     (scripts/setup-k8s.sh; minutes the first time, instant after).
@@ -23,12 +26,14 @@ cd "$(dirname "$0")/.."
 browser=0
 engines=0
 k8s=0
+rivals=0
 for arg in "$@"; do
   case "$arg" in
     --browser) browser=1 ;;
     --engines) engines=1 ;;
     --k8s) k8s=1 ;;
-    *) printf 'setup: unknown argument %q (want --browser, --engines, --k8s or nothing)\n' "$arg" >&2; exit 2 ;;
+    --rivals) rivals=1 ;;
+    *) printf 'setup: unknown argument %q (want --browser, --engines, --k8s, --rivals or nothing)\n' "$arg" >&2; exit 2 ;;
   esac
 done
 
@@ -89,6 +94,11 @@ if [ "$engines" = 1 ]; then
   scripts/setup-engines.sh "$VENV"
 fi
 # --- end engines -------------------------------------------------------------
+
+# --- the rival routers: smg, sglang-router, vllm-router ----------------------
+if [ "$rivals" = 1 ]; then
+  scripts/setup-rivals.sh "$VENV"
+fi
 
 # --- Kubernetes test rig (issue 25): etcd + kube-apiserver -------------------
 # Kept in its own script so this one's other sections change independently.

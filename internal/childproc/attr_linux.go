@@ -1,0 +1,11 @@
+package childproc
+
+import "syscall"
+
+// childAttr puts a child in its own process group (a Ctrl-C in the terminal
+// reaches the parent, which stops its children in order) and has the kernel
+// send it SIGTERM if the parent dies without stopping it, so no child
+// outlives it holding its ports.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+}
