@@ -36,22 +36,45 @@ type measure struct {
 	sent, ok  int
 	followUps int // follow-ups whose previous turn was served
 	misses    int // of them, served without their history
+	// regions are the same figures by the requests' source region (with
+	// several regions).
+	regions map[string]*regionMeasure
 }
 
-func newMeasure() *measure { return &measure{prev: map[int]int{}} }
+type regionMeasure struct {
+	ttfts                             []time.Duration
+	sent, ok, shed, followUps, misses int
+}
+
+func newMeasure() *measure {
+	return &measure{prev: map[int]int{}, regions: map[string]*regionMeasure{}}
+}
 
 // observe is the load generator's OnResult.
 func (m *measure) observe(req *workload.Request, res *loadgen.Result) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	rm := &regionMeasure{} // discarded without a region
+	if req.Region != "" {
+		if rm = m.regions[req.Region]; rm == nil {
+			rm = &regionMeasure{}
+			m.regions[req.Region] = rm
+		}
+	}
 	m.sent++
+	rm.sent++
 	if res.Outcome != loadgen.OK {
+		if res.Outcome == loadgen.Rejected {
+			rm.shed++
+		}
 		delete(m.prev, req.Index)
 		return
 	}
 	m.ok++
+	rm.ok++
 	if res.TTFT > 0 {
 		m.ttfts = append(m.ttfts, res.TTFT)
+		rm.ttfts = append(rm.ttfts, res.TTFT)
 	}
 	if !res.HasUsage || req.Turns == 0 { // not a conversation
 		return
@@ -59,8 +82,10 @@ func (m *measure) observe(req *workload.Request, res *loadgen.Result) {
 	if req.Turn > 1 {
 		if p, ok := m.prev[req.Index]; ok {
 			m.followUps++
+			rm.followUps++
 			if res.CachedTokens < p-historySlack {
 				m.misses++
+				rm.misses++
 			}
 		}
 	}
@@ -121,7 +146,33 @@ func (m *measure) result(rep *loadgen.Report) RouterResult {
 	if m.followUps > 0 {
 		r.HistoryMissShare = float64(m.misses) / float64(m.followUps)
 	}
+	for name, rm := range m.regions {
+		if r.Regions == nil {
+			r.Regions = map[string]RegionResult{}
+		}
+		x := RegionResult{Sent: rm.sent, OK: rm.ok, Shed: rm.shed}
+		ms := make([]float64, len(rm.ttfts))
+		for i, d := range rm.ttfts {
+			ms[i] = float64(d) / float64(time.Millisecond)
+		}
+		slices.Sort(ms)
+		x.TTFTP50, x.TTFTP99 = nearestRank(ms, 0.5), nearestRank(ms, 0.99)
+		if rm.followUps > 0 {
+			x.HistoryMissShare = float64(rm.misses) / float64(rm.followUps)
+		}
+		r.Regions[name] = x
+	}
 	return r
+}
+
+// nearestRank is the q-quantile of sorted xs by the nearest-rank rule (0
+// for none).
+func nearestRank(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	k := int(math.Ceil(q*float64(len(xs)))) - 1
+	return xs[max(0, min(k, len(xs)-1))]
 }
 
 // engineCounters are one fleet's engines' counters at a moment, by engine.

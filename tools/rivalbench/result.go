@@ -77,8 +77,21 @@ type RouterResult struct {
 	// CPUSeconds is the CPU the router's processes used during the traffic
 	// (inferlb: its Envoys, ext_proc services and control plane).
 	CPUSeconds float64 `json:"cpu_s"`
+	// Regions break the clients' figures down by their region (with
+	// several regions).
+	Regions map[string]RegionResult `json:"regions,omitempty"`
 
 	ttfts []float64 // sorted, for the charts
+}
+
+// RegionResult is what one region's clients saw.
+type RegionResult struct {
+	Sent             int     `json:"sent"`
+	OK               int     `json:"ok"`
+	Shed             int     `json:"shed_429"`
+	TTFTP50          float64 `json:"ttft_p50_ms"`
+	TTFTP99          float64 `json:"ttft_p99_ms"`
+	HistoryMissShare float64 `json:"history_miss_share"`
 }
 
 // summarize sets the per-run ratios to round robin and the medians.
@@ -133,6 +146,32 @@ func (w *WorkloadResult) summarize(routers []Router) {
 			LoadSpread:       med(func(x RouterResult) float64 { return x.LoadSpread }),
 			CPUSeconds:       med(func(x RouterResult) float64 { return x.CPUSeconds }),
 		}
+		for _, reg := range regionsOf(rs) {
+			var xs []RegionResult
+			for _, x := range rs {
+				if v, ok := x.Regions[reg]; ok {
+					xs = append(xs, v)
+				}
+			}
+			rmed := func(f func(RegionResult) float64) float64 {
+				v := make([]float64, len(xs))
+				for i, x := range xs {
+					v[i] = f(x)
+				}
+				return median(v)
+			}
+			if m.Regions == nil {
+				m.Regions = map[string]RegionResult{}
+			}
+			m.Regions[reg] = RegionResult{
+				Sent:             int(math.Round(rmed(func(x RegionResult) float64 { return float64(x.Sent) }))),
+				OK:               int(math.Round(rmed(func(x RegionResult) float64 { return float64(x.OK) }))),
+				Shed:             int(math.Round(rmed(func(x RegionResult) float64 { return float64(x.Shed) }))),
+				TTFTP50:          rmed(func(x RegionResult) float64 { return x.TTFTP50 }),
+				TTFTP99:          rmed(func(x RegionResult) float64 { return x.TTFTP99 }),
+				HistoryMissShare: rmed(func(x RegionResult) float64 { return x.HistoryMissShare }),
+			}
+		}
 		// The chart pools every run's requests.
 		for _, x := range rs {
 			m.ttfts = append(m.ttfts, x.ttfts...)
@@ -140,6 +179,20 @@ func (w *WorkloadResult) summarize(routers []Router) {
 		slices.Sort(m.ttfts)
 		w.Median[r.ID] = m
 	}
+}
+
+// regionsOf lists the regions any of rs has, sorted.
+func regionsOf(rs []RouterResult) []string {
+	var out []string
+	for _, r := range rs {
+		for reg := range r.Regions {
+			if !slices.Contains(out, reg) {
+				out = append(out, reg)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func ratio(a, b float64) float64 {
@@ -186,8 +239,42 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		if err := writeRegionTable(w, r.Routers, wl); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// writeRegionTable prints, with several regions, each router's figures by
+// the clients' region.
+func writeRegionTable(w io.Writer, routers []string, wl WorkloadResult) error {
+	var regions []string
+	for _, m := range wl.Median {
+		for reg := range m.Regions {
+			if !slices.Contains(regions, reg) {
+				regions = append(regions, reg)
+			}
+		}
+	}
+	if len(regions) < 2 {
+		return nil
+	}
+	slices.Sort(regions)
+	fmt.Fprintf(w, "by the clients' region:\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "router\tregion\tsent\tok\t429\tTTFT p50\tp99\thistory miss\t")
+	for _, id := range routers {
+		m, ok := wl.Median[id]
+		if !ok {
+			continue
+		}
+		for _, reg := range regions {
+			x := m.Regions[reg]
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.1f%%\t\n", id, reg, x.Sent, x.OK, x.Shed, x.TTFTP50, x.TTFTP99, 100*x.HistoryMissShare)
+		}
+	}
+	return tw.Flush()
 }
 
 // WriteFiles writes the result as JSON, the tables as text and each

@@ -231,3 +231,28 @@ func TestOptionsCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestMeasureByRegion(t *testing.T) {
+	m := newMeasure()
+	for i := 0; i < 10; i++ {
+		m.observe(&workload.Request{Index: i, Region: "a"}, &loadgen.Result{Outcome: loadgen.OK, TTFT: time.Duration(i+1) * time.Millisecond})
+	}
+	m.observe(&workload.Request{Index: 10, Region: "b"}, &loadgen.Result{Outcome: loadgen.Rejected})
+	r := m.result(&loadgen.Report{})
+	a, b := r.Regions["a"], r.Regions["b"]
+	if a.Sent != 10 || a.OK != 10 || a.TTFTP50 != 5 || a.TTFTP99 != 10 {
+		t.Fatalf("region a: %+v", a)
+	}
+	if b.Sent != 1 || b.Shed != 1 || b.OK != 0 {
+		t.Fatalf("region b: %+v", b)
+	}
+	w := WorkloadResult{Runs: []RunResult{{Routers: map[string]RouterResult{"inferlb": r}}}}
+	w.summarize([]Router{Inferlb})
+	var table strings.Builder
+	if err := writeRegionTable(&table, []string{"inferlb"}, w); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "by the clients' region") || strings.Count(table.String(), "inferlb") != 2 {
+		t.Fatalf("region table:\n%s", table.String())
+	}
+}
