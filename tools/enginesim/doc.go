@@ -33,7 +33,22 @@
 //	POST /v1/chat/completions, /v1/completions   streaming (SSE) or not
 //	GET  /v1/models, /health, /metrics
 //
-// and on the admin listener:
+// and what routers in front of vLLM or SGLang ask an engine (served in
+// either server kind, since SGLang routers ask any worker):
+//
+//	POST /tokenize                          vLLM's: prompt or messages → {count, max_model_len, tokens, token_strs}
+//	POST /v1/chat/completions/render        vLLM's GenerateRequest: token_ids, sampling_params, ...
+//	POST /v1/completions/render             a list of one GenerateRequest
+//	GET  /version                           vLLM's {"version": ...}
+//	GET  /get_server_info, /server_info     SGLang's server arguments and limits
+//	GET  /get_model_info, /model_info       SGLang's model info
+//	GET  /v1/loads, /loads                  SGLang's load report: the scheduler's requests and tokens now
+//
+// Token ids there follow the token rule the engine's prefix cache uses (a
+// chat prompt as the chat completion tokenizes it), each id reduced modulo
+// VocabSize, so equal prefixes give equal id prefixes on every engine.
+//
+// On the admin listener:
 //
 //	GET|POST|DELETE /admin/engines/{id}/faults    {error_rate, slowdown, hang, health_fail, crash, restart_after_s}
 //

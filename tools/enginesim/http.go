@@ -18,8 +18,23 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) { s.render(w, r, true) })
+	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, r *http.Request) { s.render(w, r, false) })
+	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /version", s.showVersion)
 	mux.HandleFunc("GET /health", s.health)
+	// SGLang's own paths, served in either mode: routers built for SGLang
+	// (sglang-router, smg) ask any worker for them, and rival routers are
+	// benchmarked in front of engines in the default (vLLM) mode.
+	for _, p := range []string{"/get_server_info", "/server_info"} {
+		mux.HandleFunc("GET "+p, s.serverInfo)
+	}
+	for _, p := range []string{"/get_model_info", "/model_info"} {
+		mux.HandleFunc("GET "+p, s.modelInfo)
+	}
+	mux.HandleFunc("GET /v1/loads", s.loads)
+	mux.HandleFunc("GET /loads", s.loads)
 	if s.opts.Server == ServerSGLang {
 		mux.HandleFunc("GET /health_generate", s.health)
 	}
@@ -121,15 +136,8 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		return
 	}
 	s.served.Store(true)
-	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, s.opts.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, &apiError{status: 413, typ: "RequestEntityTooLarge",
-				message: fmt.Sprintf("request body larger than %d bytes", mbe.Limit)})
-			return
-		}
-		writeError(w, badRequest("reading body: %v", err))
+	body, ok := s.readBody(w, hr)
+	if !ok {
 		return
 	}
 	if !s.networkDelay(w, hr) {
@@ -140,26 +148,13 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		writeError(w, aerr)
 		return
 	}
-	if req.model != s.opts.Model {
-		writeError(w, &apiError{status: 404, typ: "NotFoundError", param: "model",
-			message: fmt.Sprintf("The model `%s` does not exist.", req.model)})
+	if aerr := s.checkModel(req.model); aerr != nil {
+		writeError(w, aerr)
 		return
 	}
-	n := len(req.prompt)
-	end := model.FinishLength
-	maxTok := req.maxTokens
-	if maxTok == 0 {
-		end = model.FinishStop
-		maxTok = min(s.opts.DefaultMaxTokens, s.maxCtx-n)
-	}
-	if n+max(maxTok, 1) > s.maxCtx {
-		what := "prompt"
-		if chat {
-			what = "messages"
-		}
-		writeError(w, &apiError{status: 400, typ: "BadRequestError", param: what,
-			message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-				s.maxCtx, n+max(maxTok, 0), n, what, max(maxTok, 0), what)})
+	maxTok, end, aerr := s.outputLen(req, chat)
+	if aerr != nil {
+		writeError(w, aerr)
 		return
 	}
 	st := &stream{notify: make(chan struct{}, 1)}
@@ -175,6 +170,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	}
 	s.nextID++
 	id := s.nextID
+	var err error
 	st.replica, err = s.eng.Submit(mr, s.vnow())
 	crashCh := s.crashCh
 	s.mu.Unlock()
@@ -189,6 +185,56 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	} else {
 		s.serveWhole(w, hr, rw, st, mr, crashCh)
 	}
+}
+
+// checkModel answers vLLM's 404 for a model the engine does not serve; an
+// empty name (allowed where vLLM defaults it) is the served model.
+func (s *Server) checkModel(name string) *apiError {
+	if name == "" || name == s.opts.Model {
+		return nil
+	}
+	return &apiError{status: 404, typ: "NotFoundError", param: "model",
+		message: fmt.Sprintf("The model `%s` does not exist.", name)}
+}
+
+// outputLen is the number of tokens the engine generates for req and the
+// finish reason it reports (see the package doc's simulation rules), or
+// vLLM's 400 when the prompt and output exceed the context limit.
+func (s *Server) outputLen(req *parsedRequest, chat bool) (int, model.FinishReason, *apiError) {
+	n := len(req.prompt)
+	end := model.FinishLength
+	maxTok := req.maxTokens
+	if maxTok == 0 {
+		end = model.FinishStop
+		maxTok = min(s.opts.DefaultMaxTokens, s.maxCtx-n)
+	}
+	if n+max(maxTok, 1) > s.maxCtx {
+		what := "prompt"
+		if chat {
+			what = "messages"
+		}
+		return 0, end, &apiError{status: 400, typ: "BadRequestError", param: what,
+			message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+				s.maxCtx, n+max(maxTok, 0), n, what, max(maxTok, 0), what)}
+	}
+	return maxTok, end, nil
+}
+
+// readBody reads a request body under the MaxBodyBytes limit; on error it
+// has answered (413, or 400).
+func (s *Server) readBody(w http.ResponseWriter, hr *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, &apiError{status: 413, typ: "RequestEntityTooLarge",
+				message: fmt.Sprintf("request body larger than %d bytes", mbe.Limit)})
+			return nil, false
+		}
+		writeError(w, badRequest("reading body: %v", err))
+		return nil, false
+	}
+	return body, true
 }
 
 // networkDelay holds the request for the round trip from the caller's

@@ -59,13 +59,21 @@ type chatMessage struct {
 type parsedRequest struct {
 	model        string
 	prompt       []uint64
-	maxTokens    int // 0: not given
+	maxTokens    int  // 0: not given
+	idsGiven     bool // the prompt came as token ids (/v1/completions)
 	stream       bool
 	includeUsage bool
 }
 
 // parseRequest decodes and validates a body; chat selects the endpoint.
 func parseRequest(body []byte, chat bool) (*parsedRequest, *apiError) {
+	return parseBody(body, chat, true)
+}
+
+// parseBody is parseRequest; requireModel false lets the model field be
+// absent (vLLM's render and tokenize requests default it to the served
+// model), leaving parsedRequest.model empty.
+func parseBody(body []byte, chat, requireModel bool) (*parsedRequest, *apiError) {
 	var req completionRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&req); err != nil {
@@ -75,7 +83,7 @@ func parseRequest(body []byte, chat bool) (*parsedRequest, *apiError) {
 		return nil, badRequest("invalid JSON body: data after the top-level value")
 	}
 	p := &parsedRequest{model: req.Model, stream: req.Stream}
-	if req.Model == "" {
+	if req.Model == "" && requireModel {
 		return nil, &apiError{status: 400, typ: "BadRequestError", message: "model: field required", param: "model"}
 	}
 	if req.StreamOptions != nil {
@@ -106,6 +114,7 @@ func parseRequest(body []byte, chat bool) (*parsedRequest, *apiError) {
 		p.prompt, err = chatPrompt(req.Messages)
 	} else {
 		p.prompt, err = completionPrompt(req.Prompt)
+		p.idsGiven = err == nil && isTokenIDs(req.Prompt)
 	}
 	if err != nil {
 		return nil, badRequest("%v", err)
@@ -113,7 +122,15 @@ func parseRequest(body []byte, chat bool) (*parsedRequest, *apiError) {
 	return p, nil
 }
 
-func chatPrompt(raw json.RawMessage) ([]uint64, error) {
+// chatMsg is one chat message as the token rule reads it: its role and its
+// text parts, in order (each part is tokenized on its own).
+type chatMsg struct {
+	role  string
+	parts []string
+}
+
+// parseMessages validates a messages array.
+func parseMessages(raw json.RawMessage) ([]chatMsg, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, errors.New("messages: field required")
 	}
@@ -124,22 +141,22 @@ func chatPrompt(raw json.RawMessage) ([]uint64, error) {
 	if len(msgs) == 0 {
 		return nil, errors.New("messages: must not be empty")
 	}
-	toks := make([]uint64, 0, 64)
+	out := make([]chatMsg, len(msgs))
 	for i, m := range msgs {
 		if m.Role == "" {
 			return nil, fmt.Errorf("messages[%d].role: field required", i)
 		}
-		toks = append(toks, tokens.RoleMarkerID(m.Role))
+		out[i].role = m.Role
 		c := m.Content
 		if len(c) == 0 || string(c) == "null" {
 			continue
 		}
-		var s string
 		if c[0] == '"' {
+			var s string
 			if err := json.Unmarshal(c, &s); err != nil {
 				return nil, fmt.Errorf("messages[%d].content: %w", i, err)
 			}
-			toks = tokens.Append(toks, s)
+			out[i].parts = []string{s}
 			continue
 		}
 		var parts []struct {
@@ -153,10 +170,31 @@ func chatPrompt(raw json.RawMessage) ([]uint64, error) {
 			if part.Type != "text" || part.Text == nil {
 				return nil, fmt.Errorf("messages[%d].content[%d]: only text parts are supported, got type %q", i, j, part.Type)
 			}
-			toks = tokens.Append(toks, *part.Text)
+			out[i].parts = append(out[i].parts, *part.Text)
 		}
 	}
-	return toks, nil
+	return out, nil
+}
+
+// chatTokens is the token ids of a chat prompt (package tokens' rule: a
+// role marker per message, then the tokens of its parts).
+func chatTokens(msgs []chatMsg) []uint64 {
+	toks := make([]uint64, 0, 64)
+	for _, m := range msgs {
+		toks = append(toks, tokens.RoleMarkerID(m.role))
+		for _, p := range m.parts {
+			toks = tokens.Append(toks, p)
+		}
+	}
+	return toks
+}
+
+func chatPrompt(raw json.RawMessage) ([]uint64, error) {
+	msgs, err := parseMessages(raw)
+	if err != nil {
+		return nil, err
+	}
+	return chatTokens(msgs), nil
 }
 
 func completionPrompt(raw json.RawMessage) ([]uint64, error) {
@@ -193,6 +231,16 @@ func completionPrompt(raw json.RawMessage) ([]uint64, error) {
 		return t, nil
 	}
 	return nil, errors.New("prompt: must be a string, an array of one string, or an array of token ids")
+}
+
+// isTokenIDs reports whether a valid prompt is an array of token ids.
+func isTokenIDs(raw json.RawMessage) bool {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 || raw[0] != '[' {
+		return false
+	}
+	var ids []int64
+	return json.Unmarshal(raw, &ids) == nil
 }
 
 func mustJSON(v any) []byte {

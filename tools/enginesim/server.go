@@ -125,6 +125,7 @@ type Server struct {
 	reg     *prometheus.Registry
 	metrics *metrics
 	lags    lagRecorder
+	genRate rateMeter // gen_throughput of /v1/loads and /get_server_info
 	// served is set by the first completion request (SGLang's series
 	// appear then).
 	served atomic.Bool

@@ -490,13 +490,7 @@ func (e *Engine) completeStep(t time.Duration) {
 // blocks do not fit now.
 func (e *Engine) admit(r *Request, t time.Duration) bool {
 	bs := e.cfg.BlockSize
-	if r.hashes == nil {
-		if len(r.Hashes) == len(r.Prompt)/bs {
-			r.hashes = r.Hashes
-		} else {
-			r.hashes = chainHashes(r.Prompt, bs)
-		}
-	}
+	e.hashPrompt(r)
 	// The cached prefix's blocks, looked up once (r.blocks is reused if
 	// the request has to wait).
 	if r.blocks == nil {
@@ -544,6 +538,18 @@ func (e *Engine) admit(r *Request, t time.Duration) bool {
 	e.stats.PrefixQueries += uint64(len(r.Prompt))
 	e.stats.PrefixHits += uint64(k * bs)
 	return true
+}
+
+// hashPrompt sets r's chained block hashes once: the owner's if they fit.
+func (e *Engine) hashPrompt(r *Request) {
+	if r.hashes != nil {
+		return
+	}
+	if bs := e.cfg.BlockSize; len(r.Hashes) == len(r.Prompt)/bs {
+		r.hashes = r.Hashes
+	} else {
+		r.hashes = chainHashes(r.Prompt, bs)
+	}
 }
 
 func (e *Engine) pin(b int32) {
@@ -690,6 +696,43 @@ func (e *Engine) CachedBlocks(hashes []uint64) int {
 		k++
 	}
 	return k
+}
+
+// Backlog is the prompt work queued in an engine (SGLang reports it in its
+// /v1/loads as num_total_tokens' queued part and num_waiting_uncached_tokens).
+type Backlog struct {
+	// WaitingTokens are the prompt tokens of the requests in the waiting
+	// queue.
+	WaitingTokens int
+	// UncachedTokens are the prompt tokens still to compute: those of
+	// waiting requests that the prefix cache does not hold now (as
+	// admission would find them, at least one token each), plus the rest
+	// of the prompts of running requests still in prefill.
+	UncachedTokens int
+}
+
+// Backlog returns the prompt work queued now. It looks the waiting prompts
+// up in the prefix cache without touching the LRU order; the chained hashes
+// it computes are the ones admission uses, so they are computed once.
+func (e *Engine) Backlog() Backlog {
+	var b Backlog
+	bs := e.cfg.BlockSize
+	for _, r := range e.waiting.items[e.waiting.head:] {
+		if r == nil || r.state != stateWaiting {
+			continue
+		}
+		e.hashPrompt(r)
+		k := e.CachedBlocks(r.hashes)
+		if k*bs >= len(r.Prompt) {
+			k = (len(r.Prompt) - 1) / bs
+		}
+		b.WaitingTokens += len(r.Prompt)
+		b.UncachedTokens += len(r.Prompt) - k*bs
+	}
+	for _, r := range e.running {
+		b.UncachedTokens += len(r.Prompt) - r.prefilled
+	}
+	return b
 }
 
 // TTFTBuckets are vLLM's bucket bounds of vllm:time_to_first_token_seconds

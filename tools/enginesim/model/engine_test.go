@@ -453,3 +453,54 @@ func TestOutputBlocksAreCached(t *testing.T) {
 		t.Fatalf("after 200 more requests: KV usage %v, %d cached of %d blocks", st.KVUsage, st.CachedBlocks, st.KVBlocks)
 	}
 }
+
+// TestBacklog: the waiting queue's prompt tokens, and those still to compute
+// (what the prefix cache lacks, with at least one token each, plus the rest
+// of running prompts), as SGLang's /v1/loads reports them; looking does not
+// change what admission then finds.
+func TestBacklog(t *testing.T) {
+	e, err := New(testCfg(), newRec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := prompt(1, 64) // four full blocks
+	if err := e.Submit(&Request{Prompt: warm, MaxTokens: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	run(e, time.Hour)
+	if b := e.Backlog(); b != (Backlog{}) {
+		t.Fatalf("idle backlog %+v", b)
+	}
+	e.SetHang(true, ms(1000))
+	ext := append(append([]uint64{}, warm...), prompt(2, 10)...)
+	same := append([]uint64{}, warm...)
+	for i, p := range [][]uint64{ext, same, prompt(3, 30)} {
+		if err := e.Submit(&Request{Prompt: p, MaxTokens: 1}, ms(1000)); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	e.Advance(ms(2000)) // past the overhead: all three wait
+	want := Backlog{
+		WaitingTokens: 74 + 64 + 30,
+		// ext finds its 64 cached; same too, but computes its last block
+		// again (at least one token); the third finds nothing.
+		UncachedTokens: 10 + 16 + 30,
+	}
+	if b := e.Backlog(); b != want || e.Stats().Waiting != 3 {
+		t.Fatalf("hung backlog %+v (waiting %d), want %+v", b, e.Stats().Waiting, want)
+	}
+	e.SetHang(false, ms(2000))
+	e.Advance(ms(2000))
+	// The step in flight prefills all three; until it ends they are
+	// running with their uncached tokens left to compute.
+	if b := e.Backlog(); b != (Backlog{UncachedTokens: want.UncachedTokens}) {
+		t.Fatalf("backlog while prefilling %+v", b)
+	}
+	run(e, time.Hour)
+	if b := e.Backlog(); b != (Backlog{}) {
+		t.Fatalf("backlog after the run %+v", b)
+	}
+	if st := e.Stats(); st.PrefixHits != 64+48 {
+		t.Errorf("prefix hits %d, want %d", st.PrefixHits, 64+48)
+	}
+}

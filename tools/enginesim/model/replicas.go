@@ -104,5 +104,16 @@ func (rs *Replicas) CachedBlocks(hashes []uint64) int {
 	return best
 }
 
+// Backlog sums the replicas' backlogs (see Engine.Backlog).
+func (rs *Replicas) Backlog() Backlog {
+	var b Backlog
+	for _, e := range rs.engs {
+		eb := e.Backlog()
+		b.WaitingTokens += eb.WaitingTokens
+		b.UncachedTokens += eb.UncachedTokens
+	}
+	return b
+}
+
 // Len is the number of replicas.
 func (rs *Replicas) Len() int { return len(rs.engs) }
