@@ -276,6 +276,7 @@ func runOnce(ctx context.Context, o Options, w Workload, run int) (RunResult, er
 	}
 	out := RunResult{Run: run + 1, Routers: map[string]RouterResult{}}
 	for i, t := range ts {
+		out.IdealHit = max(out.IdealHit, idealHit(o, w, run, reports[i].Requests.Sent))
 		after, err := scrapeFleet(ctx, t.r.engines)
 		if err != nil {
 			return RunResult{}, err

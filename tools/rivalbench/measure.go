@@ -141,7 +141,7 @@ func (m *measure) result(rep *loadgen.Report) RouterResult {
 		TTFTP50: rep.TTFT.P50, TTFTP90: rep.TTFT.P90, TTFTP99: rep.TTFT.P99,
 		TPOTP50: rep.TPOT.P50, E2EP50: rep.E2E.P50,
 		RequestsPerS: rep.RequestsPerS, OutputTokensPerS: rep.OutputTokensPerS,
-		FollowUps: m.followUps, HistoryMisses: m.misses,
+		FollowUps: m.followUps, HistoryMisses: m.misses, ErrorKinds: rep.Errors,
 	}
 	if m.followUps > 0 {
 		r.HistoryMissShare = float64(m.misses) / float64(m.followUps)

@@ -29,16 +29,20 @@ type Result struct {
 // WorkloadResult is one workload's runs and, per router, each figure's
 // median over them.
 type WorkloadResult struct {
-	Name   string                  `json:"name"`
-	About  string                  `json:"about"`
-	Median map[string]RouterResult `json:"median"`
+	Name  string `json:"name"`
+	About string `json:"about"`
+	// IdealHit is the median over the runs of the share of prompt tokens
+	// an unbounded prefix cache would serve (Mooncake only).
+	IdealHit float64                 `json:"ideal_hit,omitempty"`
+	Median   map[string]RouterResult `json:"median"`
 	Runs   []RunResult             `json:"runs"`
 }
 
 // RunResult is one run: every router's figures.
 type RunResult struct {
-	Run     int                     `json:"run"`
-	Routers map[string]RouterResult `json:"routers"`
+	Run      int                     `json:"run"`
+	IdealHit float64                 `json:"ideal_hit,omitempty"`
+	Routers  map[string]RouterResult `json:"routers"`
 }
 
 // RouterResult is what one router's clients and engines saw. Latencies are
@@ -49,6 +53,8 @@ type RouterResult struct {
 	OK     int `json:"ok"`
 	Shed   int `json:"shed_429"`
 	Errors int `json:"errors"`
+	// ErrorKinds counts the clients' error messages (up to 20 kinds).
+	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
 	// HitRate is the engines' prefix-cache hits over queries (their
 	// vllm:prefix_cache_* counters) during the traffic.
 	HitRate float64 `json:"hit_rate"`
@@ -106,6 +112,11 @@ func (w *WorkloadResult) summarize(routers []Router) {
 			run.Routers[id] = r
 		}
 	}
+	var ideals []float64
+	for _, run := range w.Runs {
+		ideals = append(ideals, run.IdealHit)
+	}
+	w.IdealHit = median(ideals)
 	w.Median = map[string]RouterResult{}
 	for _, r := range routers {
 		var rs []RouterResult
@@ -221,6 +232,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 		strings.Join(r.Regions, "+"), r.EnginesPerRegion, r.Runs, r.DurationS, r.Load, r.Seed)
 	for _, wl := range r.Workloads {
 		fmt.Fprintf(w, "\n%s: %s\n", wl.Name, wl.About)
+		if wl.IdealHit > 0 {
+			fmt.Fprintf(w, "(an unbounded prefix cache would serve %.3f of the prompt tokens sent)\n", wl.IdealHit)
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "router\thit\tTTFT p50\tp90\tp99\tp50/RR\tp99/RR\tTPOT p50\treq/s\tok\t429\terr\thistory miss\tspread\tCPU s\t")
 		for _, id := range r.Routers {

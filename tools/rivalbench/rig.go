@@ -2,7 +2,9 @@ package rivalbench
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/headers"
 	"github.com/inferlb/inferlb/internal/childproc"
+	"github.com/inferlb/inferlb/internal/envoybin"
 	"github.com/inferlb/inferlb/tools/loadgen"
 )
 
@@ -30,6 +33,14 @@ type routerRig struct {
 	engines []engine
 	urls    map[string]string // region → the router's client-facing URL
 	procs   []*childproc.Proc
+	// ready are the SGLang routers' readiness checks: they answer ready
+	// with one worker registered, so the bench waits for all.
+	ready []readyCheck
+}
+
+type readyCheck struct {
+	url     string
+	workers int
 }
 
 // client is a load-generator client for this router: requests go to their
@@ -105,6 +116,13 @@ func startRig(ctx context.Context, o Options, g *childproc.Group, dir string) (*
 		}
 	}
 	for _, rr := range rg.routers {
+		for _, c := range rr.ready {
+			if err := waitWorkers(ctx, g, c, 60*time.Second); err != nil {
+				return nil, fmt.Errorf("%s: %w", rr.router.ID, err)
+			}
+		}
+	}
+	for _, rr := range rg.routers {
 		for region, u := range rr.urls {
 			if err := waitServes(ctx, g, u, region, 90*time.Second); err != nil {
 				return nil, fmt.Errorf("%s in %s: %w", rr.router.ID, region, err)
@@ -132,9 +150,23 @@ func startRival(o Options, g *childproc.Group, rr *routerRig) error {
 		if err != nil {
 			return err
 		}
-		p, err := g.Start(rr.router.ID+"-"+region, prog, rr.router.args(ports[0], ports[1], workers)...)
+		cmd := exec.Command(prog, rr.router.args(ports[0], ports[1], workers)...)
+		if rr.router.Binary == "sglang-router" {
+			// sglang-router loads the tokenizer its workers name (the model,
+			// llama-3.1-8b) when it registers them, from a directory of that
+			// name if there is one, else from the Hugging Face hub, which
+			// cannot be reached here. It routes HTTP requests by their text
+			// and never uses it; a local one spares the failed download.
+			if cmd.Dir, err = tokenizerDir(g.Dir); err != nil {
+				return err
+			}
+		}
+		p, err := g.StartCmd(rr.router.ID+"-"+region, cmd)
 		if err != nil {
 			return err
+		}
+		if rr.router.Binary == "smg" || rr.router.Binary == "sglang-router" {
+			rr.ready = append(rr.ready, readyCheck{url: fmt.Sprintf("http://127.0.0.1:%d/readiness", ports[0]), workers: len(workers)})
 		}
 		rr.procs = append(rr.procs, p)
 		rr.urls[region] = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
@@ -193,6 +225,71 @@ func startInferlb(ctx context.Context, o Options, g *childproc.Group, dir string
 		rr.urls[region] = fmt.Sprintf("http://127.0.0.1:%d", envoyPort)
 	}
 	return nil
+}
+
+// tokenizerDir makes dir/sglang-router/llama-3.1-8b/tokenizer.json from a
+// tokenizer the repository ships (any will do) and returns
+// dir/sglang-router; "" (the router's default) when there is none.
+func tokenizerDir(dir string) (string, error) {
+	root, err := envoybin.RepoRoot()
+	if err != nil {
+		return "", nil
+	}
+	f, err := os.Open(filepath.Join(root, "internal", "tokens", "hf", "testdata", "qwen3.tokenizer.json.gz"))
+	if err != nil {
+		return "", nil
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return "", err
+	}
+	wd := filepath.Join(dir, "sglang-router")
+	if err := os.MkdirAll(filepath.Join(wd, ModelName), 0o755); err != nil {
+		return "", err
+	}
+	out, err := os.Create(filepath.Join(wd, ModelName, "tokenizer.json"))
+	if err != nil {
+		return "", err
+	}
+	if _, err := io.Copy(out, zr); err != nil {
+		out.Close()
+		return "", err
+	}
+	return wd, out.Close()
+}
+
+// waitWorkers polls an SGLang router's /readiness until it counts every
+// worker healthy.
+func waitWorkers(ctx context.Context, g *childproc.Group, c readyCheck, timeout time.Duration) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := g.Exited(); err != nil {
+			return err
+		}
+		var st struct {
+			Healthy int `json:"healthy_workers"`
+		}
+		resp, err := client.Get(c.url)
+		if err == nil {
+			err = json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&st)
+			resp.Body.Close()
+			if err == nil && st.Healthy >= c.workers {
+				return nil
+			}
+			if err == nil {
+				err = fmt.Errorf("%d of %d workers healthy", st.Healthy, c.workers)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %v: %v", c.url, timeout, err)
+		}
+		// Sparingly: sglang-router logs every 503 it answers as an error.
+		if err := pause(ctx, 250*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
 
 // waitOK polls url until it answers 200.

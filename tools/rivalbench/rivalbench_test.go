@@ -256,3 +256,35 @@ func TestMeasureByRegion(t *testing.T) {
 		t.Fatalf("region table:\n%s", table.String())
 	}
 }
+
+// No bench prompt is empty, nor has a "tool" message: SGLang's routers
+// refuse both (400), and the bench must measure routing, not validation.
+func TestWorkloadsSendValidChat(t *testing.T) {
+	o := DefaultOptions()
+	o.DataDir = "../../../shared/data"
+	for _, w := range Workloads {
+		src, _, err := w.build(o, 0)
+		if err != nil {
+			if strings.Contains(err.Error(), "no such file") {
+				continue
+			}
+			t.Fatal(err)
+		}
+		for _, r := range workload.Slice(src, 4000) {
+			for {
+				for _, m := range r.Messages {
+					if m.Content == "" || m.Role == "tool" {
+						t.Fatalf("%s: request %d turn %d has a %q message with %d bytes", w.Name, r.Index, r.Turn, m.Role, len(m.Content))
+					}
+				}
+				f, ok := src.(workload.FollowUper)
+				if !ok {
+					break
+				}
+				if r, ok = f.FollowUp(r, "an answer"); !ok {
+					break
+				}
+			}
+		}
+	}
+}
