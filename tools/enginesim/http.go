@@ -241,6 +241,11 @@ func (s *Server) readBody(w http.ResponseWriter, hr *http.Request) ([]byte, bool
 // region; false if the client went away or the region is unknown.
 func (s *Server) networkDelay(w http.ResponseWriter, hr *http.Request) bool {
 	src := hr.Header.Get(headers.SourceRegion)
+	label := src
+	if label == "" {
+		label = "none"
+	}
+	s.metrics.bySource.WithLabelValues(label).Inc()
 	if src == "" || s.opts.Fleet == nil || s.opts.Region == "" {
 		return true
 	}

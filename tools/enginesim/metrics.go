@@ -22,7 +22,17 @@ var (
 type metrics struct {
 	ttft, itl, e2e, queue prometheus.Histogram
 	success               [3]prometheus.Counter // by model.FinishReason
+	// bySource counts completion requests by the x-inferlb-source-region
+	// they carried ("none" without one): the simulator's own series, not a
+	// vLLM or SGLang one, so a bench can tell which requests crossed
+	// regions.
+	bySource *prometheus.CounterVec
 }
+
+// SourceRegionMetric is the simulator's count of completion requests by
+// their source region (label source_region; engine_region is the
+// engine's).
+const SourceRegionMetric = "enginesim_requests_by_source_region_total"
 
 // metricNames are one server kind's metric names.
 type metricNames struct {
@@ -124,11 +134,15 @@ func newMetrics(s *Server) *metrics {
 	}
 
 	m := &metrics{
+		bySource: prometheus.NewCounterVec(prometheus.CounterOpts{Name: SourceRegionMetric,
+			Help:        "Completion requests by the source region they carried (engine-sim's own series).",
+			ConstLabels: prometheus.Labels{"model_name": s.opts.Model, "engine_region": s.opts.Region}}, []string{"source_region"}),
 		ttft:  hist(n.ttft, "Histogram of time to first token in seconds.", ttftBuckets),
 		itl:   hist(n.itl, "Histogram of inter-token latency in seconds.", itlBuckets),
 		e2e:   hist(n.e2e, "Histogram of e2e request latency in seconds.", requestLatencyBuckets),
 		queue: hist(n.queue, "Histogram of time spent in WAITING phase for request.", requestLatencyBuckets),
 	}
+	s.reg.MustRegister(m.bySource)
 	if !n.successByReason {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: n.success, Help: "Number of requests processed.", ConstLabels: labels})
 		s.reg.MustRegister(c)

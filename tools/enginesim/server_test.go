@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -682,6 +683,22 @@ func TestFleetAndNetworkDelay(t *testing.T) {
 	decode(t, resp, 400, &e)
 	if !strings.Contains(e.Error.Message, `unknown region "mars"`) {
 		t.Errorf("unknown region error %q", e.Error.Message)
+	}
+	// The requests by their source region: 3 without a header, 3 from
+	// us-east, 3 from us-west, the refused one from mars.
+	got := map[string]float64{}
+	for _, m := range scrape(t, s)[SourceRegionMetric].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["engine_region"] != "us-east" || labels["model_name"] != "llama-3.1-8b" {
+			t.Errorf("%s labels %v", SourceRegionMetric, labels)
+		}
+		got[labels["source_region"]] = m.GetCounter().GetValue()
+	}
+	if want := map[string]float64{"none": 3, "us-east": 3, "us-west": 3, "mars": 1}; !maps.Equal(got, want) {
+		t.Errorf("%s by source region %v, want %v", SourceRegionMetric, got, want)
 	}
 	if _, err := StartFleet(context.Background(), spec, FleetOptions{AnyPort: true, Engines: []string{"nope"}}); err == nil {
 		t.Error("unknown engine id accepted")

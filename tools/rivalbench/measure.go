@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/tools/workload"
 )
@@ -180,6 +181,10 @@ type engineCounters map[string]counters
 
 type counters struct {
 	hits, queries, requests float64
+	// region is the engine's; bySource its completion requests by their
+	// source region (engine-sim's own series; "none": no header).
+	region   string
+	bySource map[string]float64
 }
 
 // scrapeFleet reads every engine's /metrics.
@@ -201,11 +206,21 @@ func scrapeFleet(ctx context.Context, engines []engine) (engineCounters, error) 
 		if err != nil {
 			return nil, fmt.Errorf("engine %s metrics: %w", e.ID, err)
 		}
-		out[e.ID] = counters{
+		c := counters{
 			hits:     sum(fams["vllm:prefix_cache_hits_total"]),
 			queries:  sum(fams["vllm:prefix_cache_queries_total"]),
 			requests: sum(fams["vllm:request_success_total"]),
+			region:   e.Region,
+			bySource: map[string]float64{},
 		}
+		for _, m := range fams[enginesim.SourceRegionMetric].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "source_region" {
+					c.bySource[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+		out[e.ID] = c
 	}
 	return out, nil
 }
@@ -245,6 +260,23 @@ func (r *RouterResult) engineFigures(before, after engineCounters) {
 		r.HitRate = hits / queries
 	}
 	r.EngineRequests = served
+	// Requests that crossed regions: served by an engine outside the
+	// region they came from (requests with no source region came from a
+	// router beside the engine).
+	var all, crossed float64
+	for _, id := range ids {
+		a, b := after[id], before[id]
+		for src, n := range a.bySource {
+			d := n - b.bySource[src]
+			all += d
+			if src != "none" && src != a.region {
+				crossed += d
+			}
+		}
+	}
+	if all > 0 {
+		r.CrossRegionShare = crossed / all
+	}
 	var total, most float64
 	for _, s := range served {
 		total += s

@@ -80,6 +80,9 @@ type RouterResult struct {
 	// the busiest engine's over the mean (1: even).
 	EngineRequests []float64 `json:"engine_requests,omitempty"`
 	LoadSpread     float64   `json:"load_spread"`
+	// CrossRegionShare is the share of requests an engine outside their
+	// source region served (with several regions).
+	CrossRegionShare float64 `json:"cross_region_share"`
 	// CPUSeconds is the CPU the router's processes used during the traffic
 	// (inferlb: its Envoys, ext_proc services and control plane).
 	CPUSeconds float64 `json:"cpu_s"`
@@ -155,6 +158,7 @@ func (w *WorkloadResult) summarize(routers []Router) {
 			HistoryMisses:    medInt(func(x RouterResult) int { return x.HistoryMisses }),
 			HistoryMissShare: med(func(x RouterResult) float64 { return x.HistoryMissShare }),
 			LoadSpread:       med(func(x RouterResult) float64 { return x.LoadSpread }),
+			CrossRegionShare: med(func(x RouterResult) float64 { return x.CrossRegionShare }),
 			CPUSeconds:       med(func(x RouterResult) float64 { return x.CPUSeconds }),
 		}
 		for _, reg := range regionsOf(rs) {
@@ -275,17 +279,21 @@ func writeRegionTable(w io.Writer, routers []string, wl WorkloadResult) error {
 		return nil
 	}
 	slices.Sort(regions)
-	fmt.Fprintf(w, "by the clients' region:\n")
+	fmt.Fprintf(w, "by the clients' region (cross-region: the share of all requests an engine outside their region served):\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "router\tregion\tsent\tok\t429\tTTFT p50\tp99\thistory miss\t")
+	fmt.Fprintln(tw, "router\tcross-region\tregion\tsent\tok\t429\tTTFT p50\tp99\thistory miss\t")
 	for _, id := range routers {
 		m, ok := wl.Median[id]
 		if !ok {
 			continue
 		}
-		for _, reg := range regions {
+		for k, reg := range regions {
+			cross := ""
+			if k == 0 {
+				cross = fmt.Sprintf("%.1f%%", 100*m.CrossRegionShare)
+			}
 			x := m.Regions[reg]
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.1f%%\t\n", id, reg, x.Sent, x.OK, x.Shed, x.TTFTP50, x.TTFTP99, 100*x.HistoryMissShare)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.1f%%\t\n", id, cross, reg, x.Sent, x.OK, x.Shed, x.TTFTP50, x.TTFTP99, 100*x.HistoryMissShare)
 		}
 	}
 	return tw.Flush()

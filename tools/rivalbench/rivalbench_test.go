@@ -132,12 +132,17 @@ func TestMeasureHistoryMisses(t *testing.T) {
 }
 
 func TestEngineFigures(t *testing.T) {
-	before := engineCounters{"a": {hits: 10, queries: 100, requests: 1}, "b": {}}
-	after := engineCounters{"a": {hits: 60, queries: 200, requests: 31}, "b": {hits: 50, queries: 100, requests: 11}}
+	before := engineCounters{"a": {hits: 10, queries: 100, requests: 1, region: "x", bySource: map[string]float64{"x": 1}}, "b": {region: "y"}}
+	after := engineCounters{"a": {hits: 60, queries: 200, requests: 31, region: "x", bySource: map[string]float64{"x": 21, "y": 10}},
+		"b": {hits: 50, queries: 100, requests: 11, region: "y", bySource: map[string]float64{"none": 11}}}
 	var r RouterResult
 	r.engineFigures(before, after)
 	if math.Abs(r.HitRate-0.5) > 1e-9 {
 		t.Fatalf("hit rate %v, want 0.5", r.HitRate)
+	}
+	// Of 41 requests, the 10 from y served in x crossed.
+	if math.Abs(r.CrossRegionShare-10.0/41) > 1e-9 {
+		t.Fatalf("cross-region share %v, want %v", r.CrossRegionShare, 10.0/41)
 	}
 	// 30 and 11 requests: the busiest over the mean.
 	if math.Abs(r.LoadSpread-30/20.5) > 1e-9 {

@@ -1,9 +1,0 @@
-//go:build !linux
-
-package demo
-
-import "syscall"
-
-// childAttr puts a child in its own process group (a Ctrl-C in the
-// terminal reaches the demo, which stops its children in order).
-func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
