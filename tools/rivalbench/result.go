@@ -35,7 +35,7 @@ type WorkloadResult struct {
 	// an unbounded prefix cache would serve (Mooncake only).
 	IdealHit float64                 `json:"ideal_hit,omitempty"`
 	Median   map[string]RouterResult `json:"median"`
-	Runs   []RunResult             `json:"runs"`
+	Runs     []RunResult             `json:"runs"`
 }
 
 // RunResult is one run: every router's figures.
