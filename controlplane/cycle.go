@@ -30,7 +30,7 @@
 //     replace the published ones only when the move is worth its cache
 //     misses or an eligible engine's health changed.
 //  5. Split tables per class (affinity.go).
-//  6. Translation (publish.go, package publish/translate; retry.go's retry
+//  6. Translation (publish.go, package xds/translate; retry.go's retry
 //     policy) of every node; nodes whose content changed are returned for
 //     publication, and the decisions become the published ones.
 package controlplane

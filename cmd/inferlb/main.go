@@ -24,9 +24,17 @@ per engine with a latency-minimizing optimizer and pushes it to Envoy as EDS
 weights; an ext_proc service (extproc) in Envoy's request path adds
 cache-affinity keys, eligibility, retry allowances and load-shedding decisions.
 
-Tools for building and measuring it: validate (fleet specs), engine-sim (a
-vLLM-compatible engine simulator), loadgen (an LLM-aware load generator),
-solve (the optimizer on its own).`,
+What an operator runs: control-plane and extproc (the two services), validate
+(fleet specs), solve (the optimizer on its own), profile (fit an engine's
+latency profile), explain-key (which affinity key a request gets) and token (a
+bearer token for the control plane's port).
+
+The lab, to build and measure it: engine-sim (vLLM-compatible simulated
+engines), loadgen (an LLM-aware load generator), sim (the fleet simulator with
+rival policies), demo (everything wired together on one machine), view (a live
+terminal view) and bench (measurements: ext_proc's cost, cache affinity
+through Envoy, the simulator against the real stack, and inferlb beside the
+real SGLang and vLLM routers).`,
 	SilenceUsage:  true,
 	SilenceErrors: true,
 }

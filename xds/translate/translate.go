@@ -188,7 +188,7 @@ func DefaultOptions() Options {
 	}
 }
 
-// Validate checks Options and names the first bad field.
+// Validate checks Options and names every bad field (the errors joined).
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(f string, v any, why string) { errs = append(errs, fmt.Errorf("%s: %s, got %v", f, why, v)) }
