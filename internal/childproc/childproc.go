@@ -1,8 +1,11 @@
 // Package childproc starts and stops the child processes of the project's
-// commands and tests (engines, Envoys, control planes, rival routers): each
-// with its output in a log file of its own, in its own process group, ended
-// by the kernel if the parent dies, stopped gracefully (SIGTERM, then
-// SIGKILL to its whole group after a grace period), newest first.
+// commands and tests (engines, Envoys, control planes, etcd and the API
+// server, rival routers): each with its output in a log file of its own, in
+// its own process group, ended by the kernel if the parent dies, stopped
+// gracefully (SIGTERM, then SIGKILL to its whole group after a grace
+// period), newest first. A process can also be killed as in a crash,
+// stalled and resumed with signals, and started again with the same command
+// line, as the fault drills and the demo do.
 package childproc
 
 import (
@@ -26,30 +29,45 @@ const DefaultGrace = 10 * time.Second
 
 // Group is a set of child processes whose logs go to one directory.
 type Group struct {
-	// Dir holds one log file per process, NAME.log.
+	// Dir holds one log file per process, NAME.log (StartLog puts one
+	// elsewhere).
 	Dir string
-	// Log, if set, receives a line per start and stop.
+	// Log, if set, receives a line per start, restart, stop and kill.
 	Log *slog.Logger
 	// Grace is how long Stop waits after SIGTERM (0: DefaultGrace).
 	Grace time.Duration
+	// DeathSignal is the signal the kernel sends a child when the parent
+	// dies without stopping it (0: SIGTERM; SIGKILL where a child must not
+	// linger over a graceful shutdown). Linux only.
+	DeathSignal syscall.Signal
 
 	mu    sync.Mutex
 	procs []*Proc // guarded by mu
 }
 
-// Proc is one child process of a Group.
+// Proc is one child process of a Group. Restart runs it again in place:
+// Pid, Done, Err, Running, Signal and CPU are about its current run.
 type Proc struct {
-	Name    string
+	Name string
+	// LogPath receives the process's output: its first run truncates it,
+	// each restart appends to it.
 	LogPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	err     error // set before done is closed
 
-	mu       sync.Mutex
-	stopping bool // guarded by mu: stopped on purpose
-	// Ends, when set, marks a process expected to end by itself (a load
+	mu  sync.Mutex
+	run *run // guarded by mu: the current run
+	// stopping is set when the process is stopped or killed on purpose,
+	// and cleared when it is restarted.
+	stopping bool // guarded by mu
+	// ends, when set, marks a process expected to end by itself (a load
 	// generator): Exited does not report it.
-	ends bool
+	ends bool // guarded by mu
+}
+
+// run is one run of a Proc.
+type run struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // set before done is closed
 }
 
 // Start runs bin with args, its output in Dir/name.log.
@@ -63,30 +81,78 @@ func (g *Group) StartCmd(name string, cmd *exec.Cmd) (*Proc, error) {
 	if g.Dir == "" {
 		return nil, errors.New("childproc: the group has no log directory")
 	}
-	logPath := filepath.Join(g.Dir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
+	return g.StartLog(name, filepath.Join(g.Dir, name+".log"), cmd)
+}
+
+// StartLog is StartCmd with the output in logPath instead of Dir/name.log:
+// a file anywhere (the group needs no Dir then), or os.DevNull to discard
+// it.
+func (g *Group) StartLog(name, logPath string, cmd *exec.Cmd) (*Proc, error) {
+	p := &Proc{Name: name, LogPath: logPath}
+	if err := g.run(p, cmd, os.O_TRUNC); err != nil {
 		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &Proc{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 	g.mu.Lock()
 	g.procs = append(g.procs, p)
 	g.mu.Unlock()
-	if g.Log != nil {
-		g.Log.Info("started", "process", name, "pid", cmd.Process.Pid, "log", logPath)
-	}
+	g.logf("started", p)
 	return p, nil
+}
+
+// run starts cmd as p's current run, its output written to p's log file
+// opened with mode (os.O_TRUNC or os.O_APPEND). The caller holds p.mu or
+// owns p alone.
+func (g *Group) run(p *Proc, cmd *exec.Cmd, mode int) error {
+	f, err := os.OpenFile(p.LogPath, os.O_WRONLY|os.O_CREATE|mode, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = childAttr(g.DeathSignal)
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	r := &run{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		r.err = cmd.Wait()
+		f.Close()
+		close(r.done)
+	}()
+	p.run = r
+	return nil
+}
+
+// Restart starts p again after it ended (stopped, killed, or exited by
+// itself), with the same program, arguments, environment and working
+// directory (the same ports for a server), its output appended to its log.
+// It is an error while p runs.
+func (g *Group) Restart(p *Proc) error {
+	p.mu.Lock()
+	select {
+	case <-p.run.done:
+	default:
+		p.mu.Unlock()
+		return fmt.Errorf("childproc: %s is running", p.Name)
+	}
+	old := p.run.cmd
+	cmd := &exec.Cmd{Path: old.Path, Args: old.Args, Env: old.Env, Dir: old.Dir}
+	err := g.run(p, cmd, os.O_APPEND)
+	if err == nil {
+		p.stopping = false
+	}
+	p.mu.Unlock()
+	if err == nil {
+		g.logf("restarted", p)
+	}
+	return err
+}
+
+// current returns p's current run.
+func (p *Proc) current() *run {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.run
 }
 
 // EndsByItself marks p as a process that ends when its work is done, so
@@ -99,15 +165,38 @@ func (p *Proc) EndsByItself() *Proc {
 }
 
 // Pid is the process id.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+func (p *Proc) Pid() int { return p.current().cmd.Process.Pid }
 
 // Done is closed when the process has exited.
-func (p *Proc) Done() <-chan struct{} { return p.done }
+func (p *Proc) Done() <-chan struct{} { return p.current().done }
 
-// Err is the process's exit error; valid after Done is closed.
+// Err is the process's exit error; it waits for the process to exit.
 func (p *Proc) Err() error {
-	<-p.done
-	return p.err
+	r := p.current()
+	<-r.done
+	return r.err
+}
+
+// Running reports whether the process is up: started and not exited.
+func (p *Proc) Running() bool {
+	select {
+	case <-p.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+// Signal sends sig to the running process (SIGSTOP stalls it with its
+// sockets open, SIGCONT resumes it); an error if it is not running.
+func (p *Proc) Signal(sig os.Signal) error {
+	r := p.current()
+	select {
+	case <-r.done:
+		return fmt.Errorf("childproc: %s is not running", p.Name)
+	default:
+	}
+	return r.cmd.Process.Signal(sig)
 }
 
 // Exited returns an error naming the first process that exited without
@@ -117,13 +206,13 @@ func (g *Group) Exited() error {
 	procs := append([]*Proc(nil), g.procs...)
 	g.mu.Unlock()
 	for _, p := range procs {
+		p.mu.Lock()
+		r, expected := p.run, p.stopping || p.ends
+		p.mu.Unlock()
 		select {
-		case <-p.done:
-			p.mu.Lock()
-			expected := p.stopping || p.ends
-			p.mu.Unlock()
+		case <-r.done:
 			if !expected {
-				return fmt.Errorf("%s exited: %v; the end of %s:\n%s", p.Name, p.err, p.LogPath, p.Tail(10))
+				return fmt.Errorf("%s exited: %v; the end of %s:\n%s", p.Name, r.err, p.LogPath, p.Tail(10))
 			}
 		default:
 		}
@@ -131,18 +220,26 @@ func (g *Group) Exited() error {
 	return nil
 }
 
-// Stop ends p: SIGTERM, then SIGKILL to its process group after the grace
-// period. It returns when the process has exited.
-func (g *Group) Stop(p *Proc) {
+// markStopping marks p as ended on purpose and returns its current run.
+func (p *Proc) markStopping() *run {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.stopping = true
-	p.mu.Unlock()
+	return p.run
+}
+
+// Stop ends p: SIGTERM (after SIGCONT, which a stalled process needs to act
+// on it), then SIGKILL to its process group after the grace period. It
+// returns when the process has exited.
+func (g *Group) Stop(p *Proc) {
+	r := p.markStopping()
 	select {
-	case <-p.done:
+	case <-r.done:
 		return
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = r.cmd.Process.Signal(syscall.SIGCONT)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	grace := g.Grace
 	if grace <= 0 {
 		grace = DefaultGrace
@@ -150,14 +247,27 @@ func (g *Group) Stop(p *Proc) {
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-r.done:
 	case <-t.C:
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+		<-r.done
 	}
-	if g.Log != nil {
-		g.Log.Info("stopped", "process", p.Name)
+	g.logf("stopped", p)
+}
+
+// Kill ends p at once, as a crash: SIGKILL to its process group, no
+// graceful stop, the kernel closes its sockets. It returns when the
+// process has exited; like Stop, Exited does not report it.
+func (g *Group) Kill(p *Proc) {
+	r := p.markStopping()
+	select {
+	case <-r.done:
+		return
+	default:
 	}
+	_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+	<-r.done
+	g.logf("killed", p)
 }
 
 // StopAll stops every process, newest first.
@@ -168,6 +278,18 @@ func (g *Group) StopAll() {
 	for i := len(procs) - 1; i >= 0; i-- {
 		g.Stop(procs[i])
 	}
+}
+
+// logf writes a line about p to the group's logger, if any.
+func (g *Group) logf(what string, p *Proc) {
+	if g.Log == nil {
+		return
+	}
+	if what == "started" || what == "restarted" {
+		g.Log.Info(what, "process", p.Name, "pid", p.Pid(), "log", p.LogPath)
+		return
+	}
+	g.Log.Info(what, "process", p.Name)
 }
 
 // Tail returns the last n lines of p's log.

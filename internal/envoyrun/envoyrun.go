@@ -17,13 +17,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/inferlb/inferlb/internal/childproc"
 	"github.com/inferlb/inferlb/internal/envoybin"
 )
 
@@ -89,11 +89,8 @@ func ephemeralLow() int {
 type Envoy struct {
 	// AdminURL is the admin interface, e.g. http://127.0.0.1:40123.
 	AdminURL string
-	cmd      *exec.Cmd
-	logPath  string
-	done     chan struct{}
-	waitErr  error
-	stopOnce sync.Once
+	procs    *childproc.Group
+	proc     *childproc.Proc
 }
 
 // Options configure Start.
@@ -112,7 +109,10 @@ type Options struct {
 
 // Start runs Envoy with the bootstrap, its files (bootstrap, log, admin
 // address) in dir, and waits until its admin interface says the server is
-// LIVE and initial config is done. The caller stops it.
+// LIVE and initial config is done. The caller stops it. Envoy is a child
+// process of internal/childproc: it dies with the caller, and its log
+// (Envoy's own, and anything it writes to stdout or stderr) is
+// dir/envoy.log.
 func Start(opt Options, dir string) (*Envoy, error) {
 	bin, err := envoybin.Binary()
 	if err != nil {
@@ -135,27 +135,23 @@ func Start(opt Options, dir string) (*Envoy, error) {
 	if conc == 0 {
 		conc = 1
 	}
-	logPath := filepath.Join(dir, "envoy.log")
 	args := []string{"-c", cfg, "--admin-address-path", adminPathFile,
-		"--log-level", level, "--log-path", logPath, "--concurrency", fmt.Sprint(conc),
+		"--log-level", level, "--concurrency", fmt.Sprint(conc),
 		"--disable-hot-restart", "--use-dynamic-base-id", "--drain-time-s", "1"}
 	if opt.ComponentLogLevel != "" {
 		args = append(args, "--component-log-level", opt.ComponentLogLevel)
 	}
-	cmd := exec.Command(bin, args...)
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
+	// SIGTERM stops Envoy as SIGINT does; 5 s is ample for a drain of 1 s.
+	e := &Envoy{procs: &childproc.Group{Dir: dir, Grace: 5 * time.Second}}
+	if e.proc, err = e.procs.Start("envoy", bin, args...); err != nil {
+		return nil, err
 	}
-	e := &Envoy{cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	go func() { e.waitErr = cmd.Wait(); close(e.done) }()
 
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		select {
-		case <-e.done:
-			return nil, fmt.Errorf("envoy exited during start: %v\n%s\n%s", e.waitErr, stderr.String(), e.LogTail(40))
+		case <-e.proc.Done():
+			return nil, fmt.Errorf("envoy exited during start: %v\n%s", e.proc.Err(), e.LogTail(40))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -226,34 +222,18 @@ func (e *Envoy) AdminJSON(path string, v any) error {
 	return json.Unmarshal(b, v)
 }
 
-// Stop terminates Envoy and waits for it to exit.
-func (e *Envoy) Stop() {
-	e.stopOnce.Do(func() {
-		_ = e.cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-e.done:
-		case <-time.After(5 * time.Second):
-			_ = e.cmd.Process.Kill()
-			<-e.done
-		}
-	})
-}
+// Stop terminates Envoy (SIGTERM, SIGKILL after 5 s) and waits for it to
+// exit. Safe to call more than once.
+func (e *Envoy) Stop() { e.procs.Stop(e.proc) }
 
 // Pid is the Envoy process's id (for reading its CPU time).
-func (e *Envoy) Pid() int { return e.cmd.Process.Pid }
+func (e *Envoy) Pid() int { return e.proc.Pid() }
 
 // Done is closed when the Envoy process has exited.
-func (e *Envoy) Done() <-chan struct{} { return e.done }
+func (e *Envoy) Done() <-chan struct{} { return e.proc.Done() }
 
 // LogTail returns the last n lines of Envoy's log.
-func (e *Envoy) LogTail(n int) string {
-	b, _ := os.ReadFile(e.logPath)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (e *Envoy) LogTail(n int) string { return e.proc.Tail(n) }
 
 // Poll calls f until it returns nil or the deadline passes, and returns the
 // last error. Use it to wait for a condition instead of sleeping.

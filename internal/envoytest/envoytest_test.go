@@ -4,9 +4,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/inferlb/inferlb/internal/envoyrun"
 )
 
 // The setup script's promise: the Envoy it installed runs, and is 1.40.x.
@@ -61,5 +65,21 @@ static_resources:
 	}
 	if st, err := e.ServerState(); err != nil || st != "LIVE" {
 		t.Fatalf("state %q %v", st, err)
+	}
+}
+
+// An Envoy that refuses its bootstrap fails Start with the end of its log,
+// which holds what Envoy writes to stderr as well as its own log.
+func TestStartFailureShowsEnvoysLog(t *testing.T) {
+	if _, err := Binary(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	_, err := envoyrun.Start(Options{Bootstrap: "static_resources: {no_such_field: 1}\n"}, dir)
+	if err == nil || !strings.Contains(err.Error(), "envoy exited during start") || !strings.Contains(err.Error(), "no_such_field") {
+		t.Fatalf("err = %v, want Envoy's exit with its complaint about no_such_field", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "envoy.log")); err != nil || !strings.Contains(string(b), "no_such_field") {
+		t.Fatalf("envoy.log (%v): %q", err, b)
 	}
 }

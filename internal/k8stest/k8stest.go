@@ -10,7 +10,6 @@
 package k8stest
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -25,7 +24,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -33,6 +31,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inferlb/inferlb/internal/childproc"
 )
 
 // The versions scripts/setup-k8s.sh builds: the nested modules'
@@ -88,7 +88,8 @@ type Cluster struct {
 	// self-signed, on loopback).
 	Host, Token, Kubeconfig string
 
-	etcd, apiserver *proc
+	procs           *childproc.Group
+	etcd, apiserver *childproc.Proc
 	stopOnce        sync.Once
 }
 
@@ -113,7 +114,7 @@ func Start(t testing.TB) *Cluster {
 		t.Cleanup(func() {
 			c.Stop()
 			if t.Failed() {
-				t.Logf("etcd log tail:\n%s\nkube-apiserver log tail:\n%s", c.etcd.tail(30), tailOf(c.apiserver, 60))
+				t.Logf("etcd log tail:\n%s\nkube-apiserver log tail:\n%s", tailOf(c.etcd, 30), tailOf(c.apiserver, 60))
 			}
 		})
 	}
@@ -123,11 +124,11 @@ func Start(t testing.TB) *Cluster {
 	return c
 }
 
-func tailOf(p *proc, n int) string {
+func tailOf(p *childproc.Proc, n int) string {
 	if p == nil {
 		return "(not started)"
 	}
-	return p.tail(n)
+	return p.Tail(n)
 }
 
 func start(dir, etcdBin, apiBin string) (*Cluster, error) {
@@ -137,10 +138,13 @@ func start(dir, etcdBin, apiBin string) (*Cluster, error) {
 	}
 	clientURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
-	c := &Cluster{}
+	// The servers die with the test binary (SIGKILL when it dies) even if
+	// it is killed before its cleanups run: no etcd or API server outlives
+	// a test.
+	c := &Cluster{procs: &childproc.Group{Dir: dir, DeathSignal: syscall.SIGKILL}}
 	// --unsafe-no-fsync: a test's etcd holds nothing worth a disk flush,
 	// and fsyncs on a shared machine's disk make the API server slow.
-	c.etcd, err = startProc(dir, "etcd", etcdBin,
+	c.etcd, err = c.procs.Start("etcd", etcdBin,
 		"--name", "test", "--data-dir", filepath.Join(dir, "etcd-data"),
 		"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
@@ -172,7 +176,7 @@ func start(dir, etcdBin, apiBin string) (*Cluster, error) {
 	// ServiceAccount admission plugin is off: no controller manager runs to
 	// create each namespace's default service account, and without it
 	// every pod would be refused.
-	c.apiserver, err = startProc(dir, "kube-apiserver", apiBin,
+	c.apiserver, err = c.procs.Start("kube-apiserver", apiBin,
 		"--etcd-servers", clientURL,
 		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(ports[2]),
 		"--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none",
@@ -216,7 +220,7 @@ current-context: test
 // waitFor polls url until ok(body) with a 200, the process exits, or two
 // minutes pass (kube-apiserver takes seconds on a quiet machine; a shared
 // one under a build is slower).
-func (c *Cluster) waitFor(p *proc, url string, hdr http.Header, ok func(string) bool) error {
+func (c *Cluster) waitFor(p *childproc.Proc, url string, hdr http.Header, ok func(string) bool) error {
 	cl := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		// The API server's certificate is the self-signed one it made at
 		// start, on loopback: nothing to verify it against.
@@ -227,8 +231,8 @@ func (c *Cluster) waitFor(p *proc, url string, hdr http.Header, ok func(string) 
 	last := "no answer"
 	for time.Now().Before(deadline) {
 		select {
-		case <-p.done:
-			return fmt.Errorf("exited before it was ready (%v)", p.err)
+		case <-p.Done():
+			return fmt.Errorf("exited before it was ready (%v)", p.Err())
 		default:
 		}
 		req, _ := http.NewRequest(http.MethodGet, url, nil)
@@ -245,7 +249,7 @@ func (c *Cluster) waitFor(p *proc, url string, hdr http.Header, ok func(string) 
 			last = err.Error()
 		}
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -255,10 +259,7 @@ func (c *Cluster) waitFor(p *proc, url string, hdr http.Header, ok func(string) 
 // Stop stops the API server, then etcd: SIGTERM, then SIGKILL after ten
 // seconds. Safe to call more than once.
 func (c *Cluster) Stop() {
-	c.stopOnce.Do(func() {
-		c.apiserver.stop()
-		c.etcd.stop()
-	})
+	c.stopOnce.Do(c.procs.StopAll)
 }
 
 // serviceAccountKeys writes an ECDSA P-256 key pair for the API server's
@@ -305,67 +306,6 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
-}
-
-// proc is a child process with its output kept in a bounded log file.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-}
-
-func startProc(dir, name, bin string, args ...string) (*proc, error) {
-	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *proc) stop() {
-	if p == nil {
-		return
-	}
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *proc) tail(n int) string {
-	b, err := os.ReadFile(p.log)
-	if err != nil {
-		return err.Error()
-	}
-	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
 }
 
 // Poll calls f every interval until it returns nil or timeout passes, and

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,12 +40,8 @@ func TestDrillDemoAdminReadOnly(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(boot), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-c", cfg, "--concurrency", "1", "--disable-hot-restart", "--use-dynamic-base-id",
-		"--log-level", "warning", "--log-path", filepath.Join(dir, "envoy.log"), "--drain-time-s", "1")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	envoy := s.startProc("envoy-demo", bin, "-c", cfg, "--concurrency", "1", "--disable-hot-restart", "--use-dynamic-base-id",
+		"--log-level", "warning", "--drain-time-s", "1")
 
 	base := fmt.Sprintf("http://127.0.0.1:%d", admin)
 	do := func(method, path string) (int, string) {
@@ -65,8 +60,7 @@ func TestDrillDemoAdminReadOnly(t *testing.T) {
 		}
 		return nil
 	}); err != nil {
-		b, _ := os.ReadFile(filepath.Join(dir, "envoy.log"))
-		t.Fatalf("%v\n%s", err, b)
+		t.Fatalf("%v\n%s", err, logOf(envoy))
 	}
 	refused := 0
 	for _, m := range []struct{ method, path string }{{"POST", "/healthcheck/fail"}, {"POST", "/quitquitquit"},

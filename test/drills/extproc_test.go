@@ -38,7 +38,7 @@ func TestDrillExtProcDeath(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			s.ext.kill()
+			s.procs.Kill(s.ext)
 			downFrom := time.Now()
 			t.Logf("ext_proc killed with %d decided requests in flight", len(inflight))
 			tr.waitSent(t, tr.sentCount()+4, 10*time.Second) // a few arrive while it is down
@@ -60,7 +60,7 @@ func TestDrillExtProcDeath(t *testing.T) {
 
 			// Back again: decisions resume.
 			downTo := time.Now()
-			if err := s.ext.start(); err != nil {
+			if err := s.procs.Restart(s.ext); err != nil {
 				t.Fatal(err)
 			}
 			if err := envoytest.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, func() error {

@@ -130,7 +130,7 @@ func TestDrillForgedReports(t *testing.T) {
 	if n, err := metric(metrics, "inferlb_xds_auth_failures_total"); err != nil || n < 2 {
 		t.Errorf("inferlb_xds_auth_failures_total = %v (%v), want ≥ 2", n, err)
 	}
-	log := s.cps[0].log()
+	log := logOf(s.cps[0])
 	for _, want := range []string{`msg="report rejected" node=fe-east instance=forger`, `reason=clock`, `reason=evidence`,
 		`msg="xds: unauthenticated call refused"`, `method=/inferlb.policy.v1.Reports/Report`,
 		`method=/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources`} {

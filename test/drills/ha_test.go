@@ -108,7 +108,7 @@ func TestDrillHighAvailability(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		s.cps[from].kill()
+		s.procs.Kill(s.cps[from])
 		killed := time.Now()
 		if err := envoytest.Poll(context.Background(), 30*time.Second, 50*time.Millisecond, func() error {
 			k, err := s.adsReplica()
@@ -154,8 +154,8 @@ func TestDrillHighAvailability(t *testing.T) {
 	changeReaches("after the first failover")
 	// The killed replica comes back; kill the one now in use.
 	for k := range s.cps {
-		if !s.cps[k].running() {
-			if err := s.cps[k].start(); err != nil {
+		if !s.cps[k].Running() {
+			if err := s.procs.Restart(s.cps[k]); err != nil {
 				t.Fatal(err)
 			}
 			s.waitCP(k)
@@ -167,12 +167,12 @@ func TestDrillHighAvailability(t *testing.T) {
 	// Control-plane loss: both gone for a while. Envoy and ext_proc keep
 	// their last config and policy.
 	for k := range s.cps {
-		s.cps[k].kill()
+		s.procs.Kill(s.cps[k])
 	}
 	lost := time.Now()
 	tr.waitSent(t, tr.sentCount()+20, 20*time.Second)
 	during := tr.tally(lost, time.Now())
-	if err := s.cps[0].start(); err != nil {
+	if err := s.procs.Restart(s.cps[0]); err != nil {
 		t.Fatal(err)
 	}
 	s.waitCP(0)

@@ -37,10 +37,10 @@ func TestDrillHungReplica(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.cps[from].signal(syscall.SIGSTOP); err != nil {
+	if err := s.cps[from].Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.cps[from].signal(syscall.SIGCONT) })
+	t.Cleanup(func() { _ = s.cps[from].Signal(syscall.SIGCONT) })
 	stopped := time.Now()
 	err := envoytest.Poll(context.Background(), 30*time.Second, 50*time.Millisecond, func() error {
 		k, err := s.adsReplica()
@@ -79,7 +79,7 @@ func TestDrillHungReplica(t *testing.T) {
 		}
 	}
 	tr.waitSent(t, tr.sentCount()+10, 20*time.Second)
-	if err := s.cps[from].signal(syscall.SIGCONT); err != nil {
+	if err := s.cps[from].Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	tally := tr.stop()

@@ -37,7 +37,7 @@ func TestDrillSlowEngine(t *testing.T) {
 	}
 	// The control plane's log says why, with the evidence (a penalty
 	// takes traffic away; its cause must be readable after the fact).
-	if line := logLine(s.cps[0].log(), `msg="engine penalized" engine=e1 `); line == "" {
+	if line := logLine(logOf(s.cps[0]), `msg="engine penalized" engine=e1 `); line == "" {
 		t.Errorf("no \"engine penalized\" line for e1 in the control plane's log")
 	} else if !strings.Contains(line, "profile predicts") || !strings.Contains(line, "ttft_residual=") {
 		t.Errorf("the penalty's log line gives no cause or evidence: %s", line)
@@ -81,7 +81,7 @@ func TestDrillSlowEngine(t *testing.T) {
 	s.waitShare(t, "e1", func(x float64) bool { return x >= before/2 }, 60*time.Second, "half its share back after recovery")
 	t.Logf("recovered e1 got half its share back after %.1f s", time.Since(fixed).Seconds())
 	if err := envoytest.Poll(context.Background(), 30*time.Second, 200*time.Millisecond, func() error {
-		if logLine(s.cps[0].log(), `msg="engine penalty cleared" engine=e1`) == "" {
+		if logLine(logOf(s.cps[0]), `msg="engine penalty cleared" engine=e1`) == "" {
 			return fmt.Errorf("no \"engine penalty cleared\" line for e1 in the control plane's log after its recovery")
 		}
 		return nil

@@ -35,8 +35,8 @@ func TestDrillRemovedEngine(t *testing.T) {
 	if err := os.WriteFile(s.fleetPath, []byte(fleetYAML(drillProfile, addrs, 0)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.cps[0].stop()
-	if err := s.cps[0].start(); err != nil {
+	s.procs.Stop(s.cps[0])
+	if err := s.procs.Restart(s.cps[0]); err != nil {
 		t.Fatal(err)
 	}
 	s.waitCP(0)

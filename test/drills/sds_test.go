@@ -156,8 +156,8 @@ func TestDrillEnvoyCredentialsRotateLive(t *testing.T) {
 	// certificate.
 	writeFile(t, clientCA, next.PEM())
 	cxBefore := envoyStat(t, s, "cluster.inferlb_xds.upstream_cx_total")
-	s.cps[0].stop()
-	if err := s.cps[0].start(); err != nil {
+	s.procs.Stop(s.cps[0])
+	if err := s.procs.Restart(s.cps[0]); err != nil {
 		t.Fatal(err)
 	}
 	s.waitCP(0)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/internal/childproc"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/tools/enginesim"
@@ -74,11 +76,12 @@ type stack struct {
 	fleetPath string
 	engines   []*enginesim.Server
 	llamas    []*llamacpp.Server
-	addrs     []string // every engine's address, e0 first
-	cps       []*proc
+	addrs     []string         // every engine's address, e0 first
+	procs     *childproc.Group // the control planes and ext_proc
+	cps       []*childproc.Proc
 	cpXDS     []string // xDS/Reports address per replica
 	cpAdmin   []string // admin base URL per replica
-	ext       *proc
+	ext       *childproc.Proc
 	extGRPC   string
 	extHTTP   string
 	envoy     *envoytest.Envoy
@@ -158,6 +161,17 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		o.onAuth(s.auth.pki)
 	}
 
+	s.procs = &childproc.Group{Dir: s.dir}
+	t.Cleanup(func() {
+		s.procs.StopAll()
+		if t.Failed() {
+			for _, p := range append(slices.Clone(s.cps), s.ext) {
+				if p != nil {
+					t.Logf("%s log tail:\n%s", p.Name, p.Tail(40))
+				}
+			}
+		}
+	})
 	// Control plane replicas on fixed (free) ports, so that a killed one
 	// comes back where Envoy and ext_proc look for it.
 	for k := 0; k < o.replicas; k++ {
@@ -168,7 +182,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 			"--time-scale", fmt.Sprint(o.timeScale)}
 		args = append(args, s.auth.serverFlags()...)
 		args = append(args, o.cpArgs...)
-		s.cps = append(s.cps, startProc(t, s.dir, fmt.Sprintf("control-plane-%d", k), bin, args...))
+		s.cps = append(s.cps, s.startProc(fmt.Sprintf("control-plane-%d", k), bin, args...))
 		s.cpXDS = append(s.cpXDS, xds)
 		s.cpAdmin = append(s.cpAdmin, "http://"+admin)
 	}
@@ -182,7 +196,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		"--instance", "drill", "--report-interval", "250ms", "--log-level", "info"}
 	args = append(args, s.auth.clientFlags()...)
 	args = append(args, o.extArgs...)
-	s.ext = startProc(t, s.dir, "extproc", bin, args...)
+	s.ext = s.startProc("extproc", bin, args...)
 
 	// The listen port was free a moment ago; an outgoing connection of
 	// another process may take it (ephemeral ports share the range)
@@ -297,8 +311,8 @@ func getJSON(url string, v any) error {
 func (s *stack) waitCP(k int) {
 	s.t.Helper()
 	if err := envoytest.Poll(context.Background(), 30*time.Second, 50*time.Millisecond, func() error {
-		if !s.cps[k].running() {
-			return fmt.Errorf("control plane %d exited:\n%s", k, s.cps[k].logTail(20))
+		if !s.cps[k].Running() {
+			return fmt.Errorf("control plane %d exited:\n%s", k, s.cps[k].Tail(20))
 		}
 		_, err := get(s.cpAdmin[k] + "/healthz")
 		return err
@@ -314,8 +328,8 @@ func (s *stack) waitServing() {
 	c := newClient(s.url)
 	defer c.close()
 	if err := envoytest.Poll(context.Background(), 60*time.Second, 100*time.Millisecond, func() error {
-		if !s.ext.running() {
-			return fmt.Errorf("ext_proc exited:\n%s", s.ext.logTail(20))
+		if !s.ext.Running() {
+			return fmt.Errorf("ext_proc exited:\n%s", s.ext.Tail(20))
 		}
 		if _, err := get("http://" + s.extHTTP + "/healthz"); err != nil {
 			return fmt.Errorf("ext_proc: %w", err)

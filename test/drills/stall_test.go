@@ -29,14 +29,14 @@ func TestDrillStalledControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.cps[0].signal(syscall.SIGSTOP); err != nil {
+	if err := s.cps[0].Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.cps[0].signal(syscall.SIGCONT) })
+	t.Cleanup(func() { _ = s.cps[0].Signal(syscall.SIGCONT) })
 	stopped := time.Now()
 	// About 18 s of traffic (72 requests at 4/s) without a control plane.
 	tr.waitSent(t, tr.sentCount()+72, 40*time.Second)
-	if err := s.cps[0].signal(syscall.SIGCONT); err != nil {
+	if err := s.cps[0].Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	stall := time.Since(stopped)

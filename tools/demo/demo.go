@@ -9,7 +9,6 @@
 package demo
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,16 +19,15 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/internal/childproc"
 	"github.com/inferlb/inferlb/internal/envoybin"
 	"github.com/inferlb/inferlb/tools/liveview"
 	"github.com/inferlb/inferlb/tools/llamacpp"
@@ -148,25 +146,25 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 
-	sup := &supervisor{dir: o.OutDir, log: log}
-	defer sup.stopAll()
+	procs := &childproc.Group{Dir: o.OutDir, Log: log}
+	defer procs.StopAll()
 
 	// 1. Engines, 2. the control plane.
 	cpAdmin := fmt.Sprintf("http://127.0.0.1:%d", pt.cpAdmin)
 	var llamas *llamaEngines
 	if o.Engines == EnginesLlamaCpp {
-		if llamas, err = startLlamaEngines(sup, log, spec); err != nil {
+		if llamas, err = startLlamaEngines(procs, log, spec); err != nil {
 			return nil, err
 		}
 	}
-	if err := startBackends(sup, o, pt); err != nil {
+	if err := startBackends(procs, o, pt); err != nil {
 		return nil, err
 	}
 	// 3. Per frontend: ext_proc and Envoy.
 	admins := map[string]string{}
 	var regionURLs []string
 	for k, f := range spec.Frontends {
-		if err := sup.start("extproc-"+f.Name, o.Self, "extproc",
+		if _, err := procs.Start("extproc-"+f.Name, o.Self, "extproc",
 			"--listen", fmt.Sprintf("127.0.0.1:%d", pt.extproc[k]),
 			"--http-listen", fmt.Sprintf("127.0.0.1:%d", pt.extprocHTTP[k]),
 			"--control-plane", fmt.Sprintf("127.0.0.1:%d", pt.xds),
@@ -182,7 +180,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err := os.WriteFile(cfg, []byte(boot), 0o644); err != nil {
 			return nil, err
 		}
-		if err := sup.start("envoy-"+f.Name, envoy, "-c", cfg, "--concurrency", "1",
+		if _, err := procs.Start("envoy-"+f.Name, envoy, "-c", cfg, "--concurrency", "1",
 			"--disable-hot-restart", "--use-dynamic-base-id", "--log-level", "warning",
 			"--drain-time-s", "1"); err != nil {
 			return nil, err
@@ -193,7 +191,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	// 4. Wait until every part is ready.
 	checks := readyChecks(spec, pt, cpAdmin, admins)
-	if err := waitReady(ctx, sup, checks, 60*time.Second); err != nil {
+	if err := waitReady(ctx, procs, checks, 60*time.Second); err != nil {
 		return nil, err
 	}
 	log.Info("demo: every component is ready", "out", o.OutDir)
@@ -201,10 +199,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// 5. Traffic: multi-turn conversations from every frontend region, then
 	// a surge in one region.
 	report, requests := filepath.Join(o.OutDir, "loadgen-report.json"), filepath.Join(o.OutDir, "requests.jsonl")
-	lg, err := sup.startProc("loadgen", o.Self, loadgenArgs(o, spec, pt, regionURLs, report, requests)...)
+	lg, err := procs.Start("loadgen", o.Self, loadgenArgs(o, spec, pt, regionURLs, report, requests)...)
 	if err != nil {
 		return nil, err
 	}
+	// The load generator ends when its traffic is done.
+	lg.EndsByItself()
 	start := time.Now()
 
 	// 6. The live view until the traffic ends or ctx is cancelled.
@@ -231,15 +231,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	var lgErr error
 	select {
-	case <-lg.done:
-		lgErr = lg.err
+	case <-lg.Done():
+		lgErr = lg.Err()
 	case <-ctx.Done():
-		sup.stop(lg)
+		procs.Stop(lg)
 	}
 	stopView()
 	wg.Wait()
-	if err := sup.firstExit(); err != nil {
-		return nil, err
+	if err := procs.Exited(); err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
 	}
 	if lgErr != nil && ctx.Err() == nil {
 		return nil, fmt.Errorf("demo: load generator: %w (see %s)", lgErr, filepath.Join(o.OutDir, "loadgen.log"))
@@ -249,17 +249,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 // startBackends starts the engines (one process serves all of them) and
 // the control plane.
-func startBackends(sup *supervisor, o Options, pt ports) error {
+func startBackends(procs *childproc.Group, o Options, pt ports) error {
 	// 1. Engines (one process serves all of them), unless llama-servers
 	// do.
 	if o.Engines != EnginesLlamaCpp {
-		if err := sup.start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
+		if _, err := procs.Start("engines", o.Self, "engine-sim", "--fleet", o.FleetPath,
 			"--time-scale", fmt.Sprint(o.TimeScale), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.simAdmin)); err != nil {
 			return err
 		}
 	}
 	// 2. Control plane.
-	if err := sup.start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
+	if _, err := procs.Start("control-plane", o.Self, "control-plane", "--fleet", o.FleetPath,
 		"--xds-listen", fmt.Sprintf("127.0.0.1:%d", pt.xds),
 		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", pt.cpAdmin),
 		"--interval", o.ControlInterval.String(), "--insecure", "--time-scale", fmt.Sprint(o.TimeScale),
@@ -590,13 +590,13 @@ func FrontendBootstrap(nodeID, region string, listenPort, extprocPort, xdsPort, 
 	})
 }
 
-func waitReady(ctx context.Context, sup *supervisor, checks []readyCheck, timeout time.Duration) error {
+func waitReady(ctx context.Context, procs *childproc.Group, checks []readyCheck, timeout time.Duration) error {
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	deadline := time.Now().Add(timeout)
 	for _, c := range checks {
 		for {
-			if err := sup.firstExit(); err != nil {
-				return err
+			if err := procs.Exited(); err != nil {
+				return fmt.Errorf("demo: %w", err)
 			}
 			resp, err := client.Get(c.url)
 			if err == nil {
@@ -607,7 +607,7 @@ func waitReady(ctx context.Context, sup *supervisor, checks []readyCheck, timeou
 				err = fmt.Errorf("%s", resp.Status)
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("demo: %s not ready after %v (%s: %v); logs in %s", c.what, timeout, c.url, err, sup.dir)
+				return fmt.Errorf("demo: %s not ready after %v (%s: %v); logs in %s", c.what, timeout, c.url, err, procs.Dir)
 			}
 			select {
 			case <-ctx.Done():
@@ -617,113 +617,4 @@ func waitReady(ctx context.Context, sup *supervisor, checks []readyCheck, timeou
 		}
 	}
 	return nil
-}
-
-// supervisor starts child processes with their output in log files and
-// stops them all, newest first, on the way out.
-type supervisor struct {
-	dir   string
-	log   *slog.Logger
-	mu    sync.Mutex
-	procs []*proc // guarded by mu
-}
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // set before done is closed
-	// stopping is set when the supervisor stops the process on purpose.
-	stopping bool
-}
-
-func (s *supervisor) start(name, bin string, args ...string) error {
-	_, err := s.startProc(name, bin, args...)
-	return err
-}
-
-func (s *supervisor) startProc(name, bin string, args ...string) (*proc, error) {
-	logf, err := os.Create(filepath.Join(s.dir, name+".log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("demo: start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		logf.Close()
-		close(p.done)
-	}()
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	s.log.Info("demo: started", "process", name, "pid", cmd.Process.Pid, "log", logf.Name())
-	return p, nil
-}
-
-// firstExit returns an error naming the first process that exited without
-// being asked to (the load generator excepted: it ends when its work is done).
-func (s *supervisor) firstExit() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range s.procs {
-		select {
-		case <-p.done:
-			if !p.stopping && p.name != "loadgen" {
-				return fmt.Errorf("demo: %s exited: %v; see %s", p.name, p.err,
-					filepath.Join(s.dir, p.name+".log")+tail(filepath.Join(s.dir, p.name+".log")))
-			}
-		default:
-		}
-	}
-	return nil
-}
-
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	var lines []string
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-	}
-	if len(lines) > 10 {
-		lines = lines[len(lines)-10:]
-	}
-	return "\n" + strings.Join(lines, "\n")
-}
-
-func (s *supervisor) stop(p *proc) {
-	s.mu.Lock()
-	p.stopping = true
-	s.mu.Unlock()
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
-
-func (s *supervisor) stopAll() {
-	s.mu.Lock()
-	procs := append([]*proc(nil), s.procs...)
-	s.mu.Unlock()
-	for i := len(procs) - 1; i >= 0; i-- {
-		s.stop(procs[i])
-	}
 }

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -19,11 +18,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/inferlb/inferlb/internal/childproc"
 	"github.com/inferlb/inferlb/internal/envoybin"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 )
@@ -91,7 +89,8 @@ type Options struct {
 	// Threads for generation and batch processing; default 1 (the test
 	// machines have 2 cores for everything).
 	Threads int
-	// LogPath receives the server's output; "" discards it.
+	// LogPath receives the server's output (a restart appends to it); ""
+	// discards it.
 	LogPath string
 	// Args are extra llama-server arguments.
 	Args []string
@@ -102,14 +101,9 @@ type Options struct {
 
 // Server is a running llama-server.
 type Server struct {
-	opt  Options
-	bin  string
-	args []string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *os.File
+	opt   Options
+	procs *childproc.Group
+	proc  *childproc.Proc
 }
 
 // CommandLine returns the llama-server binary and its arguments for o, and
@@ -163,14 +157,22 @@ func CommandLine(o Options) (bin string, args []string, _ Options, err error) {
 	return bin, append(args, o.Args...), o, nil
 }
 
-// Start runs llama-server and waits until its /health answers 200.
+// Start runs llama-server and waits until its /health answers 200. The
+// server is a child process of internal/childproc: it dies with the caller.
 func Start(ctx context.Context, o Options) (*Server, error) {
 	bin, args, o, err := CommandLine(o)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opt: o, bin: bin, args: args}
-	if err := s.start(ctx); err != nil {
+	logPath := o.LogPath
+	if logPath == "" {
+		logPath = os.DevNull
+	}
+	s := &Server{opt: o, procs: &childproc.Group{}}
+	if s.proc, err = s.procs.StartLog("llama-server", logPath, exec.Command(bin, args...)); err != nil {
+		return nil, fmt.Errorf("llamacpp: %w", err)
+	}
+	if err := s.waitReady(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -185,48 +187,13 @@ func (s *Server) URL() string { return "http://" + s.opt.Listen }
 // Options returns the server's options (defaults filled in).
 func (s *Server) Options() Options { return s.opt }
 
-func (s *Server) start(ctx context.Context) error {
-	s.mu.Lock()
-	if s.cmd != nil {
-		s.mu.Unlock()
-		return errors.New("llamacpp: server is running")
-	}
-	out := io.Discard
-	var logf *os.File
-	if s.opt.LogPath != "" {
-		f, err := os.OpenFile(s.opt.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			s.mu.Unlock()
-			return err
-		}
-		logf, out = f, f
-	}
-	cmd := exec.Command(s.bin, s.args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		s.mu.Unlock()
-		if logf != nil {
-			logf.Close()
-		}
-		return fmt.Errorf("llamacpp: start %s: %w", s.bin, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		if logf != nil {
-			logf.Close()
-		}
-		close(done)
-	}()
-	s.cmd, s.done, s.log = cmd, done, logf
-	s.mu.Unlock()
-
+// waitReady waits until the server's /health answers 200 (the model is
+// loaded); it kills the server when it is not ready in time.
+func (s *Server) waitReady(ctx context.Context) error {
 	c := &http.Client{Timeout: 2 * time.Second}
 	err := envoyrun.Poll(ctx, s.opt.StartTimeout, 50*time.Millisecond, func() error {
-		select {
-		case <-done:
+		if !s.proc.Running() {
 			return errors.New("exited")
-		default:
 		}
 		resp, err := c.Get(s.URL() + "/health")
 		if err != nil {
@@ -240,80 +207,38 @@ func (s *Server) start(ctx context.Context) error {
 	})
 	if err != nil {
 		s.Kill()
-		return fmt.Errorf("llamacpp: %s on %s not ready: %w%s", s.bin, s.opt.Listen, err, s.logTail())
+		tail := s.proc.Tail(15)
+		if tail != "" {
+			tail = "\n" + tail
+		}
+		return fmt.Errorf("llamacpp: llama-server on %s not ready: %w%s", s.opt.Listen, err, tail)
 	}
 	return nil
 }
 
-func (s *Server) logTail() string {
-	if s.opt.LogPath == "" {
-		return ""
-	}
-	b, _ := os.ReadFile(s.opt.LogPath)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > 15 {
-		lines = lines[len(lines)-15:]
-	}
-	return "\n" + strings.Join(lines, "\n")
-}
-
 // Restart starts the server again with the same arguments (same port)
 // after Kill or Stop, and waits until it is ready.
-func (s *Server) Restart(ctx context.Context) error { return s.start(ctx) }
+func (s *Server) Restart(ctx context.Context) error {
+	if err := s.procs.Restart(s.proc); err != nil {
+		return fmt.Errorf("llamacpp: %w", err)
+	}
+	return s.waitReady(ctx)
+}
 
 // Kill sends SIGKILL and waits until the process is gone: no graceful
 // stop, the kernel closes its sockets.
-func (s *Server) Kill() { s.end(syscall.SIGKILL) }
+func (s *Server) Kill() { s.procs.Kill(s.proc) }
 
-// Stop sends SIGTERM and waits, killing after 10 s.
-func (s *Server) Stop() { s.end(syscall.SIGTERM) }
-
-func (s *Server) end(sig syscall.Signal) {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	// A stalled process takes no signal but SIGKILL: resume it first.
-	_ = cmd.Process.Signal(syscall.SIGCONT)
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
+// Stop sends SIGTERM (resuming a paused server first) and waits, killing
+// after 10 s.
+func (s *Server) Stop() { s.procs.Stop(s.proc) }
 
 // Pause stalls the server (SIGSTOP): its sockets stay open and accept
 // connections, nothing answers. Resume undoes it.
-func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+func (s *Server) Pause() error { return s.proc.Signal(syscall.SIGSTOP) }
 
 // Resume continues a paused server (SIGCONT).
-func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
-
-func (s *Server) signal(sig syscall.Signal) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return errors.New("llamacpp: server is not running")
-	}
-	return s.cmd.Process.Signal(sig)
-}
+func (s *Server) Resume() error { return s.proc.Signal(syscall.SIGCONT) }
 
 // Running reports whether the process is up.
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return false
-	}
-	select {
-	case <-s.done:
-		return false
-	default:
-		return true
-	}
-}
+func (s *Server) Running() bool { return s.proc.Running() }
