@@ -68,15 +68,19 @@ bench: setup
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
 
 # inferlb beside the real SGLang and vLLM routers (installed from PyPI,
-# pinned, by setup --rivals), every workload, one region then three (the
-# first region short of capacity), medians of 3 runs: tables, JSON and
-# charts into docs/results/rivals (docs/rivals.md). About an hour.
+# pinned, by setup --rivals), medians of 3 runs: every router and workload in
+# one region; the SGLang routers deployed per region against inferlb in three
+# regions, with balanced demand and with us-east short of capacity. Tables,
+# JSON and charts into docs/results/rivals (docs/rivals.md). About an hour.
 RIVALFLAGS ?=
+REGIONAL_ROUTERS := inferlb,smg-cache_aware,sglang-router-cache_aware,round-robin
 bench-rivals: build
 	@scripts/setup.sh --rivals
 	$(BIN) bench rivals --results docs/results/rivals/one-region $(RIVALFLAGS)
-	$(BIN) bench rivals --results docs/results/rivals/three-regions --regions 3 --shares us-east=2,us-west=1,eu-west=1 \
-	    --workloads multiturn,multiturn-sessions,agentic $(RIVALFLAGS)
+	$(BIN) bench rivals --results docs/results/rivals/three-regions --regions 3 --routers $(REGIONAL_ROUTERS) \
+	    --duration 45s $(RIVALFLAGS)
+	$(BIN) bench rivals --results docs/results/rivals/three-regions-hot --regions 3 --routers $(REGIONAL_ROUTERS) \
+	    --workloads multiturn --shares us-east=4,us-west=1,eu-west=1 --load 3 $(RIVALFLAGS)
 
 # Every simulation scenario with every policy, from the scenarios' pinned
 # seeds: tables and charts into docs/results (docs/sim.md). A few minutes.

@@ -1,6 +1,7 @@
 package rivalbench
 
 import (
+	"image/color"
 	"math"
 
 	"gonum.org/v1/plot"
@@ -44,6 +45,9 @@ func ttftCDFChart(path string, wl WorkloadResult, routers []string) error {
 		line.Color = plotutil.Color(i)
 		line.Dashes = plotutil.Dashes(i / 7)
 		line.Width = vg.Points(1.5)
+		if id == Inferlb.ID {
+			line.Color, line.Width = color.Black, vg.Points(2.5)
+		}
 		p.Add(line)
 		p.Legend.Add(id, line)
 	}
