@@ -3,7 +3,7 @@
 // server, rival routers): each with its output in a log file of its own, in
 // its own process group, ended by the kernel if the parent dies, stopped
 // gracefully (SIGTERM, then SIGKILL to its whole group after a grace
-// period), newest first. A process can also be killed as in a crash,
+// period, and to what is left of the group once it exited), newest first. A process can also be killed as in a crash,
 // stalled and resumed with signals, and started again with the same command
 // line, as the fault drills and the demo do.
 package childproc
@@ -229,8 +229,9 @@ func (p *Proc) markStopping() *run {
 }
 
 // Stop ends p: SIGTERM (after SIGCONT, which a stalled process needs to act
-// on it), then SIGKILL to its process group after the grace period. It
-// returns when the process has exited.
+// on it), then SIGKILL to its process group after the grace period; once
+// it has exited, SIGKILL to what is left of its group (a wrapper's
+// children that outlived it). It returns when the process has exited.
 func (g *Group) Stop(p *Proc) {
 	r := p.markStopping()
 	select {
@@ -238,6 +239,7 @@ func (g *Group) Stop(p *Proc) {
 		return
 	default:
 	}
+	pgid := r.cmd.Process.Pid
 	_ = r.cmd.Process.Signal(syscall.SIGCONT)
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	grace := g.Grace
@@ -249,9 +251,10 @@ func (g *Group) Stop(p *Proc) {
 	select {
 	case <-r.done:
 	case <-t.C:
-		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-r.done
 	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	g.logf("stopped", p)
 }
 

@@ -118,6 +118,37 @@ func TestStopKillsAfterGrace(t *testing.T) {
 	}
 }
 
+// A wrapper that exits on SIGTERM leaves no child behind: Stop ends what is
+// left of its process group.
+func TestStopEndsTheGroup(t *testing.T) {
+	defer leaktest.AfterTest(t)()
+	g := &Group{Dir: t.TempDir(), Grace: time.Minute}
+	p, err := g.Start("wrapper", "sh", "-c", "sleep 60 & echo child $!; wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := childPid(t, p)
+	g.Stop(p)
+	var ee *exec.ExitError
+	if err := p.Err(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Fatalf("the wrapper stopped with %v, want SIGTERM", err)
+	}
+	poll(t, 10*time.Second, func() error { return gone(child) })
+}
+
+// childPid waits for the "child PID" line a wrapper writes and returns
+// the PID.
+func childPid(t *testing.T, p *Proc) int {
+	t.Helper()
+	logHas(t, p, "child ")
+	f := strings.Fields(p.Tail(1))
+	pid, err := strconv.Atoi(f[len(f)-1])
+	if err != nil {
+		t.Fatalf("no child pid in %q", p.Tail(1))
+	}
+	return pid
+}
+
 // A stalled process acts on SIGTERM only once continued: Stop resumes it,
 // so it ends by SIGTERM at once rather than by SIGKILL after the grace.
 func TestSignalStallsAndResumes(t *testing.T) {
@@ -168,12 +199,7 @@ func TestKillIsACrashOfTheGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logHas(t, p, "child ")
-	f := strings.Fields(p.Tail(1))
-	child, err := strconv.Atoi(f[len(f)-1])
-	if err != nil {
-		t.Fatalf("no child pid in %q", p.Tail(1))
-	}
+	child := childPid(t, p)
 	g.Kill(p)
 	var ee *exec.ExitError
 	if err := p.Err(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
@@ -319,12 +345,17 @@ func TestChildrenDieWithTheParent(t *testing.T) {
 func TestTreeCPUCountsDescendants(t *testing.T) {
 	defer leaktest.AfterTest(t)()
 	g := &Group{Dir: t.TempDir(), Grace: time.Second}
-	defer g.StopAll()
-	// The wrapper does nothing; its child spins.
-	p, err := g.Start("wrapper", "sh", "-c", "sh -c 'while :; do :; done' & wait")
+	// The wrapper does nothing; its child spins (and ends with the
+	// wrapper's group).
+	p, err := g.Start("wrapper", "sh", "-c", "sh -c 'while :; do :; done' & echo child $!; wait")
 	if err != nil {
 		t.Fatal(err)
 	}
+	spinner := childPid(t, p)
+	defer func() {
+		g.StopAll()
+		poll(t, 10*time.Second, func() error { return gone(spinner) })
+	}()
 	poll(t, 20*time.Second, func() error {
 		cpu, err := p.CPU()
 		if err != nil {
