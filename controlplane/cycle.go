@@ -47,7 +47,6 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane/signals"
-	"github.com/inferlb/inferlb/internal/ordered"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/xds/translate"
 )
@@ -895,28 +894,6 @@ func clamp(v, lo, hi float64) float64 {
 }
 
 func round2(v float64) float64 { return math.Round(v*100) / 100 }
-
-// tv is the total-variation distance between two weight vectors, each
-// normalized to sum 1.
-func tv(a, b map[string]float64) float64 {
-	na, nb := norm(a), norm(b)
-	d := 0.0
-	for _, k := range ordered.Keys(unionKeys(na, nb)) {
-		d += math.Abs(na[k] - nb[k])
-	}
-	return d / 2
-}
-
-func norm(a map[string]float64) map[string]float64 {
-	s := ordered.Sum(a)
-	out := make(map[string]float64, len(a))
-	for k, v := range a {
-		if s > 0 {
-			out[k] = v / s
-		}
-	}
-	return out
-}
 
 // sameSupport: the same engines have a positive share in both.
 func sameSupport(a, b map[string]float64) bool {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/internal/dist"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/loadgen"
@@ -320,7 +321,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 			t.Fatal(err)
 		}
 		cd := e.runner.Last().Nodes[node].Classes["chat"]
-		d, dp := tvInt(cd.EnvoyW, before[node]), tv(cd.Weights, proposed[node])
+		d, dp := tvInt(cd.EnvoyW, before[node]), dist.TotalVariation(cd.Weights, proposed[node])
 		t.Logf("%s after restart: %v, before %v (total variation %.4f; %.4f from the old process's last proposal)", node, cd.EnvoyW, before[node], d, dp)
 		if math.Min(d, dp) > cfg.Cycle.DeadbandTV {
 			t.Errorf("%s did not reconverge: total variation %.3f from the old process's weights, %.3f from its last proposal, both > deadband %.3f", node, d, dp, cfg.Cycle.DeadbandTV)
@@ -527,5 +528,5 @@ func tvInt(a, b map[string]uint32) float64 {
 	for k, v := range b {
 		fb[k] = float64(v)
 	}
-	return tv(fa, fb)
+	return dist.TotalVariation(fa, fb)
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/inferlb/inferlb/api/fleet"
+	"github.com/inferlb/inferlb/internal/dist"
 	"github.com/inferlb/inferlb/xds/translate"
 )
 
@@ -17,7 +18,7 @@ import (
 func (c *Controller) hold(node string, cl fleet.Class, solved bool, prevCD, cd *ClassDecision, util float64,
 	db *deadbandCycle, eng engineStep) float64 {
 	if prevCD != nil && prevCD.Weights != nil {
-		cd.TVDistance = tv(prevCD.Weights, cd.Proposed)
+		cd.TVDistance = dist.TotalVariation(prevCD.Weights, cd.Proposed)
 		if !healthMoved(prevCD, cd) && !c.touchesRecovered(cl.Name, eng.recovered) {
 			db.apply(node, cl, solved, prevCD, cd)
 		}

@@ -48,6 +48,7 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/internal/dist"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/tools/enginesim"
@@ -586,18 +587,13 @@ func sampleWeights(ctx context.Context, envoy *envoyrun.Envoy) (stop func() (cha
 		for {
 			if cs, err := envoy.Clusters(); err == nil {
 				w := map[string]float64{}
-				sum := 0.0
 				for addr, h := range cs["inferlb_chat"] {
 					if h.Priority == 0 && h.Routable() {
 						w[addr] = float64(h.Weight)
-						sum += w[addr]
 					}
 				}
-				for a := range w {
-					w[a] /= sum
-				}
 				if last != nil {
-					if d := tvDistance(last, w); d > 0 {
+					if d := dist.TotalVariation(last, w); d > 0 {
 						changes++
 						moved += d
 					}
@@ -694,8 +690,7 @@ func summarize(ph *Phase, reqs []seen, engines int) {
 // p99 in milliseconds (Prometheus' histogram_quantile: linear within the
 // bucket).
 func engineTTFT(sims []*enginesim.Server) (p50, p99 float64, err error) {
-	var bounds []float64
-	var cum []uint64
+	var h dist.Histogram
 	for _, srv := range sims {
 		mfs, err := srv.Registry().Gather()
 		if err != nil {
@@ -706,48 +701,9 @@ func engineTTFT(sims []*enginesim.Server) (p50, p99 float64, err error) {
 				continue
 			}
 			for _, m := range mf.GetMetric() {
-				for i, b := range m.GetHistogram().GetBucket() {
-					if len(bounds) <= i {
-						bounds = append(bounds, b.GetUpperBound())
-						cum = append(cum, 0)
-					}
-					cum[i] += b.GetCumulativeCount()
-				}
+				h.Add(m.GetHistogram())
 			}
 		}
 	}
-	q := func(f float64) float64 {
-		if len(cum) == 0 || cum[len(cum)-1] == 0 {
-			return 0
-		}
-		rank := f * float64(cum[len(cum)-1])
-		lo, below := 0.0, 0.0
-		for i, c := range cum {
-			if float64(c) >= rank {
-				in := float64(c) - below
-				if in <= 0 {
-					return 1000 * bounds[i]
-				}
-				return 1000 * (lo + (bounds[i]-lo)*(rank-below)/in)
-			}
-			lo, below = bounds[i], float64(c)
-		}
-		return 1000 * lo
-	}
-	return q(0.5), q(0.99), nil
-}
-
-// tvDistance is the total-variation distance between two normalized weight
-// vectors.
-func tvDistance(a, b map[string]float64) float64 {
-	d := 0.0
-	for k, v := range a {
-		d += math.Abs(v - b[k])
-	}
-	for k, v := range b {
-		if _, ok := a[k]; !ok {
-			d += v
-		}
-	}
-	return d / 2
+	return 1000 * h.Quantile(0.5), 1000 * h.Quantile(0.99), nil
 }

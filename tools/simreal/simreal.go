@@ -45,6 +45,7 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/cpclient"
 	"github.com/inferlb/inferlb/extproc/service"
+	"github.com/inferlb/inferlb/internal/dist"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
 	"github.com/inferlb/inferlb/tools/enginesim"
@@ -490,8 +491,7 @@ func engineFigures(srv *enginesim.Server) (served int, p50, p99, sum float64, er
 	if err != nil {
 		return 0, 0, 0, 0, err
 	}
-	var bounds []float64
-	var cum []uint64
+	var h dist.Histogram
 	for _, mf := range mfs {
 		switch mf.GetName() {
 		case "vllm:request_success_total":
@@ -501,35 +501,11 @@ func engineFigures(srv *enginesim.Server) (served int, p50, p99, sum float64, er
 		case "vllm:time_to_first_token_seconds":
 			for _, m := range mf.GetMetric() {
 				sum += m.GetHistogram().GetSampleSum()
-				for i, b := range m.GetHistogram().GetBucket() {
-					if len(bounds) <= i {
-						bounds = append(bounds, b.GetUpperBound())
-						cum = append(cum, 0)
-					}
-					cum[i] += b.GetCumulativeCount()
-				}
+				h.Add(m.GetHistogram())
 			}
 		}
 	}
-	q := func(f float64) float64 {
-		if len(cum) == 0 || cum[len(cum)-1] == 0 {
-			return 0
-		}
-		rank := f * float64(cum[len(cum)-1])
-		lo, below := 0.0, 0.0
-		for i, c := range cum {
-			if float64(c) >= rank {
-				in := float64(c) - below
-				if in <= 0 {
-					return 1000 * bounds[i]
-				}
-				return 1000 * (lo + (bounds[i]-lo)*(rank-below)/in)
-			}
-			lo, below = bounds[i], float64(c)
-		}
-		return 1000 * lo
-	}
-	return served, q(0.5), q(0.99), sum, nil
+	return served, 1000 * h.Quantile(0.5), 1000 * h.Quantile(0.99), sum, nil
 }
 
 // watchWeights prints the class cluster's EDS priorities and weights as
