@@ -11,6 +11,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane"
+	"github.com/inferlb/inferlb/internal/dist"
 )
 
 // outcome is how a request ended (or, from Admit, that it may go on).
@@ -257,7 +258,7 @@ func (r *recorder) cycle(pub, last map[string]map[string]map[string]float64) {
 		classes := pub[node]
 		for _, cl := range slices.Sorted(maps.Keys(classes)) {
 			if old, ok := last[node][cl]; ok {
-				sum += tvDistance(old, classes[cl])
+				sum += dist.TotalVariation(old, classes[cl])
 				n++
 			}
 		}
@@ -266,36 +267,6 @@ func (r *recorder) cycle(pub, last map[string]map[string]map[string]float64) {
 		r.churnSum += sum / float64(n)
 		r.churnN++
 	}
-}
-
-// tvDistance is the total-variation distance of two share vectors, each
-// normalized.
-func tvDistance(a, b map[string]float64) float64 {
-	keys := map[string]bool{}
-	for k := range a {
-		keys[k] = true
-	}
-	for k := range b {
-		keys[k] = true
-	}
-	ks := slices.Sorted(maps.Keys(keys))
-	sa, sb := 0.0, 0.0
-	for _, k := range ks {
-		sa += a[k]
-		sb += b[k]
-	}
-	d := 0.0
-	for _, k := range ks {
-		x, y := 0.0, 0.0
-		if sa > 0 {
-			x = a[k] / sa
-		}
-		if sb > 0 {
-			y = b[k] / sb
-		}
-		d += math.Abs(x - y)
-	}
-	return d / 2
 }
 
 // Quantiles are latency percentiles in milliseconds.
