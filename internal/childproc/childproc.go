@@ -220,12 +220,18 @@ func (g *Group) Exited() error {
 	return nil
 }
 
-// markStopping marks p as ended on purpose and returns its current run.
+// markStopping marks p as ended on purpose and returns its current run,
+// or nil when that has exited already.
 func (p *Proc) markStopping() *run {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stopping = true
-	return p.run
+	select {
+	case <-p.run.done:
+		return nil
+	default:
+		return p.run
+	}
 }
 
 // Stop ends p: SIGTERM (after SIGCONT, which a stalled process needs to act
@@ -234,10 +240,8 @@ func (p *Proc) markStopping() *run {
 // children that outlived it). It returns when the process has exited.
 func (g *Group) Stop(p *Proc) {
 	r := p.markStopping()
-	select {
-	case <-r.done:
+	if r == nil {
 		return
-	default:
 	}
 	pgid := r.cmd.Process.Pid
 	_ = r.cmd.Process.Signal(syscall.SIGCONT)
@@ -263,10 +267,8 @@ func (g *Group) Stop(p *Proc) {
 // process has exited; like Stop, Exited does not report it.
 func (g *Group) Kill(p *Proc) {
 	r := p.markStopping()
-	select {
-	case <-r.done:
+	if r == nil {
 		return
-	default:
 	}
 	_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
 	<-r.done

@@ -62,6 +62,16 @@ func state(pid int) string {
 	return ""
 }
 
+// exitSignal is the signal that ended a process, from its exit error (0
+// when none did).
+func exitSignal(err error) syscall.Signal {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return 0
+	}
+	return ee.Sys().(syscall.WaitStatus).Signal()
+}
+
 // gone reports whether pid has exited (a zombie not yet reaped by its new
 // parent counts as gone).
 func gone(pid int) error {
@@ -118,22 +128,37 @@ func TestStopKillsAfterGrace(t *testing.T) {
 	}
 }
 
-// A wrapper that exits on SIGTERM leaves no child behind: Stop ends what is
-// left of its process group.
-func TestStopEndsTheGroup(t *testing.T) {
-	defer leaktest.AfterTest(t)()
-	g := &Group{Dir: t.TempDir(), Grace: time.Minute}
-	p, err := g.Start("wrapper", "sh", "-c", "sleep 60 & echo child $!; wait")
-	if err != nil {
-		t.Fatal(err)
+// A wrapper leaves no child behind: Stop ends what is left of its process
+// group once the wrapper exits on SIGTERM, Kill ends the whole group at
+// once, as a crash. Neither is an unexpected exit.
+func TestStopAndKillEndTheGroup(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		end  func(*Group, *Proc)
+		want syscall.Signal
+	}{
+		{"stop", (*Group).Stop, syscall.SIGTERM},
+		{"kill", (*Group).Kill, syscall.SIGKILL},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			defer leaktest.AfterTest(t)()
+			g := &Group{Dir: t.TempDir(), Grace: time.Minute}
+			defer g.StopAll()
+			p, err := g.Start("wrapper", "sh", "-c", "sleep 60 & echo child $!; wait")
+			if err != nil {
+				t.Fatal(err)
+			}
+			child := childPid(t, p)
+			c.end(g, p)
+			if err := p.Err(); exitSignal(err) != c.want {
+				t.Fatalf("the wrapper ended with %v, want %v", err, c.want)
+			}
+			poll(t, 10*time.Second, func() error { return gone(child) })
+			if err := g.Exited(); err != nil {
+				t.Fatalf("reported: %v", err)
+			}
+		})
 	}
-	child := childPid(t, p)
-	g.Stop(p)
-	var ee *exec.ExitError
-	if err := p.Err(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
-		t.Fatalf("the wrapper stopped with %v, want SIGTERM", err)
-	}
-	poll(t, 10*time.Second, func() error { return gone(child) })
 }
 
 // childPid waits for the "child PID" line a wrapper writes and returns
@@ -180,34 +205,11 @@ func TestSignalStallsAndResumes(t *testing.T) {
 	}
 	poll(t, 10*time.Second, want("T"))
 	g.Stop(p)
-	var ee *exec.ExitError
-	if err := p.Err(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+	if err := p.Err(); exitSignal(err) != syscall.SIGTERM {
 		t.Fatalf("a stalled process stopped with %v, want SIGTERM", err)
 	}
 	if err := p.Signal(syscall.SIGCONT); err == nil || !strings.Contains(err.Error(), "not running") {
 		t.Fatalf("Signal to an ended process: %v, want not running", err)
-	}
-}
-
-// Kill ends the whole process group at once, and is not an unexpected
-// exit.
-func TestKillIsACrashOfTheGroup(t *testing.T) {
-	defer leaktest.AfterTest(t)()
-	g := &Group{Dir: t.TempDir()}
-	defer g.StopAll()
-	p, err := g.Start("wrapper", "sh", "-c", "sleep 60 & echo child $!; wait")
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := childPid(t, p)
-	g.Kill(p)
-	var ee *exec.ExitError
-	if err := p.Err(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("killed process's exit: %v, want SIGKILL", err)
-	}
-	poll(t, 10*time.Second, func() error { return gone(child) })
-	if err := g.Exited(); err != nil {
-		t.Fatalf("a killed process is reported: %v", err)
 	}
 }
 

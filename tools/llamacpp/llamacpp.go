@@ -195,15 +195,7 @@ func (s *Server) waitReady(ctx context.Context) error {
 		if !s.proc.Running() {
 			return errors.New("exited")
 		}
-		resp, err := c.Get(s.URL() + "/health")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/health: %s", resp.Status)
-		}
-		return nil
+		return s.health(c)
 	})
 	if err != nil {
 		s.Kill()
@@ -212,6 +204,19 @@ func (s *Server) waitReady(ctx context.Context) error {
 			tail = "\n" + tail
 		}
 		return fmt.Errorf("llamacpp: llama-server on %s not ready: %w%s", s.opt.Listen, err, tail)
+	}
+	return nil
+}
+
+// health asks the server's /health with c: nil when it answers 200.
+func (s *Server) health(c *http.Client) error {
+	resp, err := c.Get(s.URL() + "/health")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/health: %s", resp.Status)
 	}
 	return nil
 }

@@ -60,17 +60,7 @@ func TestServerKillRestartPauseStop(t *testing.T) {
 	}
 	defer s.Stop()
 	client := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}}
-	health := func() error {
-		resp, err := client.Get(s.URL() + "/health")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/health: %s", resp.Status)
-		}
-		return nil
-	}
+	health := func() error { return s.health(client) }
 	if err := health(); err != nil || !s.Running() {
 		t.Fatalf("after Start: health %v, running %v", err, s.Running())
 	}
