@@ -206,6 +206,8 @@ func TestScenarioErrors(t *testing.T) {
 			[]string{`policies[1]: unknown policy "magic"`, `policies[2]: policy "inferlb" twice`}},
 		{"trace priorities", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nworkload: {kind: azure, trace: t.csv, priorities: {critical: 1, vip: 1}, regions: [{at: 0s, shares: {us-east: 1}}]}\n",
 			[]string{`line 4: workload.priorities.vip: unknown priority "vip"`}},
+		{"trace window", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nworkload: {kind: azure, trace: t.csv, rows: 10, window: 1m, max_output_tokens: 64, regions: [{at: 0s, shares: {us-east: 1}}]}\n",
+			[]string{"line 4: workload.window: give rows or window, not both", "line 4: workload.max_output_tokens: applies to mooncake traces only"}},
 		{"seeds", "name: x\nfleet: ../../examples/fleet-3region.yaml\nduration: 10s\nseeds: 0\nworkload: {kind: sessions, sessions_per_s: 1, regions: [{at: 0s, shares: {us-east: 1}}]}\n",
 			[]string{"line 4: seeds: must be in [1, 50], got 0"}},
 		{"empty", "", []string{"empty scenario: no YAML document"}},

@@ -66,8 +66,6 @@ func (x *prefixIndex) insert(hs []uint64, step int) {
 	}
 }
 
-func (x *prefixIndex) size() int { return x.l.Len() }
-
 // llmd: llm-d's default endpoint picker (gateway-api-inference-extension
 // EPP, default scheduling profile): queue-scorer ×2 (waiting requests,
 // min-max normalized, fewer is better), kv-cache-utilization-scorer ×2
@@ -138,26 +136,34 @@ func (l *llmd) Pick(p *request) int {
 	return best
 }
 
-// sglang: SGLang router's cache_aware policy (sgl-router, policies/
-// cache_aware): when the load is imbalanced — max − min > balance_abs (32)
-// and max > balance_rel (1.5) × min, loads being the router's own
-// in-flight counts — the least-loaded worker; otherwise the worker whose
-// radix tree (the prompts this router sent it) matches the longest prefix,
-// if the match covers more than cache_threshold (0.5) of the prompt, else
-// the worker with the smallest tree. The chosen worker's tree learns the
-// prompt. Trees are at 16-token block granularity here (SGLang's matches
-// characters); eviction keeps max_tree_size (2²⁶ characters, ≈ 1M blocks).
+// sglang: the cache_aware policy of SGLang's router as smg 1.13.0 and
+// sglang-router 0.3.2 run it (sgl-model-gateway policies/cache_aware.rs, the
+// HTTP path; vllm-router's cache_aware is its fork and runs the same rule).
+// When the load is imbalanced — max − min > balance_abs_threshold (64) and
+// max > balance_rel_threshold (1.5) × min, loads being the router's own
+// in-flight counts — the least-loaded worker. Otherwise the worker whose
+// tree (the prompts this router sent it) matches the longest prefix, if the
+// match covers more than cache_threshold (0.3) of the prompt; else the
+// least-loaded worker (the first of equals, as Rust's min_by_key). The
+// chosen worker's tree learns the prompt either way. Those are the
+// routers' defaults as they log them at start. The real tree matches the
+// characters of the messages' contents joined by spaces; here 16-token
+// blocks of the prompt (chat markers included), with the trailing partial
+// block left out. Eviction keeps max_tree_size characters per worker
+// (2²⁶; here ≈ 1M blocks), far beyond what a bench run routes.
 type sglang struct {
 	base
 	trees [][]*prefixIndex // frontend → engine
 	buf   []int
 }
 
-// SGLang cache_aware defaults.
+// SGLang cache_aware defaults (smg 1.13.0 and sglang-router 0.3.2 log
+// "cache_threshold: 0.3, balance_abs_threshold: 64, balance_rel_threshold:
+// 1.5" at start; vllm-router 0.1.17's router_args.py has the same).
 const (
-	sglBalanceAbs  = 32
+	sglBalanceAbs  = 64
 	sglBalanceRel  = 1.5
-	sglThreshold   = 0.5
+	sglThreshold   = 0.3
 	sglTreeBlocks  = 1 << 20
 	sglMatchSample = 1
 )
@@ -183,28 +189,16 @@ func (g *sglang) Pick(p *request) int {
 	}
 	hs := g.s.blockHashes(p)
 	tree := g.trees[p.front.ix]
-	var pick int
-	if hi-lo > sglBalanceAbs && float64(hi) > sglBalanceRel*float64(lo) {
-		pick = least
-	} else {
+	pick := least
+	if !(hi-lo > sglBalanceAbs && float64(hi) > sglBalanceRel*float64(lo)) {
 		bestMatch, bestJ := -1, c[0]
-		smallest, smallJ := math.MaxInt, c[0]
 		for _, j := range c {
 			if m := tree[j].match(hs, sglMatchSample); m > bestMatch {
 				bestMatch, bestJ = m, j
 			}
-			if sz := tree[j].size(); sz < smallest {
-				smallest, smallJ = sz, j
-			}
 		}
-		rate := 0.0
-		if len(hs) > 0 {
-			rate = float64(bestMatch) / float64(len(hs))
-		}
-		if rate > sglThreshold {
+		if len(hs) > 0 && float64(bestMatch)/float64(len(hs)) > sglThreshold {
 			pick = bestJ
-		} else {
-			pick = smallJ
 		}
 	}
 	tree[pick].insert(hs, sglMatchSample)

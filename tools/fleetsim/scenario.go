@@ -81,6 +81,15 @@ type Workload struct {
 	// BlockTokens (mooncake): tokens per trace hash id (default 512; less
 	// shrinks prompts and keeps the prefix structure).
 	BlockTokens int
+	// Window (traces, instead of Rows): each seed replays its own window of
+	// the trace, as the rivals' bench replays one per run
+	// (tools/rivalbench): window (seed − 1) mod n of the n whole windows
+	// the trace holds (at least one), i.e. the rows whose time since the
+	// trace's first row falls in that window (seed 0 counts as seed 1).
+	Window time.Duration
+	// MaxOutputTokens (mooncake) caps every row's output length (0: the
+	// trace's own).
+	MaxOutputTokens int
 	// Regions for trace rows (their shares); sessions use MultiTurn.Regions.
 	Regions []workload.Share
 	// Priorities of trace rows (their shares, drawn per row; empty: the
@@ -184,6 +193,8 @@ type workloadDoc struct {
 	TimeScale          float64            `yaml:"time_scale"`
 	Rows               int                `yaml:"rows"`
 	BlockTokens        int                `yaml:"block_tokens"`
+	Window             string             `yaml:"window"`
+	MaxOutputTokens    int                `yaml:"max_output_tokens"`
 }
 
 type faultDoc struct {
@@ -528,6 +539,17 @@ func (v *validator) workload(sc *Scenario, d *workloadDoc) {
 		}
 		if d.BlockTokens < 0 || d.BlockTokens > workload.MooncakeBlockTokens {
 			v.bad("workload.block_tokens", "must be in [0, %d], got %d", workload.MooncakeBlockTokens, d.BlockTokens)
+		}
+		w.Window = v.duration("workload.window", d.Window, 0, false)
+		if d.Window != "" && d.Rows > 0 {
+			v.bad("workload.window", "give rows or window, not both")
+		}
+		w.MaxOutputTokens = d.MaxOutputTokens
+		switch {
+		case d.MaxOutputTokens < 0:
+			v.bad("workload.max_output_tokens", "must be ≥ 0, got %d", d.MaxOutputTokens)
+		case d.MaxOutputTokens > 0 && w.Kind != Mooncake:
+			v.bad("workload.max_output_tokens", "applies to mooncake traces only")
 		}
 		w.TimeScale = 1
 		if d.TimeScale != 0 {

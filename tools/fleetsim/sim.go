@@ -395,6 +395,13 @@ func (s *Sim) workload() error {
 		if w.Rows > 0 && w.Rows < len(rows) {
 			rows = rows[:w.Rows]
 		}
+		if w.Window > 0 && len(rows) > 0 {
+			t0 := rows[0].Time
+			rows, err = traceWindow(rows, w.Window, s.seed, func(r workload.AzureRow) time.Duration { return r.Time.Sub(t0) })
+			if err != nil {
+				return err
+			}
+		}
 		src, err := workload.NewAzure(rows, workload.AzureOptions{Format: workload.Chat, Seed: s.seed, Priorities: w.Priorities})
 		if err != nil {
 			return err
@@ -408,7 +415,17 @@ func (s *Sim) workload() error {
 		if w.Rows > 0 && w.Rows < len(rows) {
 			rows = rows[:w.Rows]
 		}
-		src, err := workload.NewMooncake(rows, workload.MooncakeOptions{Format: workload.Chat, Seed: s.seed, BlockTokens: w.BlockTokens, Priorities: w.Priorities})
+		if w.Window > 0 && len(rows) > 0 {
+			t0 := rows[0].Timestamp
+			rows, err = traceWindow(rows, w.Window, s.seed, func(r workload.MooncakeRow) time.Duration {
+				return time.Duration(r.Timestamp-t0) * time.Millisecond
+			})
+			if err != nil {
+				return err
+			}
+		}
+		src, err := workload.NewMooncake(rows, workload.MooncakeOptions{Format: workload.Chat, Seed: s.seed, BlockTokens: w.BlockTokens,
+			MaxOutputTokens: w.MaxOutputTokens, Priorities: w.Priorities})
 		if err != nil {
 			return err
 		}
@@ -417,6 +434,26 @@ func (s *Sim) workload() error {
 		return fmt.Errorf("fleetsim: unknown workload kind %q", w.Kind)
 	}
 	return nil
+}
+
+// traceWindow returns the rows of seed's window of a trace (Workload.Window):
+// window k = (seed − 1) mod n of the n whole windows the trace holds (at
+// least one), the rows whose time since the trace's first row, at, falls in
+// [k·window, (k+1)·window); seed 0 counts as seed 1.
+func traceWindow[R any](rows []R, window time.Duration, seed uint64, at func(R) time.Duration) ([]R, error) {
+	n := max(1, uint64((at(rows[len(rows)-1])+time.Millisecond)/window))
+	k := time.Duration((max(seed, 1) - 1) % n)
+	lo, hi := k*window, (k+1)*window
+	var out []R
+	for _, r := range rows {
+		if t := at(r); t >= lo && t < hi {
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("fleetsim: workload: seed %d's window [%v, %v) of the trace holds no row", seed, lo, hi)
+	}
+	return out, nil
 }
 
 func (s *Sim) tracePath() string {
