@@ -88,7 +88,6 @@ workload (docs/results/rivals: make bench-rivals).`,
 				return fmt.Errorf("--data-dir: %w (the traces of the mooncake and azure-conv workloads)", err)
 			}
 			o.Progress = cmd.ErrOrStderr()
-			o.Logger = nil
 			fmt.Fprintf(cmd.ErrOrStderr(), "logs in %s\n", o.OutDir)
 			res, err := rivalbench.Run(cmd.Context(), o)
 			if err != nil {
