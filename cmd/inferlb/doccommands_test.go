@@ -167,6 +167,7 @@ var docCommands = []docCmd{
 	{cmd: "inferlb sim --duration 60s --json --policy inferlb examples/sim/hot-region.yaml", want: `"best_achievable_hit_rate"`},
 	{cmd: "inferlb sim --duration 60s --out sim-out examples/sim/engine-failure.yaml", want: "Best achievable hit rate"},
 	{cmd: "inferlb sim --duration 60s --seeds 3 --policy inferlb,random_key examples/sim/steady-3region.yaml", want: "Medians over 3 seeds (1–3)"},
+	{cmd: "inferlb sim --policy sglang_cache_aware,round_robin,session_hash examples/sim/rivals-multiturn.yaml", want: "| sglang_cache_aware |"},
 	{cmd: "inferlb sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/shared-preamble.yaml", skip: "the measurement behind docs/sim.md's issue-12 table (several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
 	{cmd: "inferlb sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/steady-3region.yaml", skip: "the measurement behind docs/sim.md's issue-12 table (several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
 	{cmd: "inferlb sim --seeds 3 --policy inferlb --prefill-placement examples/sim/mooncake.yaml", skip: "the measurement behind docs/sim.md's and docs/extproc.md's prefill-placement figures (a minute; every scenario took two); TestPlacement and TestDecidePlacesALongPrompt hold the rule"},
