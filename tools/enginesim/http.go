@@ -131,11 +131,10 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 
 // complete serves both completion endpoints.
 func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
-	if s.loading() {
-		writeError(w, &apiError{status: 503, typ: "ServiceUnavailableError", message: "the model is still loading"})
+	if s.refuseLoading(w) {
 		return
 	}
-	s.served.Store(true)
+	s.served.Store(true) // a completion reveals SGLang's series, even one refused below
 	body, ok := s.readBody(w, hr)
 	if !ok {
 		return
@@ -235,6 +234,26 @@ func (s *Server) readBody(w http.ResponseWriter, hr *http.Request) ([]byte, bool
 		return nil, false
 	}
 	return body, true
+}
+
+// readLoaded reads a request's body once the model has loaded (503 while
+// it loads, as vLLM answers): the start of the tokenize and render
+// handlers.
+func (s *Server) readLoaded(w http.ResponseWriter, hr *http.Request) ([]byte, bool) {
+	if s.refuseLoading(w) {
+		return nil, false
+	}
+	return s.readBody(w, hr)
+}
+
+// refuseLoading answers 503 while the model loads, as vLLM does, and says
+// whether it did.
+func (s *Server) refuseLoading(w http.ResponseWriter) bool {
+	if !s.loading() {
+		return false
+	}
+	writeError(w, &apiError{status: 503, typ: "ServiceUnavailableError", message: "the model is still loading"})
+	return true
 }
 
 // networkDelay holds the request for the round trip from the caller's

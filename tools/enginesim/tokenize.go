@@ -163,11 +163,7 @@ func tokenizePrompt(raw json.RawMessage) (text string, ids []uint64, err error) 
 
 // tokenize serves POST /tokenize as vLLM does.
 func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
-	if s.loading() {
-		writeError(w, &apiError{status: 503, typ: "ServiceUnavailableError", message: "the model is still loading"})
-		return
-	}
-	body, ok := s.readBody(w, hr)
+	body, ok := s.readLoaded(w, hr)
 	if !ok {
 		return
 	}
@@ -258,11 +254,7 @@ type generateRequest struct {
 // render is one object; the completions render a list with one per prompt
 // (the simulator takes one prompt).
 func (s *Server) render(w http.ResponseWriter, hr *http.Request, chat bool) {
-	if s.loading() {
-		writeError(w, &apiError{status: 503, typ: "ServiceUnavailableError", message: "the model is still loading"})
-		return
-	}
-	body, ok := s.readBody(w, hr)
+	body, ok := s.readLoaded(w, hr)
 	if !ok {
 		return
 	}

@@ -55,15 +55,12 @@ const (
 	whyKnee = "the p50 falls on the knee of a bimodal distribution (p90, p99 within 20%)"
 )
 
-// realRivals are the real routers' medians of 3 runs of 60 s: `inferlb bench
-// rivals` (one region, 4 engines a router, seed 1) of 2026-12-07, its
-// docs/results/rivals/one-region/results.json; docs/sim.md, "The simulated
-// rivals against the real ones", has the table. vllm-router's
-// consistent_hash is session_hash's rule only where clients send a session
-// id (multiturn-sessions). The quiet entries are one run (run 1, seed 1) of
-// two routers, same day: `inferlb bench rivals --routers
-// sglang-router-cache_aware,round-robin --workloads W --runs 1`, where the
-// rig no longer adds 40-80 ms to a request.
+// realRivals are the real routers' figures from docs/results/rivals
+// (one-region/results.json: medians over runs); docs/sim.md, "The simulated
+// rivals against the real ones", has the table and says which entries come
+// from a two-router run (quiet) and why. vllm-router's consistent_hash is
+// session_hash's rule only where clients send a session id
+// (multiturn-sessions).
 var realRivals = []realRival{
 	{workload: "mooncake", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.519, p50: 126.9, hitWhy: whySMGMooncake, p50Why: whyRig},
 	{workload: "mooncake", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.615, p50: 107.0, p50Why: whyRig},
