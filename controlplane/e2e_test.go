@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
@@ -205,7 +204,15 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 	cfg.Cycle.Translate.HealthCheck.Interval = 200 * time.Millisecond
 	cfg.Cycle.Translate.HealthCheck.Timeout = 200 * time.Millisecond
 	cfg.Cycle.Translate.HealthCheck.HealthyThreshold = 1
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	// The control plane's warnings (a refused publish, a failed scrape)
+	// explain a failure of this test: printed only then.
+	var warnings lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("control plane warnings:\n%s", warnings.String())
+		}
+	})
 	e := &e2e{t: t, spec: spec, engines: engines, cfg: cfg, envoys: map[string]*envoytest.Envoy{}, ports: map[string]int{}}
 	e.startRunner("127.0.0.1:0")
 	defer func() { e.stop() }()
@@ -355,24 +362,40 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 	}
 	loaded := time.Now()
 	loadProbe := loadgen.StartJitterProbe()
-	var sawSignal time.Time
-	// The deadline is only a hang guard: how fast the weights moved is
-	// judged below, against the cycle that saw the load, with the
-	// starvation the probe measured added to the allowance.
-	err = envoytest.Poll(ctx, 30*time.Second, 20*time.Millisecond, func() error {
-		if sawSignal.IsZero() {
-			// The first cycle whose input showed the load.
-			if res := e.runner.Last(); res != nil {
-				if v := view(res, hot); v.ObservedUtilization > 0.5 || v.Penalty > 0 {
-					sawSignal = res.At
-				}
+	// Judged in cycles, not seconds: on a starved machine the cycles slow
+	// down with everything else. sawCycle is the first cycle whose input
+	// showed the load, plannedCycle the first whose plan for fe-east cut
+	// the engine's share to half; the wall clock bounds only the delivery
+	// of that plan to Envoy.
+	var sawSignal, planned time.Time
+	sawCycle, plannedCycle := -1, -1
+	w0share := 0.0
+	if cd := e.runner.Last().Nodes["fe-east"].Classes["chat"]; cd != nil {
+		w0share = cd.Weights[hot]
+	}
+	cycles := func() int {
+		e.runner.mu.Lock()
+		defer e.runner.mu.Unlock()
+		return e.runner.cycles
+	}
+	// The deadline is only a hang guard.
+	err = envoytest.Poll(ctx, 60*time.Second, 20*time.Millisecond, func() error {
+		res := e.runner.Last()
+		if res != nil && sawSignal.IsZero() {
+			if v := view(res, hot); v.ObservedUtilization > 0.5 || v.Penalty > 0 {
+				sawSignal, sawCycle = res.At, cycles()
 			}
 		}
 		if sawSignal.IsZero() {
-			return fmt.Errorf("no cycle has seen the load yet: %+v", view(e.runner.Last(), hot))
+			return fmt.Errorf("no cycle has seen the load yet: %+v", view(res, hot))
+		}
+		if planned.IsZero() {
+			if cd := res.Nodes["fe-east"].Classes["chat"]; cd != nil && cd.Weights[hot] < w0share/2 {
+				planned, plannedCycle = time.Now(), cycles()
+			}
 		}
 		if w := e.envoyWeight("fe-east", hot); w >= w0/2 {
-			return fmt.Errorf("weight of the loaded engine still %d (was %d): %+v", w, w0, view(e.runner.Last(), hot))
+			return fmt.Errorf("weight of the loaded engine still %d (was %d): %+v", w, w0, view(res, hot))
 		}
 		return nil
 	})
@@ -383,17 +406,20 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("load: weight %d → %d; %v after loading began, %v after the cycle saw it", w0, e.envoyWeight("fe-east", hot), shifted.Sub(loaded), shifted.Sub(sawSignal))
-	if sawSignal.IsZero() {
-		t.Fatalf("no cycle saw the load: %+v", view(e.runner.Last(), hot))
+	if planned.IsZero() { // Envoy had it before the poll saw the plan
+		planned, plannedCycle = shifted, cycles()
 	}
-	// The bound the 10 s poll deadline used to set on the whole shift,
-	// now with the starvation allowance.
+	t.Logf("load: weight %d → %d; seen %v after loading began, planned %d cycles later, in Envoy %v after the plan (starvation %v)",
+		w0, e.envoyWeight("fe-east", hot), sawSignal.Sub(loaded), plannedCycle-sawCycle, shifted.Sub(planned), loadStarved)
 	if seen := sawSignal.Sub(loaded); seen > 10*time.Second+loadStarved {
 		t.Errorf("a cycle saw the load %v after it began; want within 10 s (+%v starvation)", seen, loadStarved)
 	}
-	if lag := shifted.Sub(sawSignal); lag > 2*cfg.Interval+time.Second+loadStarved {
-		t.Errorf("weights moved %v after a cycle saw the load; want within two cycles (%v, +1 s, +%v starvation)", lag, 2*cfg.Interval, loadStarved)
+	// The poll samples the latest cycle, so the count may run one over.
+	if n := plannedCycle - sawCycle; n > 3 {
+		t.Errorf("the plan cut the loaded engine %d cycles after a cycle saw the load; want within two", n)
+	}
+	if lag := shifted.Sub(planned); lag > time.Second+loadStarved {
+		t.Errorf("Envoy had the plan %v after it was made; want within 1 s (+%v starvation)", lag, loadStarved)
 	}
 
 	// 4. An engine failing its health check is out of routing within the
@@ -430,12 +456,13 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 		t.Errorf("out of routing after %v, health-check window %v (+2 s, +%v starvation)", out, window, starved)
 	}
 
-	// 5. A NACKed update (an EDS weight of 0, which Envoy rejects) shows in
-	// the admin view and the metrics, and Envoy keeps the last good config.
+	// 5. A NACKed update (an EDS address that is not an IP, which Envoy
+	// rejects past the protos' constraints) shows in the admin view and
+	// the metrics, and Envoy keeps the last good config.
 	lastGood := e.runner.Last()
 	good := lastGood.Nodes["fe-east"].Resources
 	bad := proto.Clone(good.Endpoints[0]).(*endpointv3.ClusterLoadAssignment)
-	bad.Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(0)
+	bad.Endpoints[0].LbEndpoints[0].GetEndpoint().GetAddress().GetSocketAddress().Address = "not-an-ip"
 	broken := *good
 	broken.Endpoints = []*endpointv3.ClusterLoadAssignment{bad}
 	broken.EndpointVersion = "broken-by-test"
@@ -529,4 +556,22 @@ func tvInt(a, b map[string]uint32) float64 {
 		fb[k] = float64(v)
 	}
 	return dist.TotalVariation(fa, fb)
+}
+
+// lockedBuffer is a bytes.Buffer safe for the logger's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer // guarded by mu
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -28,7 +28,9 @@ import (
 	"sync"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -272,6 +274,16 @@ func (s *Server) Publish(ctx context.Context, r *translate.Resources) error {
 	for _, e := range r.Endpoints {
 		ep = append(ep, e)
 	}
+	// Envoy rejects a resource that breaks its proto constraints (a weight
+	// of 0, an empty name) and keeps its old config, so the weights would
+	// silently stop moving. Refuse it here, where the error names the field.
+	for _, res := range slices.Concat(cl, ep) {
+		if v, ok := res.(interface{ ValidateAll() error }); ok {
+			if err := v.ValidateAll(); err != nil {
+				return fmt.Errorf("publish %s: %s %q breaks Envoy's constraints: %w", r.NodeID, resourceKind(res), cachev3.GetResourceName(res), err)
+			}
+		}
+	}
 	snap.Resources[types.Cluster] = cachev3.NewResources(r.ClusterVersion, cl)
 	snap.Resources[types.Endpoint] = cachev3.NewResources(r.EndpointVersion, ep)
 	if err := snap.Consistent(); err != nil {
@@ -497,4 +509,15 @@ func (s *Server) onRequest(k streamKey, nodeID, typeURL, nonce, version, errMsg 
 	delete(st.sent, typeURL)
 	s.mu.Unlock()
 	s.m.acks.WithLabelValues(shortType(typeURL)).Inc()
+}
+
+// resourceKind names a resource's xDS type for an error message.
+func resourceKind(res types.Resource) string {
+	switch res.(type) {
+	case *clusterv3.Cluster:
+		return "cluster"
+	case *endpointv3.ClusterLoadAssignment:
+		return "load assignment"
+	}
+	return fmt.Sprintf("%T", res)
 }

@@ -156,9 +156,10 @@ func TestNACKKeepsLastGoodConfig(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// Weight 0 is invalid in Envoy: hand-break a translated update.
+	// An EDS address must be an IP: Envoy rejects a name, which the
+	// protos' own constraints (checked by Publish) let through.
 	bad, _ := translate.Translate(node("fe", "r1", eng, []float64{0.2, 0.8}), testOptions())
-	bad.Endpoints[0].Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(0)
+	bad.Endpoints[0].Endpoints[0].LbEndpoints[0].GetEndpoint().GetAddress().GetSocketAddress().Address = "not-an-ip"
 	bad.EndpointVersion = "broken"
 	if err := srv.Publish(ctx, bad); err != nil {
 		t.Fatal(err)
@@ -359,5 +360,25 @@ func TestRepublishingTheSameResourcesIsANoOp(t *testing.T) {
 	}
 	if again := srv.Status()[0].Published; again != first {
 		t.Errorf("republishing changed the published state: %+v, was %+v", again, first)
+	}
+}
+
+// A resource Envoy would reject on its proto constraints is refused at
+// Publish with the field named, and nothing is sent.
+func TestPublishRefusesWhatEnvoyWouldReject(t *testing.T) {
+	t.Cleanup(leaktest.AfterTest(t))
+	srv, _ := xdstest.StartServer(t, server.Config{Registry: prometheus.NewRegistry()})
+	eng := engines(t, 2)
+	r, err := translate.Translate(node("fe", "r1", eng, []float64{0.7, 0.3}), testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Endpoints[0].Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(0)
+	err = srv.Publish(context.Background(), r)
+	if err == nil || !strings.Contains(err.Error(), "LoadBalancingWeight") || !strings.Contains(err.Error(), "load assignment") {
+		t.Fatalf("Publish of a weight-0 endpoint: %v; want an error naming the load assignment and LoadBalancingWeight", err)
+	}
+	if st := srv.Status(); len(st) != 0 && st[0].Published.EndpointVersion == r.EndpointVersion {
+		t.Errorf("the refused version was published: %+v", st)
 	}
 }
