@@ -17,7 +17,11 @@ command -v python3 >/dev/null || { log "python3 is not installed; the rival rout
 install() { # NAME PACKAGE==VERSION
   local name="$1" want="$2" env="$DIR/$1"
   local stamp="$env/.inferlb-setup"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$env/bin/$name" ]; then
+  # A venv copied or moved from elsewhere keeps the old path in its
+  # scripts' #! line and fails with "no such file": check the interpreter.
+  local interp=""
+  [ -f "$env/bin/$name" ] && interp="$(head -1 "$env/bin/$name" | sed -n 's/^#!//p')"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$env/bin/$name" ] && [ -x "$interp" ]; then
     return
   fi
   log "installing $want into $env"
