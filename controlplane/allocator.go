@@ -17,9 +17,9 @@ type Allocator interface {
 
 // DefaultSolverTolerance is the control loop's optimality gap: 0.1% of the
 // objective, far finer than the 3% deadband that decides what is published.
-// Certifying the library default (1e-4) on a cold 100 frontends × 1,000
-// engines × 4 classes instance takes about 1,600 sweeps (≈157 ms on one
-// core) against 51 sweeps (≈51 ms) at 1e-3.
+// Certifying the library default (1e-4) on a large cold instance takes
+// many times the sweeps and the time that 1e-3 does (docs/optimizer.md,
+// "Measured").
 const DefaultSolverTolerance = 1e-3
 
 // OptimizerAllocator calls optimizer.Solve. A not-converged solve is used

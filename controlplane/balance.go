@@ -24,9 +24,10 @@ import (
 // the headroom are no caps. When the bounded plan fails, or sheds where
 // the unbounded did not, the unbounded plan stands (balance never sheds a
 // fleet that can serve everything; under overload a bounded plan may shed
-// more, which in the simulator's overload kept the tail shorter: refusing
-// it took seed 105's p99 from 1.53 to 2.40 s), and balance says why (the cycle's Result shows it, so a
-// bound that never applies is not silent). It records the engines whose cap
+// more, and it is kept: the extra shedding keeps the tail shorter, as the
+// simulator's overload scenario shows, docs/sim.md), and balance says why
+// (the cycle's Result shows it, so a bound that never applies is not
+// silent). It records the engines whose cap
 // binds (c.capped) for the deadband.
 func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom float64, sol *optimizer.Solution) (*optimizer.Solution, string) {
 	f := &c.problem
@@ -81,10 +82,10 @@ func (c *Controller) balance(ctx context.Context, p *optimizer.Problem, headroom
 // use (the H100s of a long-context class) are full of the traffic everyone
 // may serve, and the optimizer sheds the restricted flow rather than pay
 // to move that traffic elsewhere. Without the lift the whole unbounded plan
-// stood for that cycle and the bounded one came back the next: on the
-// mooncake scenario a 0.013 req/s long-context flow flipped every
-// frontend's weights by a quarter for a cycle, several times, remapping
-// the prefixes their keys had cached. The lift is at most the shed
+// would stand for that cycle and the bounded one come back the next: even
+// a tiny long-context flow would flip every frontend's weights for a
+// cycle, again and again, remapping the prefixes their keys had cached.
+// The lift is at most the shed
 // traffic's own load on each engine, so the bound loosens by no more than
 // the work it crowded out.
 func liftForShed(q *optimizer.Problem, sol *optimizer.Solution, headroom float64) bool {
@@ -176,9 +177,9 @@ func balancePools(regions []string, classes []optimizer.Class) []int {
 // prompt costs an A100 relatively more of its capacity than an H100), so
 // traffic moved from the engines the plan prefers onto the others needs
 // more of their reference capacity than it took, and caps of β × the
-// planned utilization left no room for it: the bounded plan shed (on the
-// shared-preamble scenario, under the TTFT objective that packs H100s, every
-// cycle), and the unbounded plan stood.
+// planned utilization would leave no room for it: the bounded plan would
+// shed (every cycle, where the objective packs the fast engines), and the
+// unbounded plan would stand.
 func poolLoads(p *optimizer.Problem, sol *optimizer.Solution, pools []int) (restricted []float64, even map[int]float64) {
 	size := map[int]int{}
 	for _, k := range pools {

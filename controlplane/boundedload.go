@@ -17,9 +17,8 @@ import "github.com/inferlb/inferlb/controlplane/signals"
 // "Reuses nothing" needs two pieces of evidence, since the cached share
 // alone depends on the routing it would change: spread by load, a class
 // that does reuse its prefixes caches little, which would keep it spread
-// (on mooncake, tightened while its caches were cold, the share stayed
-// under 1% for 30 s instead of rising to 10% in 10, and its hit rate fell
-// from 19.1% to 17.5%). So a class is tightened only when ext_proc's
+// (a class with reuse, tightened while its caches are cold, stays cold for
+// much longer and loses hits). So a class is tightened only when ext_proc's
 // prefix sketch (the split table's view, affinity.go) holds at least
 // minViewRequests requests of it and no chain point that two of them
 // passed through (a point's request count's lower bound above 1: a
@@ -27,12 +26,10 @@ import "github.com/inferlb/inferlb/controlplane/signals"
 // would each show one), and the engines' counters show a cached share
 // below noCacheShare. A repeated point, or a share above twice that,
 // brings the configured factor back. Classes keyed by a session header
-// report no chain points, so they keep the configured factor. In the
-// simulator's scenarios only azure-conv's and overload's classes (no
-// prompt shares a prefix) are tightened; at 100 their TTFT p99 fell from
-// 737 to 505 ms and from 1,779 to 1,142 ms (medians of 3 seeds), where
-// agentic's, which caches 93%, more than doubled when every class was
-// tightened.
+// report no chain points, so they keep the configured factor. Tightening
+// shortens the tail of a class without reuse and lengthens that of a class
+// whose cache hits it gives up, which is why it is decided per class (the
+// simulator's figures are in docs/control-plane.md, "Translation").
 //
 // An endpoint picker (docs/endpoint-picker.md) bounds load itself with
 // the policy's load balancer, which keeps the configured factor.

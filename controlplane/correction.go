@@ -35,17 +35,17 @@ import (
 //
 // The optimizer's stability term holds traffic where it is within a band of
 // a few tens of milliseconds (moving costs cache misses): a marginal rule
-// that would keep most of a plan a wrong profile made (a 3× pessimistic
-// curve's 37% spill stays at 37%). When an engine's factor has moved by
+// that would keep most of a plan a wrong profile made (a pessimistic
+// curve's spill to another region stays). When an engine's factor has moved by
 // more than correctionReplan since its last replan, its classes are solved
 // without the stability term, once; the new weights still go through the
 // deadband (deadband.go), which publishes them only where their latency
 // gain, priced with the corrected profile, pays for the cache misses the
-// move causes. Bypassing the deadband as well (as a recovery does)
-// published every stability-free re-solve: on shared-preamble, where a
-// general-class engine's factor crosses the threshold every few cycles,
-// weight churn 0.12/cycle and 2.9% of follow-ups remapped to cold caches,
-// TTFT p99 81 ms against 72 ms with the deadband kept (medians of 3 seeds).
+// move causes. The deadband is not bypassed (as a recovery bypasses it):
+// where an engine's factor crosses the threshold every few cycles, every
+// stability-free re-solve would be published, and the weight churn would
+// remap follow-ups to cold caches and lengthen the tail (the comparison is
+// in docs/control-plane.md, "One cycle", step 2).
 //
 // A queued engine (a window mean of correctionQueue waiting requests or
 // more, or queue waits of at least half its TTFT) is offered more than it
@@ -53,17 +53,17 @@ import (
 // Whether that says anything about the profile depends on whose queue it
 // is. While the policy sheds (or did within the window the evidence
 // covers), the queue's length is what admission lets through, not the
-// curve: taking that evidence blamed the profile for an overload (in the
-// 1.3×-overload drill the factor climbed to 3.3× in 8 s, the plan saw a
-// third of the fleet's capacity and admitted 54% of what the engines
-// serve), so the factor holds. Likewise where the engine's token rates
+// curve: taking that evidence would blame the profile for an overload,
+// the factor would climb within seconds, and the plan would see a
+// fraction of the fleet's capacity and shed what the engines can serve;
+// so the factor holds. Likewise where the engine's token rates
 // show another tenant's work (its background load already removes the
 // capacity), and before anything is published (no plan to tell whose). But
 // where the plan's own load, unshed, queues an engine, the curve promised
 // a latency the engine does not give: that is the correction's case.
-// Holding it there too kept a two-engine region loaded while its queue
-// grew (the sim-against-real test: TTFT p99 1.7–5.0 s against 0.6 s, and
-// the far region's share 7.6–12.8% against the simulator's 13–20%).
+// Holding the factor there too would keep a small region loaded while its
+// queue grows, instead of moving the excess to a farther region that
+// serves it sooner.
 const (
 	correctionQueue  = 0.5
 	correctionGain   = 0.2

@@ -110,13 +110,13 @@ type Config struct {
 	// BalanceFactor β, when > 0, bounds balance: no engine is planned
 	// above β × the mean planned utilization of its pool, the engines of
 	// its region eligible for the same classes (balance.go). 0: off, the
-	// optimizer's latency-minimizing plan as it is. The default, 1.02, is
-	// the loosest bound that keeps the busiest engine within 1.3× the
-	// fleet's mean utilization in the simulator's multi-region chat
-	// scenarios, medians of 3 seeds (the bound is per region, regions differ in load per
+	// optimizer's latency-minimizing plan as it is. The default, 1.02, was
+	// chosen in the simulator as the loosest bound that keeps the busiest
+	// engine near the fleet's mean utilization in the multi-region chat
+	// scenarios (the bound is per region, regions differ in load per
 	// engine, and a class only the H100s serve lifts their caps); the
 	// price is latency on mixed GPUs, where the plan moves load from fast
-	// to slow engines (docs/sim.md).
+	// to slow engines. The measurements are in docs/sim.md.
 	BalanceFactor float64
 }
 
@@ -729,8 +729,7 @@ func weightsMoved(old, cur map[string]*NodeDecision) bool {
 // its eligible engines. Requests in flight at ext_proc include their time in
 // Envoy and on the network, and under overload the fleet is planned at
 // OverloadHeadroom with a queue: with twice the slots, ext_proc's local
-// guardrail shed more than the policy did and the fleet ran at 85% of its
-// capacity. The least important level is refused at 1.8× the slots
+// guardrail sheds more than the policy does and leaves capacity unused. The least important level is refused at 1.8× the slots
 // (extproc's 40% reserve).
 func (c *Controller) InflightLimit(class string) int {
 	n := 0

@@ -278,9 +278,9 @@ func TestCycleMeasuredQueueingIsNotAFault(t *testing.T) {
 // requests it delayed record first tokens but no queue time, and the
 // gauges read idle at every later scrape) is judged with its first
 // tokens while they are in the window, even once the scrape that saw it
-// has left: the window's gauges cover the intervals its counters do. At
-// stop 35, three such first tokens at 408 ms against an idle prediction
-// of 36 ms gave a healthy engine a 0.90 penalty.
+// has left: the window's gauges cover the intervals its counters do.
+// Judged against an idle prediction instead, a few such first tokens
+// would give a healthy engine a large penalty.
 func TestCycleQueueBeforeTheWindowIsNotAFault(t *testing.T) {
 	c, err := NewController(testFleet(t), DefaultConfig(), nil)
 	if err != nil {
@@ -327,8 +327,9 @@ func TestCycleQueueBeforeTheWindowIsNotAFault(t *testing.T) {
 // are noise, not a fault; the same mean with every sample in one bucket,
 // or with no buckets to tell the spread, is a fault, and so is an engine
 // whose first tokens all took 260 ms, at the low edge of vLLM's wide
-// 250-500 ms bucket (its midpoint would have made them look spread)
-// (issue 23: the Mooncake trace's false penalties remapped its prefixes).
+// 250-500 ms bucket (its midpoint would have made them look spread).
+// False penalties on such noise remap an engine's long shared prefixes
+// and lose their cache hits.
 func TestCycleNoisyTTFTIsNotAFault(t *testing.T) {
 	for _, tc := range []struct {
 		name     string

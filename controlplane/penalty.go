@@ -95,13 +95,14 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 			// The queue and the token rates cover the evidence window
 			// (the rates' smoothing is shorter): they are ours if our
 			// traffic loaded the engine that much at any time in it.
-			// Against this cycle's own load alone, a plan that had just
-			// moved traffic off an engine read the queue and the rates
-			// that traffic left behind as someone else's, moved the
-			// rest off, and loaded the others until they queued in
-			// turn: in the 2.2×-overload drill, shares swung 0.03–0.79
-			// over 3 equal engines from one cycle to the next, and the
-			// plan admitted 60% of what the engines serve.
+			// Against this cycle's own load alone, a plan that has just
+			// moved traffic off an engine would read the queue and the
+			// rates that traffic left behind as someone else's, move
+			// the rest off, and load the others until they queue in
+			// turn: under overload, shares swing between equal engines
+			// from one cycle to the next and the plan admits far less
+			// than the engines serve (docs/control-plane.md, "One
+			// cycle", step 1).
 			v.OwnWindowUtilization = v.OwnUtilization
 			if sec := s.Window.Seconds; sec > 0 {
 				v.OwnWindowUtilization = math.Max(v.OwnWindowUtilization, c.ownPeak(e.ID, in.Now.Add(-time.Duration(sec*float64(time.Second)))))
@@ -133,12 +134,12 @@ func (c *Controller) observe(in Inputs) (views []EngineView, states []signals.St
 				// is the queue known to be foreign. An engine that
 				// serves our traffic alone queues ours: under
 				// overload, bursts queue an engine our admitted
-				// traffic loads to 60%, and scaling that queue into
-				// background (up to 0.95) took the engine out of the
-				// plan, moved its traffic to the others, which queued
-				// in turn: shares swung 0.02–0.91 over 3 equal
-				// engines and the overload drill admitted 54–72% of
-				// what they serve (≥ 90% before, and again now).
+				// traffic loads well below capacity, and scaling that
+				// queue into background (up to 0.95) would take the
+				// engine out of the plan and move its traffic to the
+				// others, which queue in turn: shares would swing
+				// between equal engines and the plan would admit much
+				// less than they serve.
 				if over := 1.0; running > 0 && foreign {
 					over += waiting / running
 					used = math.Max(used, 0.95*over)
@@ -212,13 +213,12 @@ func (c *Controller) ownPeak(id string, from time.Time) float64 {
 // Maglev's hash and its bounded loads spread a few seconds' keys unevenly,
 // by tens of percent on a small fleet. Read as someone else's load, the
 // spread moves weight off the engines Envoy overfeeds, and while nothing
-// sheds that is all it does: it shortens the tail (fleetsim, medians of 3
-// seeds, TTFT p99 with the correction only under shedding against always:
-// azure-conv 733 against 826 ms, mooncake 719 against 834). Under overload
-// it cuts capacity the fleet has: the plan shed more, every engine's
-// planned load fell, the spread read as background again, and on a loaded
-// machine the overload drill admitted a median 91% of what the engines
-// serve (87–98% over eight runs; 92.5%, 89–97% over sixteen with it).
+// sheds that is all it does: it shortens the tail, so the correction
+// below is left out then. Under overload it cuts capacity the fleet has:
+// the plan sheds more, every engine's planned load falls, the spread reads
+// as background again, and the fleet admits less than its engines serve.
+// The simulator's and the overload drill's figures for both cases are in
+// docs/control-plane.md, "One cycle", step 1.
 //
 // An engine's share of the answered requests (responses less errors: a
 // fast 5xx is no work) times the planned request total is what it got of
@@ -307,9 +307,9 @@ const queueSlack = 2
 // timed at least minSamples requests; else by Little's law from the
 // waiting gauge, widened by queueSlack. The gauge is sampled at scrapes,
 // and under overload a small engine's queue swings between empty and
-// twice its slots between them: one engine's bursts read as up to twice
-// the latency its gauge explained, and the overloaded engine was
-// penalized for queueing (TestDrillOverload, 2 runs in 7). The
+// twice its slots between them: one engine's bursts can read as up to
+// twice the latency its gauge explains, and the overloaded engine would
+// be penalized for queueing (TestDrillOverload guards against it). The
 // histogram times every request, so a TTFT residual then measures what
 // queueing does not explain.
 //
@@ -319,10 +319,10 @@ const queueSlack = 2
 // ones to finish. Then the window's gauges (both means over the same
 // scrapes, so the idle part of the window cancels out of their ratio)
 // show the queue by Little's law, unwidened: the larger of the two is
-// taken. With the histogram alone, the overload drill's capacity
-// measurement (8 requests at once on each idle engine) read as TTFT
-// about 2× the prediction on one engine in a few runs, a penalty of
-// 0.2-0.28 that took a quarter of its weight (admitted 82-87%).
+// taken. With the histogram alone, a burst on idle engines (such as the
+// overload drill's capacity measurement, 8 requests at once on each) can
+// read as a TTFT well above the prediction and set a penalty that takes
+// weight from a healthy engine.
 func queueWaitMs(w signals.Window, minSamples float64) float64 {
 	little := 1000 * w.Waiting / w.CompletionsPerS
 	if w.QueueCount > 0 && w.QueueCount >= minSamples {
@@ -338,11 +338,11 @@ func queueWaitMs(w signals.Window, minSamples float64) float64 {
 // Why: with prompts of very different lengths (the Mooncake trace: a few
 // hundred to 30,000 tokens), a first token waits for whatever long prefill
 // is ahead of it, so one window's mean TTFT over a dozen requests swings
-// by 2-5× around what the profile predicts from the mean prompt, on healthy
-// engines at 5-30% load. Each swing set a penalty (0.02-0.9), the penalty
-// moved the engine's share and the probe brought it back, and every move
-// remapped the long shared prefixes Maglev had placed: a quarter of the
-// scenario's lost cache hits. A faulty engine is slow on every request, so
+// by several times around what the profile predicts from the mean prompt,
+// even on healthy, lightly loaded engines. Each swing would set a penalty,
+// the penalty would move the engine's share and the probe bring it back,
+// and every move remaps the long shared prefixes Maglev had placed, losing
+// their cache hits. A faulty engine is slow on every request, so
 // its mean stands well clear of the noise and keeps its penalty.
 const ttftConfidence = 2.0
 
@@ -453,8 +453,9 @@ const fullEvidence = 10
 // reportWorth scales a penalty target from reported evidence by the
 // requests behind it: n samples are worth n/(fullEvidence·MinSamples) of
 // it, at most all. The engines' own metrics are scraped by the control
-// plane; reports come from whoever holds a reporter's credential, and one
-// report of 3 errors of 3 responses set the largest penalty (issue 27).
+// plane; reports come from whoever holds a reporter's credential, and
+// without this scaling one report of 3 errors of 3 responses would set the
+// largest penalty.
 // A real fault keeps failing the engine's traffic, so its evidence grows
 // within a window or two; a single report's stays small.
 func reportWorth(n, minSamples float64) float64 {

@@ -54,7 +54,7 @@ func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 	}
 	// The probe comes from the nearest frontend with traffic alone: the
 	// west frontend does not send a tenth of its traffic across regions
-	// to probe an east engine (it did before stop 31).
+	// to probe an east engine.
 	if got := share(r, "fe-west", "e-east-1"); got != 0 {
 		t.Fatalf("fe-west gives the penalized east engine share %.3f, want 0: probing is fe-east's", got)
 	}
@@ -85,12 +85,12 @@ func TestCycleFailingEngineLosesAndRegainsItsShare(t *testing.T) {
 		back, base, view(r, "e-east-1").Penalty, view(r, "e-east-1").PenaltyWhy)
 }
 
-// Issue 27: one report of 3 errors of 3 responses set the largest penalty
-// (0.9), and a penalty without evidence was held for good: an engine at
-// weight 1 stayed there 3 minutes later. Now a report's penalty is worth
-// the responses behind it, and without evidence a penalty decays with
-// time. On the code before issue 27 the first check sees 0.90 and the
-// second 0.90 still.
+// One report of 3 errors of 3 responses must not set the largest penalty
+// (0.9), and a penalty without evidence must not be held for good (an
+// engine at weight 1 staying there minutes later): a report's penalty is
+// worth the responses behind it, and without evidence a penalty decays
+// with time. Without either, the first check sees 0.90 and the second
+// 0.90 still.
 func TestReportPenaltyBoundedAndDecaysWithTime(t *testing.T) {
 	cfg := DefaultConfig()
 	c, err := NewController(testFleet(t), cfg, nil)

@@ -46,10 +46,10 @@ func (c *Controller) propose(node string, cl fleet.Class, sol *optimizer.Solutio
 // nearestProber reports whether node is, among the frontends with demand
 // for the class, one of those nearest (least round trip) to the engine:
 // only they send a penalized engine its probe share. Every frontend
-// probing every penalized engine sent each remote one up to a tenth of
-// the frontend's traffic across regions (mooncake: two A100s penalized,
-// 20% of eu-west's general class planned 80–140 ms away, against 1%
-// in the plan). An engine unknown to the fleet is probed by every node.
+// probing every penalized engine would send each remote one up to a
+// tenth of the frontend's traffic across regions: with a few engines
+// penalized, a large share of a class would go to another region that the
+// plan never chose. An engine unknown to the fleet is probed by every node.
 func (c *Controller) nearestProber(node, class, engine string, sol *optimizer.Solution) bool {
 	f := &c.problem
 	i, ok := f.nodeIdx[node]

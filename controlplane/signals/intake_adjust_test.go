@@ -12,14 +12,14 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 )
 
-// Issue 27's intake: a report above its node's bound is clipped to it and
+// The intake's checks: a report above its node's bound is clipped to it and
 // counted (an overload's genuine burst), not refused, so the planner sees
 // the demand it must shed; a capacity-derived bound follows the capacity
 // measured; evidence for an unknown engine is dropped and counted, an
 // engine id that is not its address's refuses the report; an instance's
 // evidence is worth at most MaxAttempts responses per request it admitted.
-// On the code before issue 27 the 30-request report is refused ("rate"),
-// the unknown and mismatched engines are accepted, and 3 errors without
+// Without these checks the 30-request report is refused ("rate"), the
+// unknown and mismatched engines are accepted, and 3 errors without
 // requests are 3 errors of evidence.
 func TestIntakeClipsAndChecksEngines(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
@@ -94,8 +94,8 @@ func TestIntakeClipsAndChecksEngines(t *testing.T) {
 }
 
 // A report read late (sent before the control plane stalled, or held by
-// a partition) is taken up to MergeBacklog beyond the clock skew: a stall
-// of 13–24 s refused them as "clock" before issue 27. Its merged resend
+// a partition) is taken up to MergeBacklog beyond the clock skew, so a
+// stall of tens of seconds does not refuse them as "clock". Its merged resend
 // (same interval_start) replaces it: counted once.
 func TestIntakeTakesLateReports(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)

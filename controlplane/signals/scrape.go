@@ -388,10 +388,9 @@ func foldExtra(e *Engine, m, p Metrics, a float64) {
 // as it later adds to the queue sum, so for such a server the queue total
 // never passes the TTFT total. An interval's means compare different
 // requests: while a long queue drains, the requests finishing waited
-// longer than the ones getting their first token took, and an engine of
-// the drills whose TTFT counted its queue was taken for one that did
-// not, its evidence then counting the queue twice (1264 ms against a
-// 604 ms queue and a 648 ms prediction: a penalty for overload).
+// longer than the ones getting their first token took, so an engine whose
+// TTFT counts its queue could be taken for one that does not, its evidence
+// then counting the queue twice: a penalty for overload.
 func ttftEvidence(e *Engine, m, p Metrics) float64 {
 	ttft, _ := intervalMeanMs(m.TTFTSum, m.TTFTCount, p.TTFTSum, p.TTFTCount)
 	q, okQ := intervalMeanMs(m.QueueSum, m.QueueCount, p.QueueSum, p.QueueCount)

@@ -415,14 +415,14 @@ func ttftSpread(bounds, in []float64, mean float64) float64 {
 //
 // Why both ends: the window's counters are deltas over the intervals
 // between its scrapes, so its gauges must describe the same intervals.
-// With the end values alone, the window's gauges began half an interval
-// after its counters, and a queue that ended just after a scrape lost its
-// last sample from the window while the first tokens it delayed, counted
-// at the next scrape, stayed: those first tokens were judged against an
-// idle engine's prediction. At stop 35 three of them (a mean of 408 ms,
-// the end of a cancelled burst) against 36 ms predicted gave a healthy
-// engine a 0.90 penalty (TestWindowGaugesCoverTheirIntervals here,
-// controlplane's TestCycleQueueBeforeTheWindowIsNotAFault for the penalty).
+// With the end values alone, the window's gauges would begin half an
+// interval after its counters, and a queue that ended just after a scrape
+// would lose its last sample from the window while the first tokens it
+// delayed, counted at the next scrape, stayed: those first tokens would be
+// judged against an idle engine's prediction, and a few of them (the end of a cancelled
+// burst) could give a healthy engine a large penalty
+// (TestWindowGaugesCoverTheirIntervals here, controlplane's
+// TestCycleQueueBeforeTheWindowIsNotAFault for the penalty).
 func gaugeMean(prev, cur float64) float64 {
 	switch {
 	case math.IsNaN(prev):
