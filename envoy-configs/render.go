@@ -38,11 +38,11 @@ const (
 // host_selection_retry_max_attempts: how many times a retry re-picks a host
 // when previous_hosts rejects the pick. Envoy's Maglev re-picks with the
 // hash XORed with 2⁶⁴−a (a = 1, 2, …): the first re-picks look at a few
-// neighbouring table slots, which for some host sets one host owns. With 3
-// equal hosts and 5 re-picks, up to 10% of a failing engine's keys (median
-// 0.1%, over random address sets; internal/envoylb's model, checked
-// against Envoy) were retried on the same engine every time; with 20, none
-// of 40 sets kept any above 0.01%. A re-pick is a table lookup, only on
+// neighbouring table slots, which for some host sets one host owns: with
+// few re-picks, some address sets retry a share of a failing engine's keys
+// on the same engine every time (internal/envoylb's model of Envoy's
+// Maglev, checked against Envoy, shows it). 20 re-picks leave next to none
+// in random address sets, and a re-pick is a table lookup, only on
 // retries. The fleet simulator uses the same value.
 const HostSelectionRetryMaxAttempts = 20
 
@@ -126,7 +126,7 @@ type Params struct {
 // it GET requests of ReadOnlyAdminPaths alone; anything else is answered
 // 403. Envoy's admin has no authentication, and a POST /healthcheck/fail,
 // /quitquitquit or /runtime_modify from anyone who reaches it takes the
-// frontend out (issue 27).
+// frontend out.
 type ReadOnlyAdmin struct {
 	Port   int
 	Socket string
@@ -171,9 +171,9 @@ const (
 	// (STREAMED, send_body_without_waiting_for_header_response); the
 	// headers' answer waits for the body and carries the decision. One
 	// wake-up of ext_proc per request instead of two: a round trip less
-	// and 0.7× ext_proc's CPU one request at a time, but one more message
-	// for Envoy (HTTP/1's empty last chunk), which costs Envoy more at
-	// load.
+	// and less of ext_proc's CPU one request at a time, but one more
+	// message for Envoy (HTTP/1's empty last chunk), which costs Envoy
+	// more at load (the measurements are in docs/extproc.md).
 	BodyStreamed = "streamed"
 )
 

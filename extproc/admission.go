@@ -33,9 +33,9 @@ const (
 	// engines' running slots, so the least important level is refused at
 	// 1.8× the slots, where the engines are saturated and queueing (no
 	// throughput is lost), and the most important keeps 1.2× the slots of
-	// room: with 0.2 (and twice the slots), a fleet planned at 95% under
-	// overload queued up to the limit and refused the top priority
-	// locally.
+	// room: with a smaller reserve (and twice the slots), a fleet planned
+	// near capacity under overload queues up to the limit and refuses the
+	// top priority locally.
 	localReserve = 0.4
 	// retryBurst is the most retries the budget holds (and its start).
 	retryBurst = 10.0
@@ -44,11 +44,12 @@ const (
 	retryKnee    = 0.7
 	retryCeiling = 0.95
 	// strictHold is how long a local refusal at one level closes the
-	// class to every less important level: the reserve alone let a
-	// less important level take the slots that freed up between two
-	// refusals of a more important one (under overload the guardrail
-	// refused 14 critical requests while admitting half of the standard
-	// ones, issue 27). A second is a few generations' turnover.
+	// class to every less important level: the reserve alone lets a
+	// less important level take the slots that free up between two
+	// refusals of a more important one, so under overload the guardrail
+	// would refuse critical requests while admitting standard ones
+	// (TestLocalGuardrailStrictPriority). A second is a few generations'
+	// turnover.
 	strictHold = time.Second
 )
 

@@ -5,11 +5,11 @@ import (
 	"time"
 )
 
-// Issue 27: under overload the local guardrail refused critical requests
-// while admitting less important ones whenever a slot freed up (priority
-// inversion). A refusal at a level now closes the class to every less
+// Under overload the local guardrail must not refuse critical requests
+// while admitting less important ones whenever a slot frees up (priority
+// inversion). A refusal at a level closes the class to every less
 // important level for strictHold: the freed slots go to the refused level.
-// Before issue 27 the level-1 request after the release is admitted.
+// Without the latch the level-1 request after the release is admitted.
 func TestLocalGuardrailStrictPriority(t *testing.T) {
 	d := NewDecider(time.Unix(0, 0))
 	tp := testPolicy()

@@ -12,8 +12,8 @@ import (
 // Failed-attempt entries are evidence only for ids this process admitted,
 // at most 1 + the request's retries times, and for endedGrace after its
 // end (its late entries); forged, replayed and stale ones count nothing
-// and are counted as unknown. Without the table check (the code before
-// issue 27) the forged entries below are 20 errors at a1.
+// and are counted as unknown. Without the table check the forged entries
+// below are 20 errors at a1.
 func TestFailedAttemptsNeedAnAdmittedID(t *testing.T) {
 	h := newHonestRig(t)
 	errorsAt := func() (responses, errs uint64) {

@@ -34,7 +34,7 @@ import (
 // control-plane` (Runner), this ext_proc (policy over ADS, evidence in
 // Reports) and a real Envoy with the envoy-configs bootstrap (retries on).
 //
-// Issue 6's done-when, as the user sees it in Envoy's /clusters: an engine
+// Fault handling as the user sees it in Envoy's /clusters: an engine
 // that starts failing half its requests loses its weight within a few
 // seconds (down to its probe share, at most 10% of its class's priority-0
 // weight, or moved to priority 1), while retries keep client-visible errors

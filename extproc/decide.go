@@ -520,10 +520,10 @@ func (d *Decider) Failed(addr string) (engineID string) {
 // key. A hot point is one the split table learned that many conversations
 // pass through; the table keys them deeper (or spreads them), so the
 // engines the class's table sends them to hold it. Without the credit a
-// request opening with a hot 3,000-token preamble looked 200 ms slower at
-// a slow home than at an idle fast engine, which has to prefill the
-// preamble too: on shared-preamble idle placement moved such requests, and
-// the busiest engine's utilization over the mean went from 1.20 to 1.56.
+// request opening with a long hot preamble looks slower at a slow home
+// than at an idle fast engine, which has to prefill the preamble too, so
+// idle placement would move such requests and unbalance the engines
+// (docs/extproc.md, idle-engine placement).
 func sharedTokens(kd *KeyDecision, br *body.Request) int {
 	n := 0
 	if (kd.Kind == "group" || kd.Kind == "spread") && kd.Point >= 0 {

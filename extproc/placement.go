@@ -116,10 +116,9 @@ func (zeroLoad) Total() int     { return 0 }
 // are untouched there (docs/sim.md: moving on the placer's backlog alone
 // changed the plan, and lost). Home is credited with the request's
 // deepest hot prefix (Decide's sharedTokens): without it, requests opening
-// with a hot preamble left a slow home that held it for an idle fast engine
-// that did not, and at light load the fast engines took more of the work
-// than the plan gave them (shared-preamble's busiest engine's utilization
-// over the mean 1.20 → 1.56; 1.20 with the credit).
+// with a hot preamble would leave a slow home that holds it for an idle
+// fast engine that does not, and at light load the fast engines would take
+// more of the work than the plan gives them (docs/sim.md).
 type placer struct {
 	// idleOnly: the idle rule alone (idle placement without
 	// --prefill-placement); set before the placer is shared.

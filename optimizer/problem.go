@@ -72,9 +72,10 @@ type Problem struct {
 	// near saturation for a running slot) that the objective charges: the
 	// profile's curves give the mean, and a wait's tail is a multiple of its
 	// mean — the 99th percentile of an exponential wait is ln 100 ≈ 4.6
-	// times it. Charging the mean packed the nearest engines to their
-	// headroom, where their p99 tripled (fleetsim hot-region: TTFT p99 1.6
-	// s against 163 ms with 4.6). The zero-load TTFT and the round trip
+	// times it. Charging the mean packs the nearest engines to their
+	// headroom, where their p99 is several times what it is with the tail
+	// charged (the simulator's comparison is in docs/optimizer.md, "What
+	// the objective charges"). The zero-load TTFT and the round trip
 	// are not scaled: they do not queue. 0 means DefaultTailFactor.
 	TailFactor float64
 

@@ -19,9 +19,9 @@ import (
 // the far traffic must go to engines whose round trip + TTFT is what the
 // near ones' price has reached (no engine is used above the flow's price).
 //
-// Broken model, for the record: charging TTFT + output × TBOT (the
-// objective before issue 22) fails it on the first instance with spill:
-// 200 decode steps each slowed by a bigger batch outweigh any round trip.
+// The test rules out charging TTFT + output × TBOT, which fails it on the
+// first instance with spill: 200 decode steps each slowed by a bigger
+// batch outweigh any round trip.
 func TestSpillOnlyWhenItPays(t *testing.T) {
 	rng := rand.New(rand.NewPCG(22, 7))
 	held, spilled := 0, 0

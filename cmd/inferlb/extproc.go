@@ -124,10 +124,9 @@ and exits.`,
 			keepSysmonAwake(o.keepSysmonAwake, log)
 			// The request path allocates per decision (protobuf messages, the
 			// body copy); its live heap is small (the bodies in flight), so
-			// collecting less often buys CPU: GOGC 400 cut CPU per 8 KB
-			// decision by about a fifth in `inferlb bench extproc`
-			// (0.13 → 0.10 ms at concurrency 150). GOGC in the environment
-			// wins, as usual.
+			// collecting less often buys CPU: the default of 400 was
+			// chosen with `inferlb bench extproc` (the figures are in
+			// docs/extproc.md). GOGC in the environment wins, as usual.
 			if _, set := os.LookupEnv("GOGC"); !set {
 				if o.gcPercent <= 0 {
 					return fmt.Errorf("%s must be positive, got %d (use GOGC=off to disable the collector)", name("gc-percent"), o.gcPercent)
@@ -184,7 +183,7 @@ func extprocFlags(cmd *cobra.Command, o *extprocOptions) {
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.printBootstrap, "print-bootstrap", "", "print a frontend Envoy bootstrap (fail-closed or fail-open) and exit")
 	f.IntVar(&o.envoyPort, "envoy-port", 10000, "with --print-bootstrap: Envoy's client-facing port")
-	f.StringVar(&o.envoyBodyMode, "envoy-body-mode", envoyconfigs.BodyBuffered, "with --print-bootstrap: how Envoy sends request bodies: buffered (a round trip after the headers) or streamed (right after them, the headers' answer waiting for the body: a round trip less and 0.7× the service's CPU one request at a time, one more message for Envoy at load; docs/extproc.md)")
+	f.StringVar(&o.envoyBodyMode, "envoy-body-mode", envoyconfigs.BodyBuffered, "with --print-bootstrap: how Envoy sends request bodies: buffered (a round trip after the headers) or streamed (right after them, the headers' answer waiting for the body: a round trip less and less of the service's CPU one request at a time, one more message for Envoy at load; docs/extproc.md)")
 	f.IntVar(&o.envoyStreamAbove, "envoy-stream-above", envoyconfigs.DefaultStreamAbove, "with --print-bootstrap and buffered bodies: stream the bodies declared at least this many bytes long to ext_proc as they arrive, so that one whose first bytes prove it over a limit (a hundred thousand tiny messages) is refused before Envoy reads the rest; 0: none")
 	f.StringVar(&o.envoySDSDir, "envoy-sds-dir", "", "with --print-bootstrap and TLS credentials: write SDS resource files for Envoy's certificate, key and CA into this directory and have the bootstrap read them from there, so Envoy takes rotated files live (empty: static file names, read once at start)")
 	f.StringVar(&o.fallback, "fallback-cluster", "", "with --print-bootstrap fail-open: the cluster used when ext_proc is down")

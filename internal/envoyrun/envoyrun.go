@@ -31,8 +31,8 @@ import (
 // below the kernel's ephemeral range when there is room there: a port
 // from the range (what listening on port 0 gives) may be taken by any
 // process's outgoing connection between this call and the caller's bind,
-// and two clean-clone CI runs lost a drill to "address already in use"
-// that way (an Envoy listener, a control plane's admin port). Ports are
+// which then fails with "address already in use" (an Envoy listener, a
+// control plane's admin port). Ports are
 // not handed out twice by one process. Falls back to port 0's pick.
 func FreePort() (int, error) {
 	lo, hi := 20000, ephemeralLow()

@@ -6,9 +6,9 @@
 // several processors (Ps) the runtime wakes an idle one for each goroutine
 // it readies: a futex wake-up, a spinning thread looking for work, and the
 // gRPC writer flushing each frame alone because it runs beside the handler
-// instead of after it. On ext_proc's protocol benchmark (8 KB bodies, one
-// request at a time, a 2-CPU machine) that was about a fifth of the CPU per
-// decision: 0.156 ms with two Ps, 0.126 ms with one (medians of 3 runs).
+// instead of after it. On ext_proc's protocol benchmark, one request at a
+// time, that is a sizeable share of the CPU per decision (the figures are
+// in docs/extproc.md).
 // Under load every P has work, nothing is woken, and more Ps are what more
 // CPUs are for.
 //

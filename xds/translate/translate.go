@@ -111,13 +111,15 @@ type Options struct {
 	RingMinSize, RingMaxSize uint64
 	// HashBalanceFactor bounds a host's load to this percentage of the
 	// average (consistent hashing with bounded loads); ≥ 100, 0 = off.
-	// The default is 300: at 150 a host with a few requests in flight
-	// spilled often enough (2–3% of requests in the simulator's steady
-	// scenarios) that spills and the returns after them were 85% of the
-	// follow-up turns that lost their cached engine, and the slowest 1% of
-	// requests were mostly such turns prefilling a conversation on a cold
-	// A100. Load is balanced by the optimizer's weights; the bound is
-	// only for a key far hotter than its share.
+	// The default is 300: at lower factors a host with a few requests in
+	// flight spills often enough that spills, and the returns after them,
+	// are most of the follow-up turns that lose their cached engine, and
+	// the slowest requests are mostly such turns prefilling a conversation
+	// on a cold engine (TestDefaultBalanceFactorSpillsRarely; the figures
+	// are in docs/architecture.md, "Where the build departs from the
+	// brief, and why"). Load is balanced
+	// by the optimizer's weights; the bound is only for a key far hotter
+	// than its share.
 	HashBalanceFactor uint32
 	// WeightScale maps a share of 1.0 to this integer weight.
 	WeightScale uint32
@@ -444,8 +446,8 @@ func classCluster(name, healthPath string, o Options) *clusterv3.Cluster {
 		// An engine the control plane no longer publishes (removed from
 		// the fleet) leaves Envoy with the EDS update. By default Envoy
 		// keeps a removed host that still passes its active health check
-		// (pending_dynamic_removal) at its old weight, and it kept
-		// getting traffic indefinitely (issue 27).
+		// (pending_dynamic_removal) at its old weight, where it would
+		// keep getting traffic indefinitely.
 		IgnoreHealthOnHostRemoval: true,
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
 			// Apply every EDS update at once: weights are already batched

@@ -661,7 +661,7 @@ type ClassPolicy struct {
 	// Cache affinity: how ext_proc derives the key the route hashes, and the
 	// split table (fields 20-29 are affinity's).
 	Affinity *Affinity `protobuf:"bytes,20,opt,name=affinity,proto3" json:"affinity,omitempty"`
-	// Context bound (numbers 140.. are issue 14's, to keep merges apart).
+	// Context bound (fields 140.. are the context bound's).
 	// The SHA-256 (hex) of the class's model's tokenizer.json, when the fleet
 	// spec names one: ext_proc counts prompt texts with the tokenizer of that
 	// digest (loaded with its --tokenizer flag) when the bytes bound comes
