@@ -139,7 +139,7 @@ balancer's own cost. docs/extproc.md has the figures of
 	f.StringVar(&conc, "concurrency", "1,16,150", "concurrent requests, comma-separated")
 	f.StringVar(&sizes, "sizes", "8192,225280", "chat body sizes in bytes, comma-separated")
 	f.StringVar(&b.key, "key", "session", "what keys the protocol benchmark's requests: session (an x-session-id header) or prefix (none: the prompt's prefix chain and the heavy-hitter sketch)")
-	f.StringVar(&b.bodyMode, "body-mode", envoyconfigs.BodyBuffered, "the frontend bootstrap's body mode, in the Envoy comparison and as the protocol client sends bodies: buffered (one message after the headers' answer) or streamed (chunks sent without waiting for the headers' answer, which carries the decision; builds before stop 38 serve buffered only)")
+	f.StringVar(&b.bodyMode, "body-mode", envoyconfigs.BodyBuffered, "the frontend bootstrap's body mode, in the Envoy comparison and as the protocol client sends bodies: buffered (one message after the headers' answer) or streamed (chunks sent without waiting for the headers' answer, which carries the decision; older builds without streamed bodies serve buffered only)")
 	f.IntVar(&b.conns, "conns", 2, "gRPC connections of the protocol client (Envoy opens one per worker)")
 	f.IntVar(&b.envoyWorkers, "envoy-workers", runtime.NumCPU(), "Envoy worker threads (--concurrency) in the Envoy comparison; Envoy's own default is one per CPU")
 	f.BoolVar(&envoyOnly, "envoy-only", false, "only the Envoy side-by-side comparison")

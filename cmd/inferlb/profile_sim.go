@@ -28,9 +28,9 @@ var simLoads = []float64{0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95}
 // simRequests is the requests per load level of an --engine-sim sweep when
 // --requests is not given, run as simSeeds independent runs: virtual time
 // is cheap, and near saturation the mean TTFT is heavy-tailed (a long busy
-// period with the batch full queues hundreds of requests): at 95% load,
-// means over 80,000 requests still differ by ±20% from one set of seeds to
-// the next.
+// period with the batch full queues hundreds of requests), so near
+// saturation even means over this many requests still differ from one set
+// of seeds to the next (docs/optimizer.md, "Latency profiles").
 const (
 	simRequests = 80000
 	simSeeds    = 8

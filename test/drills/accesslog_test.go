@@ -68,19 +68,18 @@ func sendAccessLogs(t *testing.T, addr, token string, batches []*accesslogv3.Str
 	return err
 }
 
-// Issue 27, the critical one: ext_proc's access-log service was open and
-// took any failed-attempt entry as evidence, so five forged entries took an
-// engine's weight from 365 to 1 in 2 s, reported on under ext_proc's own
-// valid token. Now, on a stack with a token: a stream without it (or with a
-// wrong one) is refused Unauthenticated and counted; with the token (a
-// compromised Envoy, or a replay), entries whose request ids ext_proc did
-// not issue are counted as unknown and move nothing. The attacked engine
-// keeps its penalty at 0 and its share in Envoy, and every real request
-// succeeds.
+// Forged access logs must not move weights: an open access-log service
+// that took any failed-attempt entry as evidence would let a few forged
+// entries take an engine's weight to nothing within seconds, reported on
+// under ext_proc's own valid token. On a stack with a token: a stream
+// without it (or with a wrong one) is refused Unauthenticated and counted;
+// with the token (a compromised Envoy, or a replay), entries whose request
+// ids ext_proc did not issue are counted as unknown and move nothing. The
+// attacked engine keeps its penalty at 0 and its share in Envoy, and every
+// real request succeeds.
 //
-// Against the code before issue 27 the unauthenticated stream is accepted
-// (the first check fails) and e0 gets the maximum penalty (0.9) within a
-// few cycles.
+// Without these guards the unauthenticated stream is accepted (the first
+// check fails) and e0 gets the maximum penalty (0.9) within a few cycles.
 func TestDrillForgedAccessLogs(t *testing.T) {
 	s := startStack(t, stackOptions{auth: "token"})
 	tr := s.startTraffic(trafficOptions{rate: 6, maxTokens: 16})

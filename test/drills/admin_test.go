@@ -15,15 +15,15 @@ import (
 	"github.com/inferlb/inferlb/tools/demo"
 )
 
-// Issue 27: the demo's Envoy admin accepted POST /healthcheck/fail (and
-// /quitquitquit, /runtime_modify) from anyone who reached it. The demo's
-// bootstrap now serves a read-only admin on its port (GET of /clusters,
+// The demo's Envoy admin must not take POST /healthcheck/fail (or
+// /quitquitquit, /runtime_modify) from anyone who reaches it. The demo's
+// bootstrap serves a read-only admin on its port (GET of /clusters,
 // /stats, /ready, /server_info; the real admin on a unix socket of mode
 // 0600): the mutations are refused 403, the frontend stays LIVE and
 // serving, and the reads the dashboard needs still work.
 //
-// Against the code before issue 27 (the demo's admin block on the port)
-// POST /healthcheck/fail is answered 200 and /ready turns 503.
+// With Envoy's own admin block on the port, POST /healthcheck/fail is
+// answered 200 and /ready turns 503.
 func TestDrillDemoAdminReadOnly(t *testing.T) {
 	s := startStack(t, stackOptions{})
 	bin, err := envoytest.Binary()

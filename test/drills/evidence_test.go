@@ -16,20 +16,21 @@ import (
 	"github.com/inferlb/inferlb/xds/auth"
 )
 
-// Issue 27, reports with the token (a compromised or broken reporter):
+// Reports with the token (a compromised or broken reporter):
 //
-//   - one report of 3 errors of 3 responses and 0 requests set the largest
-//     penalty (0.9): now its penalty is worth the requests behind it;
+//   - one report of 3 errors of 3 responses and 0 requests must not set
+//     the largest penalty (0.9): its penalty is worth the requests behind
+//     it;
 //   - a report whose address and engine id disagree, or naming an address
-//     that is no engine, was accepted: now refused (engine_mismatch) or its
-//     entry dropped (unknown_engine), each counted;
-//   - a penalty decayed only on traffic, so an engine whose probe share
-//     brings too little evidence stayed out for minutes: now it decays
-//     with time too.
+//     that is no engine, is refused (engine_mismatch) or its entry dropped
+//     (unknown_engine), each counted;
+//   - a penalty decays with time, not only on traffic, so an engine whose
+//     probe share brings too little evidence does not stay out for
+//     minutes.
 //
-// Against the code before issue 27: e0's penalty is 0.90 after the small
-// report, the mismatched report is accepted, nothing is counted, and the
-// penalty is still 0.90 after 25 s.
+// Without these guards e0's penalty is 0.90 after the small report, the
+// mismatched report is accepted, nothing is counted, and the penalty is
+// still 0.90 after 25 s.
 func TestDrillReportEvidence(t *testing.T) {
 	s := startStack(t, stackOptions{auth: "token", cpArgs: []string{"--penalty-half-life", "1s"}})
 	tr := s.startTraffic(trafficOptions{rate: 2, maxTokens: 8})

@@ -12,15 +12,14 @@ import (
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
-// Issue 27: a control-plane replica that hangs (SIGSTOP: its TCP
-// connections stay open, nothing answers) held Envoy's ADS stream for 55 s
-// or more, with no failover to the healthy replica. The bootstrap's ADS
-// cluster now pings its connection (HTTP/2 keepalive): Envoy must be on
+// A control-plane replica that hangs (SIGSTOP: its TCP connections stay
+// open, nothing answers) must not hold Envoy's ADS stream: the bootstrap's
+// ADS cluster pings its connection (HTTP/2 keepalive), so Envoy must be on
 // the other replica within 10 s, a change must reach it through that
 // replica, and no request may fail throughout.
 //
-// Against the code before issue 27 Envoy is still on the stopped replica
-// after 10 s (and the poll's 30 s).
+// Without the keepalive Envoy stays on the stopped replica well past 10 s
+// (and the poll's 30 s).
 func TestDrillHungReplica(t *testing.T) {
 	s := startStack(t, stackOptions{replicas: 2, cpArgs: []string{"--health-check-interval", "1s"}})
 	tr := s.startTraffic(trafficOptions{rate: 5, maxTokens: 16})

@@ -7,20 +7,19 @@ import (
 	"time"
 )
 
-// Issue 27, blind in overload: the intake refused whole every report whose
-// second held more requests than the frontend's bound (default twice the
-// fleet's profile capacity), so at 2–2.5× capacity the plan saw 7–8 req/s
-// of a real 20–25, shed nothing, and the local guardrail shed critical
-// requests while admitting standard ones. Now a report above the bound is
-// clipped and counted, the bound follows the capacity the engines show,
-// and the guardrail keeps strict priority order. Here, at 2.2× the measured
-// capacity (reports a second apart, as in production), 30% of it at the
-// top priority: no report is refused, the plan sees at least 75% of the
+// The control plane must see demand in overload. A report whose second
+// holds more requests than the frontend's bound (default twice the fleet's
+// profile capacity) is clipped to it and counted, not refused whole; the
+// bound follows the capacity the engines show; and the local guardrail
+// keeps strict priority order. Here, at 2.2× the measured capacity
+// (reports a second apart, as in production), 30% of it at the top
+// priority: no report is refused, the plan sees at least 75% of the
 // offered demand and sheds the low priority, and the top priority loses
 // at most 2% of its requests.
 //
-// Against the code before issue 27 the reports are refused ("rate"), the
-// plan sees a fraction of the demand and the top priority is shed locally.
+// An intake that refused such reports whole ("rate") would leave the plan
+// seeing a fraction of the demand, shedding nothing, and the guardrail
+// shedding the top priority locally.
 func TestDrillOverloadSeen(t *testing.T) {
 	s := startStack(t, stackOptions{extArgs: []string{"--report-interval", "1s"}})
 	capacity := s.measureCapacity(t, 16, 5*time.Second)

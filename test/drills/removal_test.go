@@ -12,15 +12,15 @@ import (
 	"github.com/inferlb/inferlb/xds/xdstest"
 )
 
-// Issue 27: an engine removed from the fleet stayed in Envoy as
-// pending_dynamic_removal at its old weight (it still passed Envoy's
-// active health check) and kept getting traffic indefinitely. Now the
-// class clusters drop a host at once when EDS stops naming it: the
-// control plane restarts with one engine fewer, and after its first cycle
-// (1 s) not one request reaches the removed engine, and none fails.
+// An engine removed from the fleet must leave Envoy at once: the class
+// clusters drop a host when EDS stops naming it, even while it passes
+// Envoy's active health check. The control plane restarts with one engine
+// fewer, and after its first cycle (1 s) not one request reaches the
+// removed engine, and none fails.
 //
-// Against the code before issue 27 e2 stays in Envoy's cluster (flagged
-// pending_dynamic_removal) and serves about a third of the requests.
+// Without ignore_health_on_host_removal e2 stays in Envoy's cluster
+// (flagged pending_dynamic_removal) at its old weight and keeps serving
+// about a third of the requests.
 func TestDrillRemovedEngine(t *testing.T) {
 	s := startStack(t, stackOptions{})
 	tr := s.startTraffic(trafficOptions{rate: 8, maxTokens: 8})

@@ -10,16 +10,16 @@ import (
 	"github.com/inferlb/inferlb/internal/envoytest"
 )
 
-// Issue 27: reports merged after a 13–24 s stall were refused as "clock",
-// though ext_proc merges unsent reports for 30 s (docs/extproc.md): the
-// reports a stalled control plane read when it resumed ended that long
-// ago. Here the only control plane stops (SIGSTOP) for 18 s under traffic
-// and resumes: no report is refused, demand is heard again at once, and
-// Envoy and ext_proc serve every request from their last configuration
-// meanwhile.
+// A control plane that stalls must accept, when it resumes, the reports
+// ext_proc merged meanwhile: ext_proc merges unsent reports for 30 s
+// (docs/extproc.md), so the reports a stalled control plane reads when it
+// resumes may have ended that long ago. Here the only control plane stops
+// (SIGSTOP) for 18 s under traffic and resumes: no report is refused,
+// demand is heard again at once, and Envoy and ext_proc serve every
+// request from their last configuration meanwhile.
 //
-// Against the code before issue 27 the reports read on resume are refused
-// (reason clock).
+// An intake that judged such reports by their age alone would refuse the
+// ones read on resume (reason clock).
 func TestDrillStalledControlPlane(t *testing.T) {
 	s := startStack(t, stackOptions{})
 	tr := s.startTraffic(trafficOptions{rate: 4, maxTokens: 8})

@@ -9,7 +9,7 @@ import (
 	"github.com/inferlb/inferlb/tools/workload"
 )
 
-// Issue 12's done-when (a), small: through a real Envoy with the engine
+// The affinity bar's Envoy check, small: through a real Envoy with the engine
 // simulator, conversations whose prompts all open with a 4,096-token
 // preamble in the first user message get more than 100 distinct keys per
 // 1,000 requests (the 2 KB prefix key gave them one), a TTFT p50 at most
@@ -19,7 +19,7 @@ import (
 //
 // The TTFT compared is the engines' own (queueing and prefill, simulated
 // time): under the race detector on two shared cores, the client-side TTFT
-// measures CPU starvation of the request path (both modes' p50s were five
+// measures CPU starvation of the request path (both modes' p50s several
 // times the engines'). Without the race detector the client-side ratio is
 // checked as well.
 func TestSharedPreambleThroughEnvoy(t *testing.T) {

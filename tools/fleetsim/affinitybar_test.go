@@ -9,7 +9,7 @@ import (
 
 var affinityBar = flag.Bool("affinity-bar", false, "run TestAffinityBar under the race detector too (minutes)")
 
-// TestAffinityBar holds issue 12's done-when in the simulator, with the
+// TestAffinityBar holds the affinity bar (docs/sim.md) in the simulator, with the
 // defaults a deployment gets: on the shared-preamble and the steady
 // multi-region chat scenarios (examples/sim, their full length), medians
 // of 3 seeds (docs/sim.md's commands), inferlb's TTFT p99 is at most 0.7×
@@ -17,8 +17,8 @@ var affinityBar = flag.Bool("affinity-bar", false, "run TestAffinityBar under th
 // cache_aware), its hit rate at least 0.9× the best rival's, and the
 // busiest engine's utilization at most 1.3× the mean. The simulation is
 // deterministic, so the test is a regression check, not a sample: the
-// balance figure sits close to its bar (1.21 and 1.29), and a change that
-// moves it past 1.3 has to say so in docs/sim.md.
+// balance figure sits close to its bar, and a change that moves it past
+// 1.3 has to say so in docs/sim.md.
 //
 // Under the race detector the 24 simulations take several minutes, so
 // `make test` runs this test again without it (and -race runs skip it

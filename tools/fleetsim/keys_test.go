@@ -19,20 +19,17 @@ var updateKeys = flag.Bool("update-keys", false, "rewrite testdata/keys-*.txt fr
 // TestUnsharedTrafficKeepsItsKeys holds the split table's promise that
 // traffic without shared prefixes gets exactly the keys it got before the
 // table learned shared prefixes (the shared-prefix depth, conversations as
-// a sign of sharing; issue 23): on azure-conv and overload, which share
-// nothing, the inferlb policy's run (ext_proc's decisions with the control
-// plane learning its table from their reports, 40 s of traffic) gives
-// every request the same affinity key as testdata/keys-*.txt, which
-// main's code wrote before the change (-update-keys rewrites them).
+// a sign of sharing): on azure-conv and overload, which share nothing, the
+// inferlb policy's run (ext_proc's decisions with the control plane
+// learning its table from their reports, 40 s of traffic) gives every
+// request the same affinity key as testdata/keys-*.txt, recorded from a
+// table that learned no shared-prefix depth (-update-keys rewrites them).
 //
 // Requests are matched by identity (conversation, arrival), not by
-// position: admission is the control plane's business and moves with it
-// (the geo work admitted 159 more of overload's requests, the fix of the
-// overload drills fewer), and a request admitted in one run and shed in
-// the other has no key to compare. The files were rewritten with identities
-// from keys-only files after checking that the keys were the old ones in
-// order with insertions and deletions only. Equal keys mean equal
-// placement; at least 90% of the recorded requests must be compared.
+// position: admission is the control plane's business and changes with
+// it, and a request admitted in one run and shed in the other has no key
+// to compare. Equal keys mean equal placement; at least 90% of the
+// recorded requests must be compared.
 func TestUnsharedTrafficKeepsItsKeys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: two 40 s simulations")

@@ -45,7 +45,7 @@ const (
 	// PolicyRandomKey is inferlb with cache affinity off for every class
 	// (the fleet spec's classes[].affinity.mode off): the same control
 	// loop, shedding and retries, but every request a fresh random key.
-	// Issue 12's baseline for what affinity itself buys.
+	// The baseline for what affinity itself buys.
 	PolicyRandomKey = "random_key"
 )
 

@@ -40,11 +40,10 @@ policies: [inferlb]
 
 // Tolerances of the short comparison on a loaded 2-core machine (docs/sim.md
 // reports the full-size gap). The real side runs at time scale 2, which
-// halves what the machine adds in the engines' time (at time scale 1 beside
-// other builds the load generator's own send lag reached 150-280 ms at p99
-// and the real p99 twice the simulator's; at 2, full size, 3.8% apart). The
-// median is the model's: real within 20% of the simulator's TTFT p50. The
-// tail of 370 requests is a handful of them, on a machine we share (p99:
+// halves what the machine adds in the engines' time (at time scale 1 on a
+// busy machine the load generator's own send lag reaches the real p99).
+// The median is the model's: real within 20% of the simulator's TTFT p50.
+// The tail of 370 requests is a handful of them, on a shared machine (p99:
 // below).
 //
 // The routing and the hit rate are the model's too, up to one close call:
@@ -53,16 +52,14 @@ policies: [inferlb]
 // two sides do not decide it alike. Nor does the simulator with the same
 // seed and other engine addresses: prepare gives the engines fresh ports,
 // which build other Maglev tables, so conversations land differently
-// (four sets of ports in one process: served 352–362, TTFT p99
-// 1,108–1,669 ms; each set run twice gave identical figures). Over 7 runs after the geo work (issue 22),
-// before and after the overload fixes, an engine's share differed by up to
-// 10.4 points and the hit rate by up to 5.9, and 5 of the 7 failed the 5
-// points each had been allowed:
-// 12 and 8 points hold the comparison to the model without measuring
-// that one decision. The p99 (a handful of the 370 requests) moves with
-// it: real over sim 1.2–2.5× over six runs of this code, one clean-clone
-// CI run failing the factor of 2; a factor of 3 either way. A plan that routes differently fails it (a far
-// engine at a fifth of the traffic it should not get).
+// (one set of ports always gives the same figures; another set gives
+// others, the p99 most of all). That close call moves an engine's share
+// by up to about ten points and the hit rate by up to about six, so 12
+// and 8 points hold the comparison to the model without measuring that
+// one decision. The p99 (a handful of the 370 requests) moves with it, by
+// up to about 2.5× real over sim, so its bound is a factor of 3 either
+// way. A plan that routes differently fails it (a far engine at a fifth of
+// the traffic it should not get).
 const (
 	tolP50      = 0.20
 	tolHitPts   = 0.08
