@@ -100,7 +100,7 @@ func init() {
 
 Chat bodies are OpenAI chat/completions JSON of the given sizes with distinct
 conversations. The upstream answers at once, so what is measured is the
-balancer's own cost. docs/extproc.md has the figures of
+balancer's own cost. docs/results/extproc-bench.md has the figures of
 --duration 3s --concurrency 1,16,150 --sizes 8192,225280 (a few minutes).`,
 		Example: `  inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192`,
 		Args:    cobra.NoArgs,
