@@ -116,7 +116,7 @@ type Config struct {
 	// scenarios (the bound is per region, regions differ in load per
 	// engine, and a class only the H100s serve lifts their caps); the
 	// price is latency on mixed GPUs, where the plan moves load from fast
-	// to slow engines. The measurements are in docs/sim.md.
+	// to slow engines. The measurements are in docs/decisions/balance-bound.md.
 	BalanceFactor float64
 }
 

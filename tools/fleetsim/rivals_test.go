@@ -56,9 +56,9 @@ const (
 )
 
 // realRivals are the real routers' figures from docs/results/rivals
-// (one-region/results.json: medians over runs); docs/sim.md, "The simulated
-// rivals against the real ones", has the table and says which entries come
-// from a two-router run (quiet) and why. vllm-router's consistent_hash is
+// (one-region/results.json: medians over runs); docs/results/sim-rivals.md
+// has the table and says which entries come from a two-router run (quiet)
+// and why. vllm-router's consistent_hash is
 // session_hash's rule only where clients send a session id
 // (multiturn-sessions).
 var realRivals = []realRival{
