@@ -72,6 +72,6 @@ func ExampleProfile_Capacity() {
 	}
 	// Output:
 	//  200 prompt tokens ( 0% cached), 200 output: 41.5 req/s, 1.00 reference requests, full at u = 0.87
-	// 1500 prompt tokens (85% cached), 180 output: 42.6 req/s, 0.97 reference requests, full at u = 0.86
-	// 1500 prompt tokens ( 0% cached), 180 output: 13.4 req/s, 3.09 reference requests, full at u = 0.64
+	// 1500 prompt tokens (85% cached), 180 output: 42.6 req/s, 0.97 reference requests, full at u = 0.87
+	// 1500 prompt tokens ( 0% cached), 180 output: 13.4 req/s, 3.09 reference requests, full at u = 0.68
 }

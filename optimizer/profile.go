@@ -234,8 +234,12 @@ func (p *Profile) Latency(s Shape, u float64) (ttft, tbot float64) {
 	r := p.Ratio(s)
 	ttft = p.baseTTFT(s.UncachedPromptTokens()) + r*(p.TTFT.Linear*u+p.TTFT.Queue*hq(u))
 	tbotScale := r
-	if s.OutputTokens > 0 && p.RefOutputTokens > 0 {
-		// n·ΔTBOT scales with r, so ΔTBOT scales with r·n_ref/n.
+	if s.OutputTokens > p.RefOutputTokens && p.RefOutputTokens > 0 {
+		// n·ΔTBOT scales with r, so ΔTBOT scales with r·n_ref/n. Not
+		// beyond r for answers shorter than the reference: their work is
+		// mostly prefill, which slows the steps of a batch as r says, and
+		// spread over a handful of tokens the congestion would read as a
+		// decode step several times what the engine runs.
 		tbotScale = r * p.RefOutputTokens / s.OutputTokens
 	}
 	tbot = p.TBOT.Base + tbotScale*(p.TBOT.Linear*u+p.TBOT.Queue*hq(u))
