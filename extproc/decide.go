@@ -45,9 +45,21 @@ type Decider struct {
 
 	// placer is the placement in force (nil: off); placeMu guards the
 	// switches it follows.
-	placer            atomic.Pointer[placer]
-	placeMu           sync.Mutex
-	prefillOn, idleOn bool
+	placer                     atomic.Pointer[placer]
+	placeMu                    sync.Mutex
+	prefillOn, idleOn, cacheOn bool
+}
+
+// SetCachePlacement turns cache-aware placement on or off (cacheplace.go):
+// each request goes to the engine of its plan where its first token is
+// predicted soonest, its cached prefix there counted, within each
+// engine's budget of the plan's shares; a conversation stays where its
+// history is. On, it supersedes prefill-aware and idle placement.
+func (d *Decider) SetCachePlacement(on bool) {
+	d.placeMu.Lock()
+	defer d.placeMu.Unlock()
+	d.cacheOn = on
+	d.switchPlacer()
 }
 
 // SetPrefillPlacement turns prefill-aware placement on or off (placement.go):
@@ -79,12 +91,18 @@ func (d *Decider) SetIdlePlacement(on bool) {
 func (d *Decider) switchPlacer() {
 	cur := d.placer.Load()
 	switch {
+	case d.cacheOn:
+		if cur == nil || !cur.cacheAware {
+			pl := newPlacer()
+			pl.cacheAware = true
+			d.placer.Store(pl)
+		}
 	case d.prefillOn:
-		if cur == nil || cur.idleOnly {
+		if cur == nil || cur.idleOnly || cur.cacheAware {
 			d.placer.Store(newPlacer())
 		}
 	case d.idleOn:
-		if cur == nil || !cur.idleOnly {
+		if cur == nil || !cur.idleOnly || cur.cacheAware {
 			pl := newPlacer()
 			pl.idleOnly = true
 			d.placer.Store(pl)
@@ -421,7 +439,7 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		if now.IsZero() {
 			now = time.Now()
 		}
-		dc.KeyHash, dc.placed = pl.place(p, c.Name, keyHash, prompt, sharedTokens(&kd, br), !kd.Off && kd.Key != 0, now)
+		dc.KeyHash, dc.placed = pl.place(p, c.Name, keyHash, &br.Chain, prompt, sharedTokens(&kd, br), !kd.Off && kd.Key != 0, now)
 		if dc.placed != "" {
 			dc.placer = pl
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
+	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/envoylb"
 )
 
@@ -22,6 +23,9 @@ type ClassTable struct {
 	// says no other frontend sends the host requests (Endpoint.exclusive).
 	Rates     []float64
 	Exclusive []bool
+	// Utilization is the optimizer's predicted utilization of the class's
+	// engines (ClassPolicy.utilization): how tightly the plan's shares bind.
+	Utilization float64
 }
 
 // BuildTables builds a policy's tables: one LB per class from its
@@ -38,7 +42,7 @@ func BuildTables(pol *Policy) (map[string]*ClassTable, error) {
 	}
 	out := map[string]*ClassTable{}
 	for _, c := range src.GetClasses() {
-		t := &ClassTable{Index: map[string]int{}}
+		t := &ClassTable{Index: map[string]int{}, Utilization: c.GetUtilization()}
 		for _, e := range c.GetEndpoints() {
 			if _, dup := t.Index[e.GetAddress()]; dup {
 				return nil, fmt.Errorf("class %s: endpoint %s twice", c.GetName(), e.GetAddress())
@@ -121,9 +125,10 @@ func (zeroLoad) Total() int     { return 0 }
 // more of the work than the plan gives them (docs/sim.md).
 type placer struct {
 	// idleOnly: the idle rule alone (idle placement without
-	// --prefill-placement); set before the placer is shared.
-	idleOnly bool
-	mu       sync.Mutex
+	// --prefill-placement); cacheAware: cache-aware placement
+	// (cacheplace.go). Set before the placer is shared.
+	idleOnly, cacheAware bool
+	mu                   sync.Mutex
 	// pol and tables: the tables of the policy last seen (rebuilt when the
 	// policy changes); err its build error.
 	pol    *Policy
@@ -147,6 +152,11 @@ type placer struct {
 	last map[uint64]placement
 	ring []uint64
 	next int
+	// index, count and countAt: cache-aware placement's prefixes sent and
+	// decayed request counts per class and engine (cacheplace.go).
+	index   *prefixIndex
+	count   map[budgetKey]float64
+	countAt time.Time
 }
 
 type placement struct {
@@ -171,7 +181,8 @@ const sentHalfLife = 10 * time.Second
 const maxPlacements = 1 << 16
 
 func newPlacer() *placer {
-	return &placer{busy: map[string]time.Time{}, inflight: map[string]int{}, last: map[uint64]placement{}, sent: map[string]float64{}}
+	return &placer{busy: map[string]time.Time{}, inflight: map[string]int{}, last: map[uint64]placement{}, sent: map[string]float64{},
+		count: map[budgetKey]float64{}}
 }
 
 func (pl *placer) tablesFor(p *Policy) map[string]*ClassTable {
@@ -193,7 +204,7 @@ func (pl *placer) tablesFor(p *Policy) map[string]*ClassTable {
 // shared prefix (0 otherwise), remember whether the key is the request's
 // own (not a fresh one) and its placement is kept for the key's next
 // request, now the decision's time.
-func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int, remember bool, now time.Time) (uint64, string) {
+func (pl *placer) place(p *Policy, class string, key uint64, chain *body.Chain, prompt, shared int, remember bool, now time.Time) (uint64, string) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	t := pl.tablesFor(p)[class]
@@ -201,6 +212,12 @@ func (pl *placer) place(p *Policy, class string, key uint64, prompt, shared int,
 		return key, ""
 	}
 	table := t.LB.Choose(envoylb.HeaderHash(hex16(key)), zeroLoad{}, nil, 0) // where the key lands
+	if pl.cacheAware {
+		if table < 0 {
+			return key, ""
+		}
+		return pl.placeCache(p, t, class, key, table, chain, prompt, now)
+	}
 	home, credit := table, shared
 	if prev, ok := pl.last[key]; ok {
 		// A key placed elsewhere before goes back there (its cache is

@@ -72,13 +72,13 @@ func TestPlacement(t *testing.T) {
 		k := keyOn(t, p, slowAddr, 1)
 		// 7,000 tokens: 0.70 s on the slow engine, 0.28 s on the fast
 		// one; the far one (0.07 s) is in another region.
-		got, _ := pl.place(p, "c", k, 7000, 0, true, t0)
+		got, _ := pl.place(p, "c", k, nil, 7000, 0, true, t0)
 		if got == k || landsOn(t, p, got) != fastAddr {
 			t.Fatalf("placed key %x lands on %s, want a new key on %s", got, landsOn(t, p, got), fastAddr)
 		}
 		// Its next request keeps to the fast engine, with what it left
 		// cached there: 500 new tokens.
-		if got2, _ := pl.place(p, "c", k, 7500, 0, true, t0.Add(time.Second)); landsOn(t, p, got2) != fastAddr {
+		if got2, _ := pl.place(p, "c", k, nil, 7500, 0, true, t0.Add(time.Second)); landsOn(t, p, got2) != fastAddr {
 			t.Fatalf("the key's next request lands on %s, want %s (where its cache is)", landsOn(t, p, got2), fastAddr)
 		}
 	})
@@ -88,7 +88,7 @@ func TestPlacement(t *testing.T) {
 		// engines have had their shares of the tokens.
 		for i, addr := range []string{slowAddr, fastAddr, slowAddr, fastAddr} {
 			k := keyOn(t, p, addr, uint64(1+1000*i))
-			if got, _ := pl.place(p, "c", k, 200, 0, true, t0.Add(time.Duration(i)*time.Second)); got != k {
+			if got, _ := pl.place(p, "c", k, nil, 200, 0, true, t0.Add(time.Duration(i)*time.Second)); got != k {
 				t.Fatalf("a 200-token prompt was moved off %s (key %x → %x)", addr, k, got)
 			}
 		}
@@ -98,11 +98,11 @@ func TestPlacement(t *testing.T) {
 		long := keyOn(t, p, fastAddr, 1)
 		// 24,000 tokens on the fast engine: busy for 0.96 s (the slow one
 		// would take 2.4 s).
-		if got, _ := pl.place(p, "c", long, 24000, 0, true, t0); got != long {
+		if got, _ := pl.place(p, "c", long, nil, 24000, 0, true, t0); got != long {
 			t.Fatalf("the long prompt was moved off the faster engine")
 		}
 		short := keyOn(t, p, fastAddr, 5000)
-		got, _ := pl.place(p, "c", short, 300, 0, true, t0.Add(100*time.Millisecond))
+		got, _ := pl.place(p, "c", short, nil, 300, 0, true, t0.Add(100*time.Millisecond))
 		if landsOn(t, p, got) != slowAddr {
 			t.Fatalf("a short prompt 0.1 s into a 0.96-s prefill lands on %s, want %s", landsOn(t, p, got), slowAddr)
 		}
@@ -110,14 +110,14 @@ func TestPlacement(t *testing.T) {
 		// slow engine stays there: nothing is sooner by the slack, and the
 		// slow engine has had less than its share of the tokens.
 		later := keyOn(t, p, slowAddr, 9000)
-		if got, _ := pl.place(p, "c", later, 300, 0, true, t0.Add(2*time.Second)); got != later {
+		if got, _ := pl.place(p, "c", later, nil, 300, 0, true, t0.Add(2*time.Second)); got != later {
 			t.Fatalf("after the prefill ended a short prompt was moved off the slow engine")
 		}
 		// One whose key lands on the fast engine, which had 24,000 of the
 		// 24,600 tokens (weights 1:1), trades places: it loses under the
 		// slack on the slow engine (30 against 12 ms).
 		onFast := keyOn(t, p, fastAddr, 13000)
-		if got, _ := pl.place(p, "c", onFast, 300, 0, true, t0.Add(2*time.Second)); landsOn(t, p, got) != slowAddr {
+		if got, _ := pl.place(p, "c", onFast, nil, 300, 0, true, t0.Add(2*time.Second)); landsOn(t, p, got) != slowAddr {
 			t.Fatalf("a short prompt stayed on the engine over its share of the tokens (%s)", landsOn(t, p, got))
 		}
 	})
@@ -126,7 +126,7 @@ func TestPlacement(t *testing.T) {
 		k := keyOn(t, p, slowAddr, 1)
 		// 7,000 tokens of which 6,800 are the key's shared prefix: 20 ms
 		// on the slow engine that holds it, 280 ms on the fast one.
-		if got, _ := pl.place(p, "c", k, 7000, 6800, true, t0); got != k {
+		if got, _ := pl.place(p, "c", k, nil, 7000, 6800, true, t0); got != k {
 			t.Fatalf("a prompt whose shared prefix is cached where its key lands was moved")
 		}
 	})
@@ -141,14 +141,14 @@ func TestPlacement(t *testing.T) {
 		}
 		pl := newPlacer()
 		k := keyOn(t, q, slowAddr, 1)
-		if got, _ := pl.place(q, "c", k, 7000, 0, true, t0); got != k {
+		if got, _ := pl.place(q, "c", k, nil, 7000, 0, true, t0); got != k {
 			t.Fatalf("moved without rates")
 		}
 	})
 	t.Run("the memory is bounded", func(t *testing.T) {
 		pl := newPlacer()
 		for i := uint64(0); i < maxPlacements+10; i++ {
-			pl.place(p, "c", mix(i+1), 100, 0, true, t0)
+			pl.place(p, "c", mix(i+1), nil, 100, 0, true, t0)
 		}
 		if len(pl.last) != maxPlacements || len(pl.ring) != maxPlacements {
 			t.Fatalf("%d keys remembered (ring %d), want %d", len(pl.last), len(pl.ring), maxPlacements)
@@ -266,7 +266,7 @@ func TestIdlePlacement(t *testing.T) {
 	// from-th such key) at t0+at and says where it went.
 	place := func(pl *placer, home string, from uint64, prompt int, at time.Duration) (key, placed uint64, addr string) {
 		k := keyOn(t, p, home, from)
-		got, a := pl.place(p, "c", k, prompt, 0, true, t0.Add(at))
+		got, a := pl.place(p, "c", k, nil, prompt, 0, true, t0.Add(at))
 		if a != landsOn(t, p, got) {
 			t.Fatalf("place counted the request at %s, its key lands on %s", a, landsOn(t, p, got))
 		}
@@ -343,11 +343,11 @@ func TestIdlePlacement(t *testing.T) {
 		// home (a hot preamble, sharedTokens) a takes 45 ms: it stays.
 		pl := newIdle()
 		k := keyOn(t, p, idleA, 1)
-		if _, a := pl.place(p, "c", k, 4000, 0, true, t0); a != idleF {
+		if _, a := pl.place(p, "c", k, nil, 4000, 0, true, t0); a != idleF {
 			t.Fatalf("an uncached 4,000-token prompt went to %s, want the faster idle %s", a, idleF)
 		}
 		pl = newIdle()
-		if got, a := pl.place(p, "c", k, 4000, 3500, true, t0); got != k || a != idleA {
+		if got, a := pl.place(p, "c", k, nil, 4000, 3500, true, t0); got != k || a != idleA {
 			t.Fatalf("a 4,000-token prompt with 3,500 cached at home moved to %s", a)
 		}
 	})
@@ -467,13 +467,14 @@ func TestSharedTokensCreditsTheHotPrefix(t *testing.T) {
 // class's Maglev table, and nothing moves.
 func BenchmarkDecidePlacement(b *testing.B) {
 	chat := []byte(strings.Replace(string(benchBody(8<<10)), `"llama-3-8b"`, `"m"`, 1))
-	for _, on := range []bool{false, true} {
-		b.Run(fmt.Sprintf("idle=%v", on), func(b *testing.B) {
+	for _, mode := range []string{"off", "idle", "cache"} {
+		b.Run("placement="+mode, func(b *testing.B) {
 			d := NewDecider(time.Unix(0, 0))
 			if _, _, err := d.SetPolicy(idlePolicy(b).Source()); err != nil {
 				b.Fatal(err)
 			}
-			d.SetIdlePlacement(on)
+			d.SetIdlePlacement(mode == "idle")
+			d.SetCachePlacement(mode == "cache")
 			sessions := make([]string, 1024)
 			for i := range sessions {
 				sessions[i] = fmt.Sprintf("s%d", i)

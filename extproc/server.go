@@ -88,6 +88,11 @@ type Options struct {
 	// by more than PlacementSlack (placement.go). `inferlb extproc` turns
 	// it on by default; the zero Options route by the key alone.
 	IdlePlacement bool
+	// CachePlacement places each request on the engine of the plan where
+	// its first token is predicted soonest, its cached prefix there
+	// counted, within each engine's budget of the plan's shares
+	// (cacheplace.go); it supersedes the other two.
+	CachePlacement bool
 	// UploadTimeout is how long a streamed request body (Envoy's STREAMED
 	// body mode, sent without waiting for the headers' answer) may take to
 	// arrive: one not whole after UploadGrace has Envoy's message timer
@@ -247,6 +252,7 @@ func New(opt Options) *Server {
 	s.dec.SetTokenizers(opt.Tokenizers)
 	s.dec.SetPrefillPlacement(opt.PrefillPlacement)
 	s.dec.SetIdlePlacement(opt.IdlePlacement)
+	s.dec.SetCachePlacement(opt.CachePlacement)
 	if opt.Admission != nil {
 		s.dec.SetAdmission(*opt.Admission)
 	}

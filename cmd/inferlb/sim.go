@@ -63,6 +63,7 @@ benchmark instead (--engines, --requests) and reports CPU seconds.`,
 	f.StringVar(&o.header, "header", "", "file whose text opens the --out summary (README.md)")
 	f.BoolVar(&o.prefillPlacement, "prefill-placement", false, "ext_proc's --prefill-placement for the inferlb policies")
 	f.BoolVar(&o.idlePlacement, "idle-placement", true, "ext_proc's --idle-placement for the inferlb policies (on, as ext_proc's default)")
+	f.BoolVar(&o.cachePlacement, "cache-placement", true, "ext_proc's --cache-placement for the inferlb policies (on, as ext_proc's default)")
 	f.Float64Var(&o.balanceFactor, "balance-factor", controlplane.DefaultConfig().BalanceFactor, "the control plane's --balance-factor for the inferlb policies (0 = off: the latency-minimizing plan)")
 	f.DurationVar(&o.duration, "duration", 0, "traffic time instead of the scenario's (a quick look; the warm-up shrinks to at most a quarter)")
 	return cmd
@@ -82,6 +83,7 @@ type simFlags struct {
 	balanceFactor     float64
 	prefillPlacement  bool
 	idlePlacement     bool
+	cachePlacement    bool
 }
 
 // run validates the flags, loads every scenario, then runs them in order.
@@ -140,7 +142,7 @@ func (o *simFlags) runScenarios(cmd *cobra.Command, scs []*fleetsim.Scenario) er
 		bar := newProgress(cmd.ErrOrStderr(), sc.Name, pols)
 		res, err := fleetsim.RunScenario(cmd.Context(), sc, fleetsim.RunOptions{Policies: pols, Seed: o.seed, Seeds: o.seeds,
 			DataDir: o.dataDir, Parallel: o.parallel, Progress: bar.update, BalanceFactor: &o.balanceFactor,
-			PrefillPlacement: o.prefillPlacement, IdlePlacement: o.idlePlacement})
+			PrefillPlacement: o.prefillPlacement, IdlePlacement: o.idlePlacement, CachePlacement: o.cachePlacement})
 		bar.done()
 		if err != nil {
 			return err

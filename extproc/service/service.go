@@ -130,8 +130,8 @@ type Config struct {
 	// 0.7 (internal/procs); ignored when GOMAXPROCS is set in the
 	// environment.
 	AdaptiveProcs bool
-	// PrefillPlacement and IdlePlacement: extproc.Options'.
-	PrefillPlacement, IdlePlacement bool
+	// PrefillPlacement, IdlePlacement and CachePlacement: extproc.Options'.
+	PrefillPlacement, IdlePlacement, CachePlacement bool
 	// UploadTimeout is how long a streamed body may take to arrive
 	// (extproc.Options'; 0: extproc.DefaultUploadTimeout).
 	UploadTimeout time.Duration
@@ -450,7 +450,7 @@ func (cfg *Config) newServer(reg *prometheus.Registry, log *slog.Logger, onBodyB
 	if err != nil {
 		return nil, err
 	}
-	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, LargeBodyLane: cfg.LargeBodyLane, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, IdlePlacement: cfg.IdlePlacement, UploadTimeout: cfg.UploadTimeout, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
+	srv := extproc.New(extproc.Options{BodyLimit: cfg.BodyLimit, MaxBodyMemory: cfg.MaxBodyMemory, LargeBodyLane: cfg.LargeBodyLane, MaxMessages: cfg.MaxMessages, PrefillPlacement: cfg.PrefillPlacement, IdlePlacement: cfg.IdlePlacement, CachePlacement: cfg.CachePlacement, UploadTimeout: cfg.UploadTimeout, Logger: log, Registry: reg, MaxRequestAge: cfg.MaxRequestAge,
 		ClientPriorities: clients, Tokenizers: toks, Admission: cfg.Admission, OnBodyBurst: onBodyBurst})
 	if cfg.PolicyFile != "" {
 		p, err := LoadPolicyFile(cfg.PolicyFile)

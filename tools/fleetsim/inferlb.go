@@ -136,6 +136,7 @@ func newDecider(s *Sim) *extproc.Decider {
 	d.SetTokenizers(map[string]*hf.Tokenizer{s.tok.SHA256(): s.tok})
 	d.SetPrefillPlacement(s.opt.PrefillPlacement)
 	d.SetIdlePlacement(s.opt.IdlePlacement)
+	d.SetCachePlacement(s.opt.CachePlacement)
 	return d
 }
 

@@ -61,8 +61,9 @@ type RunOptions struct {
 	Progress func(policy string, done float64)
 	// BalanceFactor is Options.BalanceFactor for every run.
 	BalanceFactor *float64
-	// PrefillPlacement and IdlePlacement are Options' for every run.
-	PrefillPlacement, IdlePlacement bool
+	// PrefillPlacement, IdlePlacement and CachePlacement are Options' for
+	// every run.
+	PrefillPlacement, IdlePlacement, CachePlacement bool
 }
 
 // RunScenario runs every policy on the scenario, each in its own
@@ -118,7 +119,7 @@ func RunScenario(ctx context.Context, sc *Scenario, opt RunOptions) (*ScenarioRe
 					seed = out.Seed + uint64(k)
 				}
 				o := Options{Scenario: sc, Policy: p, Seed: seed, DataDir: opt.DataDir, BalanceFactor: opt.BalanceFactor,
-					PrefillPlacement: opt.PrefillPlacement, IdlePlacement: opt.IdlePlacement}
+					PrefillPlacement: opt.PrefillPlacement, IdlePlacement: opt.IdlePlacement, CachePlacement: opt.CachePlacement}
 				if opt.Progress != nil {
 					o.Progress = func(d float64) {
 						progMu.Lock()

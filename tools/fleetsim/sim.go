@@ -64,6 +64,9 @@ type Options struct {
 	// does `inferlb sim`); the zero Options route by the key alone, as
 	// extproc.Options do.
 	IdlePlacement bool
+	// CachePlacement turns ext_proc's cache-aware placement on for the
+	// inferlb policies (it supersedes the other two).
+	CachePlacement bool
 	// Keys, if set, is told the affinity key ext_proc's decision gave each
 	// request the inferlb policies admit, in arrival order, with the
 	// request's identity (its conversation and arrival time): tests compare

@@ -154,7 +154,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep := &Report{Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration.Seconds(), TimeScale: o.TimeScale}
 	o.progressf("sim: %s, %v of traffic, seed %d", sc.Name, sc.Duration, sc.Seed)
-	res, err := fleetsim.RunScenario(ctx, sc, fleetsim.RunOptions{Policies: []string{fleetsim.PolicyInferlb}, Seed: sc.Seed, Seeds: 1, Parallel: 1, IdlePlacement: true})
+	res, err := fleetsim.RunScenario(ctx, sc, fleetsim.RunOptions{Policies: []string{fleetsim.PolicyInferlb}, Seed: sc.Seed, Seeds: 1, Parallel: 1, IdlePlacement: true, CachePlacement: true})
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
@@ -461,7 +461,7 @@ func runReal(ctx context.Context, o Options, sc *fleetsim.Scenario) (Side, error
 // startExtProc runs an ext_proc server for the frontend, subscribed to the
 // control plane and reporting to it; it returns the server and its port.
 func startExtProc(ctx context.Context, g *group, xdsAddr string, fe fleet.Frontend, report time.Duration, tok *hf.Tokenizer, log *slog.Logger) (*extproc.Server, int, error) {
-	ext := extproc.New(extproc.Options{Logger: log, IdlePlacement: true, Tokenizers: map[string]*hf.Tokenizer{tok.SHA256(): tok}})
+	ext := extproc.New(extproc.Options{Logger: log, IdlePlacement: true, CachePlacement: true, Tokenizers: map[string]*hf.Tokenizer{tok.SHA256(): tok}})
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, 0, err
