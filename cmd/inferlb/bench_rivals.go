@@ -118,13 +118,13 @@ workload (docs/results/rivals: make bench-rivals).`,
 	return cmd
 }
 
-// defaultDataDir is where the project's traces are found: the shared data
-// beside the source tree.
+// defaultDataDir is where the project's traces are found: the
+// repository's data/traces.
 func defaultDataDir() string {
 	if root, err := envoybin.RepoRoot(); err == nil {
-		return filepath.Join(root, "..", "shared", "data")
+		return filepath.Join(root, "data", "traces")
 	}
-	return filepath.Join("..", "shared", "data")
+	return filepath.Join("data", "traces")
 }
 
 func needsTraces(ws []rivalbench.Workload) bool {

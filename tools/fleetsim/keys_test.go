@@ -3,10 +3,8 @@ package fleetsim
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,11 +43,7 @@ func TestUnsharedTrafficKeepsItsKeys(t *testing.T) {
 			if _, err := Run(context.Background(), Options{Scenario: sc, Policy: PolicyInferlb, NoSeries: true,
 				Keys: func(conv int32, arrival time.Duration, k uint64) {
 					got = append(got, keyed{requestID{conv, arrival}, k})
-				}}); errors.Is(err, fs.ErrNotExist) && os.Getenv("CI") != "true" {
-				// Both replay the Azure trace from ../shared/data, which a
-				// checkout elsewhere may not have; CI has it.
-				t.Skipf("trace not available: %v", err)
-			} else if err != nil {
+				}}); err != nil {
 				t.Fatal(err)
 			}
 			path := filepath.Join("testdata", "keys-"+name+".txt")

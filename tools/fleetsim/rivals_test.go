@@ -2,10 +2,7 @@ package fleetsim
 
 import (
 	"context"
-	"errors"
-	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -110,7 +107,7 @@ const (
 // median, its TTFT p50 within 25%, except the figures realRivals says are
 // not held and why (-v logs every pair). 39 simulations, about 15 s of CPU
 // (under the race detector seed 1 alone); the traces come from
-// ../shared/data.
+// data/traces.
 func TestRivalsAgainstReal(t *testing.T) {
 	seeds := 0 // the scenarios' 3
 	if raceEnabled {
@@ -141,9 +138,7 @@ func TestRivalsAgainstReal(t *testing.T) {
 				}
 			}
 			res, err := RunScenario(context.Background(), sc, RunOptions{Policies: pols, Seeds: seeds, Parallel: 2})
-			if errors.Is(err, fs.ErrNotExist) && os.Getenv("CI") != "true" {
-				t.Skipf("trace not available: %v", err)
-			} else if err != nil {
+			if err != nil {
 				t.Fatal(err)
 			}
 			by := map[string]*PolicyResult{}

@@ -470,13 +470,13 @@ func (s *Sim) tracePath() string {
 	return dir + "/" + s.sc.Workload.Trace
 }
 
-// DefaultDataDir is where traces are looked for: the shared data directory
-// next to the repository (FindDataDir looks further up when it is not
-// there, as from a worktree).
-const DefaultDataDir = "../shared/data"
+// DefaultDataDir is where traces are looked for: the repository's
+// data/traces, from its root (FindDataDir looks further up when it is not
+// there, as from a package directory or an example's).
+const DefaultDataDir = "data/traces"
 
 // FindDataDir returns DefaultDataDir if it exists, else the first
-// shared/data directory found going up from the working directory or from
+// data/traces directory found going up from the working directory or from
 // the given directories (a scenario's own, symbolic links resolved), else
 // DefaultDataDir (whose absence the trace loader then reports).
 func FindDataDir(from ...string) string {
@@ -495,7 +495,7 @@ func FindDataDir(from ...string) string {
 		}
 		dir, _ = filepath.Abs(dir)
 		for range 8 {
-			cand := filepath.Join(dir, "shared", "data")
+			cand := filepath.Join(dir, "data", "traces")
 			if st, err := os.Stat(cand); err == nil && st.IsDir() {
 				return cand
 			}

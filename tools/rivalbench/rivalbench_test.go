@@ -66,7 +66,7 @@ func TestParseWorkloads(t *testing.T) {
 // and its first requests are conversations where they should be.
 func TestWorkloadsBuildTheSameTrafficForEveryRouter(t *testing.T) {
 	o := DefaultOptions()
-	o.DataDir = "../../../shared/data"
+	o.DataDir = "../../data/traces"
 	for _, w := range Workloads {
 		a, arrA, err := w.build(o, 0)
 		if err != nil {
@@ -266,7 +266,7 @@ func TestMeasureByRegion(t *testing.T) {
 // refuse both (400), and the bench must measure routing, not validation.
 func TestWorkloadsSendValidChat(t *testing.T) {
 	o := DefaultOptions()
-	o.DataDir = "../../../shared/data"
+	o.DataDir = "../../data/traces"
 	for _, w := range Workloads {
 		src, _, err := w.build(o, 0)
 		if err != nil {

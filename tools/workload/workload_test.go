@@ -13,12 +13,11 @@ import (
 	"github.com/inferlb/inferlb/internal/tokens"
 )
 
-// sharedData is the project's shared trace folder (../shared/data from the
-// project root); tests that need a full trace skip without it.
+// sharedData is a full trace of the repository's data/traces.
 func sharedData(t testing.TB, name string) string {
-	p := filepath.Join("..", "..", "..", "shared", "data", name)
+	p := filepath.Join("..", "..", "data", "traces", name)
 	if _, err := os.Stat(p); err != nil {
-		t.Skipf("full trace not available: %v", err)
+		t.Fatalf("full trace not available: %v", err)
 	}
 	return p
 }

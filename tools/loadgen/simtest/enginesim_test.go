@@ -65,8 +65,8 @@ func engineSum(t *testing.T, srv *enginesim.Server, name string) float64 {
 	return sum
 }
 
-// sharedTrace returns the path of a trace in ../shared/data relative to the
-// project root (the folder holding go.mod), skipping the test without it.
+// sharedTrace returns the path of a trace in the repository's data/traces
+// (from the folder holding go.mod).
 func sharedTrace(t *testing.T, name string) string {
 	dir, err := os.Getwd()
 	if err != nil {
@@ -82,9 +82,9 @@ func sharedTrace(t *testing.T, name string) string {
 		}
 		dir = parent
 	}
-	p := filepath.Join(dir, "..", "shared", "data", name)
+	p := filepath.Join(dir, "data", "traces", name)
 	if _, err := os.Stat(p); err != nil {
-		t.Skipf("trace not available: %v", err)
+		t.Fatalf("trace not available: %v", err)
 	}
 	return p
 }
