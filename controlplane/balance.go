@@ -24,8 +24,9 @@ import (
 // the headroom are no caps. When the bounded plan fails, or sheds where
 // the unbounded did not, the unbounded plan stands (balance never sheds a
 // fleet that can serve everything; under overload a bounded plan may shed
-// more, and it is kept: the extra shedding keeps the tail shorter, as the
-// simulator's overload scenario shows, docs/sim.md), and balance says why
+// more, and it is kept: the extra shedding keeps the tail shorter in the
+// simulator's overload scenario; docs/decisions/balance-bound.md), and
+// balance says why
 // (the cycle's Result shows it, so a bound that never applies is not
 // silent). It records the engines whose cap
 // binds (c.capped) for the deadband.

@@ -29,7 +29,7 @@ import "github.com/inferlb/inferlb/controlplane/signals"
 // report no chain points, so they keep the configured factor. Tightening
 // shortens the tail of a class without reuse and lengthens that of a class
 // whose cache hits it gives up, which is why it is decided per class (the
-// simulator's figures are in docs/control-plane.md, "Translation").
+// simulator's figures are in docs/decisions/hash-balance-factor.md).
 //
 // An endpoint picker (docs/endpoint-picker.md) bounds load itself with
 // the policy's load balancer, which keeps the configured factor.

@@ -342,7 +342,7 @@ func queueWaitMs(w signals.Window, minSamples float64) float64 {
 // even on healthy, lightly loaded engines. Each swing would set a penalty,
 // the penalty would move the engine's share and the probe bring it back,
 // and every move remaps the long shared prefixes Maglev had placed, losing
-// their cache hits. A faulty engine is slow on every request, so
+// their cache hits (docs/decisions/noisy-ttft-penalties.md). A faulty engine is slow on every request, so
 // its mean stands well clear of the noise and keeps its penalty.
 const ttftConfidence = 2.0
 

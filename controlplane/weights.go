@@ -49,7 +49,7 @@ func (c *Controller) propose(node string, cl fleet.Class, sol *optimizer.Solutio
 // probing every penalized engine would send each remote one up to a
 // tenth of the frontend's traffic across regions: with a few engines
 // penalized, a large share of a class would go to another region that the
-// plan never chose. An engine unknown to the fleet is probed by every node.
+// plan never chose (docs/decisions/noisy-ttft-penalties.md). An engine unknown to the fleet is probed by every node.
 func (c *Controller) nearestProber(node, class, engine string, sol *optimizer.Solution) bool {
 	f := &c.problem
 	i, ok := f.nodeIdx[node]

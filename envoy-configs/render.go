@@ -173,7 +173,8 @@ const (
 	// wake-up of ext_proc per request instead of two: a round trip less
 	// and less of ext_proc's CPU one request at a time, but one more
 	// message for Envoy (HTTP/1's empty last chunk), which costs Envoy
-	// more at load (the measurements are in docs/decisions/).
+	// more at load (the measurements are in
+	// docs/decisions/body-mode-buffered-default.md).
 	BodyStreamed = "streamed"
 )
 

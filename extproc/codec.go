@@ -27,7 +27,7 @@ import (
 // It is kept for the allocations it saves on every request; the CPU it
 // saves is small. BenchmarkCodecRequest, BenchmarkCodecUnmarshalBody and
 // BenchmarkCodecUnmarshal measure both against the standard codec; the
-// figures behind keeping it are in docs/decisions/.
+// figures behind keeping it are in docs/decisions/extproc-codec.md.
 type Codec struct{}
 
 var protoCodec = encoding.GetCodecV2("proto")

@@ -541,7 +541,7 @@ func (d *Decider) Failed(addr string) (engineID string) {
 // request opening with a long hot preamble looks slower at a slow home
 // than at an idle fast engine, which has to prefill the preamble too, so
 // idle placement would move such requests and unbalance the engines
-// (the measurements are in docs/decisions/).
+// (the measurements are in docs/decisions/idle-placement-on.md).
 func sharedTokens(kd *KeyDecision, br *body.Request) int {
 	n := 0
 	if (kd.Kind == "group" || kd.Kind == "spread") && kd.Point >= 0 {

@@ -122,7 +122,8 @@ func (zeroLoad) Total() int     { return 0 }
 // deepest hot prefix (Decide's sharedTokens): without it, requests opening
 // with a hot preamble would leave a slow home that holds it for an idle
 // fast engine that does not, and at light load the fast engines would take
-// more of the work than the plan gives them (docs/sim.md).
+// more of the work than the plan gives them
+// (docs/decisions/idle-placement-on.md).
 type placer struct {
 	// idleOnly: the idle rule alone (idle placement without
 	// --prefill-placement); cacheAware: cache-aware placement

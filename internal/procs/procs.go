@@ -8,7 +8,7 @@
 // gRPC writer flushing each frame alone because it runs beside the handler
 // instead of after it. On ext_proc's protocol benchmark, one request at a
 // time, that is a sizeable share of the CPU per decision (the figures are
-// in docs/decisions/).
+// in docs/decisions/adaptive-procs.md).
 // Under load every P has work, nothing is woken, and more Ps are what more
 // CPUs are for.
 //

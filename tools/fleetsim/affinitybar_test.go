@@ -9,8 +9,8 @@ import (
 
 var affinityBar = flag.Bool("affinity-bar", false, "run TestAffinityBar under the race detector too (minutes)")
 
-// TestAffinityBar holds the affinity bar (docs/sim.md) in the simulator, with the
-// defaults a deployment gets: on the shared-preamble and the steady
+// TestAffinityBar holds the cache-affinity bar (docs/sim.md) in the
+// simulator, with the defaults a deployment gets: on the shared-preamble and the steady
 // multi-region chat scenarios (examples/sim, their full length), medians
 // of 3 seeds (docs/sim.md's commands), inferlb's TTFT p99 is at most 0.7×
 // the random key's and at most the best rival's (llm-d scoring, SGLang

@@ -16,7 +16,8 @@ import (
 //
 // It replaced a hand-written log-linear histogram of the same resolution:
 // recording costs the same, and quantiles are faster and take less memory
-// (BenchmarkHistogram* measures both; the figures are in docs/decisions/).
+// (BenchmarkHistogram* measures both; the figures are in
+// docs/decisions/loadgen-histogram.md).
 type Histogram struct {
 	h        *hdrhistogram.Histogram // nil until the first value
 	n        uint64

@@ -38,8 +38,8 @@ faults:
 policies: [inferlb]
 `
 
-// Tolerances of the short comparison on a loaded 2-core machine (docs/sim.md
-// reports the full-size gap). The real side runs at time scale 2, which
+// Tolerances of the short comparison on a loaded 2-core machine
+// (docs/results/simreal.md reports the full-size gap). The real side runs at time scale 2, which
 // halves what the machine adds in the engines' time (at time scale 1 on a
 // busy machine the load generator's own send lag reaches the real p99).
 // The median is the model's: real within 20% of the simulator's TTFT p50.

@@ -116,8 +116,7 @@ type Options struct {
 	// are most of the follow-up turns that lose their cached engine, and
 	// the slowest requests are mostly such turns prefilling a conversation
 	// on a cold engine (TestDefaultBalanceFactorSpillsRarely; the figures
-	// are in docs/architecture.md, "Where the build departs from the
-	// brief, and why"). Load is balanced
+	// are in docs/decisions/hash-balance-factor.md). Load is balanced
 	// by the optimizer's weights; the bound is only for a key far hotter
 	// than its share.
 	HashBalanceFactor uint32
