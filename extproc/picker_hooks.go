@@ -71,8 +71,13 @@ type RequestHead struct {
 // the ImmediateResponse that ends it (GET /v1/models is answered from the
 // policy, as in the Server's mode).
 func (s *Server) ReadHead(h *extprocv3.HttpHeaders) (head RequestHead, answer *extprocv3.ProcessingResponse) {
+	return s.readHead(&stream{}, h)
+}
+
+// readHead is ReadHead for both modes: the ext_proc service's stream st
+// records the answer (the endpoint picker passes a stream of its own).
+func (s *Server) readHead(st *stream, h *extprocv3.HttpHeaders) (head RequestHead, answer *extprocv3.ProcessingResponse) {
 	head.ContentLength = -1
-	st := &stream{}
 	clientHdr := s.dec.ClientHeader()
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		k := hv.Key

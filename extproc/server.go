@@ -734,62 +734,13 @@ func isUntrusted(k string) bool {
 
 func (s *Server) onRequestHeaders(st *stream, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	st.start = s.opt.Now()
-	var method, path string
-	contentLength := -1
-	clientHdr := s.dec.ClientHeader()
-	for _, hv := range h.GetHeaders().GetHeaders() {
-		k := hv.Key
-		switch {
-		case clientHdr != "" && k == clientHdr:
-			// Set by the authentication layer (the bootstrap strips a
-			// client's own before any filter runs).
-			st.client = headerValue(hv)
-		case k == ":method":
-			method = headerValue(hv)
-		case k == ":path":
-			path = headerValue(hv)
-		case k == "content-length":
-			if n, err := strconv.Atoi(headerValue(hv)); err == nil {
-				contentLength = n
-			}
-		case k == headers.SessionID:
-			st.session = headerValue(hv)
-		case k == headers.Priority:
-			st.prioHdr = headerValue(hv)
-		case k == headers.Residency:
-			st.resid = headerValue(hv)
-		case isUntrusted(k):
-			st.remove = append(st.remove, k)
-		}
+	head, answer := s.readHead(st, h)
+	st.client, st.session, st.prioHdr, st.resid = head.In.Client, head.In.Session, head.In.Priority, head.In.Residency
+	st.remove, st.kind = head.Remove, head.Kind
+	if answer != nil {
+		return answer
 	}
-	if q := strings.IndexByte(path, '?'); q >= 0 {
-		path = path[:q]
-	}
-	switch path {
-	case "/v1/chat/completions":
-		st.kind = body.Chat
-	case "/v1/completions":
-		st.kind = body.Completion
-	default:
-		if path == modelsPath || strings.HasPrefix(path, modelsPath+"/") {
-			return s.onModels(st, method, path)
-		}
-		if what, ok := unrouted[path]; ok {
-			return s.reject(st, unroutedError(method, path, what))
-		}
-		return s.reject(st, &apiError{status: 404, typ: "invalid_request_error", code: "unknown_url",
-			message: fmt.Sprintf("Unknown request URL: %s %s. inferlb routes POST /v1/chat/completions and POST /v1/completions, and answers GET /v1/models.", method, path), reason: "unknown_path"})
-	}
-	if method != "POST" {
-		return s.reject(st, &apiError{status: 405, typ: "invalid_request_error", code: "method_not_allowed",
-			message: fmt.Sprintf("Method %s not allowed for %s; use POST.", method, path), reason: "method"})
-	}
-	if contentLength > s.opt.BodyLimit {
-		return s.reject(st, tooLarge(contentLength, s.opt.BodyLimit))
-	}
-	if h.GetEndOfStream() {
-		return s.reject(st, badRequest("missing_body", "", "The request has no body; expected a JSON object."))
-	}
+	contentLength := head.ContentLength
 	if s.lane != nil && contentLength < LargeBody {
 		// Marked before the body memory's check: a small request refused
 		// 503 because large bodies hold the memory is one to protect. A
