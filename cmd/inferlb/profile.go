@@ -17,6 +17,7 @@ import (
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/words"
 	"github.com/inferlb/inferlb/optimizer"
 	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/tools/workload"
@@ -34,11 +35,8 @@ func (s *fixedShape) Timed() bool { return false }
 func (s *fixedShape) Next(time.Duration) (workload.Request, bool) {
 	i := s.n
 	s.n++
-	words := s.prompt - 1 // the role marker is one token
-	if words < 1 {
-		words = 1
-	}
-	msgs := []tokens.Message{{Role: "user", Content: workload.Words(s.seed+uint64(i)*7919, words)}}
+	n := max(s.prompt-1, 1) // the role marker is one token
+	msgs := []tokens.Message{{Role: "user", Content: words.Words(s.seed+uint64(i)*7919, n)}}
 	return workload.Request{Index: i, Messages: msgs, PromptTokens: tokens.CountChat(msgs), MaxTokens: s.output}, true
 }
 

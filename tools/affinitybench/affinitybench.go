@@ -51,6 +51,7 @@ import (
 	"github.com/inferlb/inferlb/internal/dist"
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/words"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/tools/workload"
@@ -470,7 +471,7 @@ func runPhase(ctx context.Context, o Options, mode, dir string) (ph *Phase, err 
 		if err != nil {
 			return nil, err
 		}
-		src = &preambled{MultiTurn: mt, preamble: workload.Words(o.Seed^0x707265616d626c65, o.PreambleTokens) + "\n\n"}
+		src = &preambled{MultiTurn: mt, preamble: words.Words(o.Seed^0x707265616d626c65, o.PreambleTokens) + "\n\n"}
 	}
 	o.progressf("%s: rig ready (%d engines, Envoy %s); sending %d requests", mode, o.Engines, envoy.AdminURL, maxRequests)
 	client := &loadgen.Client{HTTP: loadgen.NewHTTPClient(256), BaseURL: fmt.Sprintf("http://127.0.0.1:%d", listen), Model: o.Profile.Model,

@@ -9,7 +9,7 @@ import (
 	"github.com/inferlb/inferlb/extproc"
 	"github.com/inferlb/inferlb/extproc/body"
 	"github.com/inferlb/inferlb/internal/tokens"
-	"github.com/inferlb/inferlb/tools/workload"
+	"github.com/inferlb/inferlb/internal/words"
 )
 
 // steadyChat is a short fault-free multi-turn scenario on the reference
@@ -200,7 +200,7 @@ func TestSimTokenizerCountsLikeTheEngines(t *testing.T) {
 		t.Fatal(err)
 	}
 	for seed := range uint64(20) {
-		text := workload.Words(seed, 500+int(seed)*300)
+		text := words.Words(seed, 500+int(seed)*300)
 		if got, want := tok.Count(text), tokens.Count(text); got != want {
 			t.Fatalf("seed %d: the simulator's tokenizer counts %d tokens, the engines' rule %d", seed, got, want)
 		}
@@ -211,7 +211,7 @@ func TestSimTokenizerCountsLikeTheEngines(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := s.pol.(*oldController).dec[0]
-	long := workload.Words(99, 6000)
+	long := words.Words(99, 6000)
 	b := []byte(`{"model":"` + sc.Workload.Model + `","messages":[{"role":"user","content":"` + long + `"}],"max_tokens":100}`)
 	if len(b) <= 32768 {
 		t.Fatalf("test body of %d bytes is not above the general class's 32k", len(b))

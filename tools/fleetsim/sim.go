@@ -32,6 +32,7 @@ import (
 	"github.com/inferlb/inferlb/controlplane/signals"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/tokens/hf"
+	"github.com/inferlb/inferlb/internal/words"
 	"github.com/inferlb/inferlb/tools/enginesim/model"
 	"github.com/inferlb/inferlb/tools/workload"
 )
@@ -823,17 +824,17 @@ type sysKey struct {
 
 // answerText is the deterministic text of a chat answer of MaxTokens words.
 func answerText(p *request) string {
-	return workload.Words(answerSeed(p), max(p.w.MaxTokens, 1))
+	return words.Words(answerSeed(p), max(p.w.MaxTokens, 1))
 }
 
 // answerTokens are the token ids a follow-up prompt repeats the answer as:
 // the assistant's role marker, then its words.
-// (workload.AppendWordIDs: the ids of answerText's words, without
+// (words.AppendIDs: the ids of answerText's words, without
 // tokenizing it).
 func answerTokens(p *request) []uint64 {
 	out := make([]uint64, 1, max(p.w.MaxTokens, 1)+1)
 	out[0] = tokens.RoleMarkerID("assistant")
-	return workload.AppendWordIDs(out, answerSeed(p), max(p.w.MaxTokens, 1))
+	return words.AppendIDs(out, answerSeed(p), max(p.w.MaxTokens, 1))
 }
 
 func answerSeed(p *request) uint64 { return uint64(p.conv)<<20 ^ uint64(p.w.Turn) ^ 0x616e73 }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/internal/tokens"
-	"github.com/inferlb/inferlb/tools/workload"
+	"github.com/inferlb/inferlb/internal/words"
 )
 
 // fakeEngine is a small OpenAI-compatible SSE server for the client's tests:
@@ -74,7 +74,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		prompt = tokens.CountChat(msgs)
 	}
-	answer := workload.Words(uint64(prompt), body.MaxTokens)
+	answer := words.Words(uint64(prompt), body.MaxTokens)
 	f.mu.Lock()
 	f.got = append(f.got, seen{r.Header.Clone(), body, r.URL.Path, answer})
 	f.mu.Unlock()

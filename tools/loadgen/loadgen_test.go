@@ -20,6 +20,7 @@ import (
 
 	"github.com/inferlb/inferlb/internal/envoyrun"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/words"
 	"github.com/inferlb/inferlb/tools/workload"
 )
 
@@ -41,7 +42,7 @@ func (f *fixed) Next(time.Duration) (workload.Request, bool) {
 		return workload.Request{}, false
 	}
 	f.i++
-	msgs := []tokens.Message{{Role: "user", Content: workload.Words(uint64(f.i), f.prompt-1)}}
+	msgs := []tokens.Message{{Role: "user", Content: words.Words(uint64(f.i), f.prompt-1)}}
 	return workload.Request{Index: f.i - 1, Messages: msgs, PromptTokens: tokens.CountChat(msgs), MaxTokens: f.out}, true
 }
 
@@ -169,7 +170,7 @@ type sized struct{ i int }
 func (s *sized) Timed() bool { return false }
 func (s *sized) Next(time.Duration) (workload.Request, bool) {
 	s.i++
-	msgs := []tokens.Message{{Role: "user", Content: workload.Words(uint64(s.i), s.i)}}
+	msgs := []tokens.Message{{Role: "user", Content: words.Words(uint64(s.i), s.i)}}
 	return workload.Request{Messages: msgs, PromptTokens: s.i + 1, MaxTokens: 3}, true
 }
 

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/inferlb/inferlb/internal/words"
 )
 
 // AzureRow is one request of an Azure LLM inference trace (Azure Public
@@ -179,7 +181,7 @@ func (a *Azure) Request(i int) Request {
 	}
 	seed := mix64(uint64(i) ^ mix64(a.opt.Seed^0x617a757265))
 	r.Priority = rowPriority(a.opt.Priorities, seed)
-	singlePrompt(&r, a.opt.Format, row.ContextTokens, func(words int) string { return Words(seed, words) })
+	singlePrompt(&r, a.opt.Format, row.ContextTokens, func(n int) string { return words.Words(seed, n) })
 	return r
 }
 

@@ -23,10 +23,3 @@ func BenchmarkMooncakeRequest(b *testing.B) {
 	}
 	b.ReportMetric(float64(tokens)/b.Elapsed().Seconds()/1e6, "Mtokens/s")
 }
-
-func BenchmarkWords(b *testing.B) {
-	b.SetBytes(512 * 6)
-	for i := 0; b.Loop(); i++ {
-		Words(uint64(i), 512)
-	}
-}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/inferlb/inferlb/internal/words"
 )
 
 // MooncakeRow is one request of a Mooncake trace (kvcache-ai/Mooncake,
@@ -201,24 +203,24 @@ func (m *Mooncake) Request(i int) Request {
 	if m.opt.MaxOutputTokens > 0 {
 		r.MaxTokens = min(r.MaxTokens, m.opt.MaxOutputTokens)
 	}
-	singlePrompt(&r, m.opt.Format, m.scaled(row.InputLength), func(words int) string {
-		return m.text(i, row.HashIDs, words)
+	singlePrompt(&r, m.opt.Format, m.scaled(row.InputLength), func(n int) string {
+		return m.text(i, row.HashIDs, n)
 	})
 	return r
 }
 
-func (m *Mooncake) text(i int, ids []int, words int) string {
-	var w wordWriter
-	w.sb.Grow(words * 6)
+func (m *Mooncake) text(i int, ids []int, n int) string {
+	var w words.Writer
+	w.Grow(n)
 	bt := m.opt.BlockTokens
 	for _, id := range ids {
-		if w.words >= words {
+		if w.Len() >= n {
 			break
 		}
-		w.write(mix64(uint64(id)^mix64(m.opt.Seed)), min(bt, words-w.words))
+		w.Add(mix64(uint64(id)^mix64(m.opt.Seed)), min(bt, n-w.Len()))
 	}
 	// Pad with words unique to this row (a tail no other row shares).
-	w.write(mix64(uint64(i)^0x7061640000000000^mix64(m.opt.Seed+1)), words-w.words)
+	w.Add(mix64(uint64(i)^0x7061640000000000^mix64(m.opt.Seed+1)), n-w.Len())
 	return w.String()
 }
 

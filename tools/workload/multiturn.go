@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/words"
 )
 
 // Range is an inclusive integer range [Min, Max], drawn uniformly.
@@ -277,12 +278,12 @@ func NewMultiTurn(opt MultiTurnOptions) (*MultiTurn, error) {
 	}
 	m := &MultiTurn{opt: opt, rng: rand.New(rand.NewPCG(opt.Seed, 0x6d756c7469))}
 	for i := 0; i < opt.SystemPrompts; i++ {
-		m.systems = append(m.systems, Words(mix64(opt.Seed^mix64(uint64(i)+0x737973)), opt.SystemPromptTokens))
+		m.systems = append(m.systems, words.Words(mix64(opt.Seed^mix64(uint64(i)+0x737973)), opt.SystemPromptTokens))
 		m.systemTokens = append(m.systemTokens, tokens.CountChat([]tokens.Message{{Role: "system", Content: m.systems[i]}}))
 	}
 	prng := rand.New(rand.NewPCG(opt.Seed, 0x7072656d))
 	for i := 0; i < opt.Preambles; i++ {
-		m.preambles = append(m.preambles, Words(mix64(opt.Seed^mix64(uint64(i)+0x707265)), opt.PreambleTokens.draw(prng)))
+		m.preambles = append(m.preambles, words.Words(mix64(opt.Seed^mix64(uint64(i)+0x707265)), opt.PreambleTokens.draw(prng)))
 	}
 	return m, nil
 }
@@ -356,7 +357,7 @@ func (m *MultiTurn) addTurn(r *Request) {
 	} else {
 		n = m.opt.UserTokens.draw(rng)
 	}
-	msg.Content = Words(rng.Uint64(), n)
+	msg.Content = words.Words(rng.Uint64(), n)
 	r.Messages = append(r.Messages, msg)
 	r.MaxTokens = m.opt.OutputTokens.draw(rng)
 	r.ThinkTime = 0

@@ -4,9 +4,10 @@
 // generator (tools/loadgen) sends its requests to a live endpoint, and a
 // fleet simulator can feed the same requests to modelled engines.
 //
-// Prompts are text built from words of 2–7 lowercase letters, so under the
-// project's token rule (internal/tokens) one word is one token, and a prompt's
-// token count is known exactly before it is sent.
+// Prompts are text built from words of 2–7 lowercase letters
+// (internal/words), so under the project's token rule (internal/tokens) one
+// word is one token, and a prompt's token count is known exactly before it
+// is sent.
 //
 // A Source hands out new requests (trace rows, first turns of sessions). A
 // source whose requests continue a conversation also implements FollowUper:
@@ -17,6 +18,7 @@ package workload
 import (
 	"time"
 
+	"github.com/inferlb/inferlb/internal/hashmix"
 	"github.com/inferlb/inferlb/internal/tokens"
 )
 
@@ -139,3 +141,6 @@ func Slice(src Source, n int) []Request {
 	}
 	return out
 }
+
+// mix64 is SplitMix64's finalizer: a cheap bijective hash for deriving seeds.
+func mix64(x uint64) uint64 { return hashmix.SplitMix64(x + 0x9e3779b97f4a7c15) }

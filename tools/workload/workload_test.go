@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/words"
 )
 
 // sharedData is a full trace of the repository's data/traces.
@@ -20,26 +21,6 @@ func sharedData(t testing.TB, name string) string {
 		t.Fatalf("full trace not available: %v", err)
 	}
 	return p
-}
-
-func TestWordsAreOneTokenEach(t *testing.T) {
-	for _, n := range []int{0, 1, 2, 5, 512, 1000} {
-		s := Words(42, n)
-		if got := tokens.Count(s); got != n {
-			t.Fatalf("Words(42, %d) has %d tokens", n, got)
-		}
-		for _, w := range strings.Fields(s) {
-			if len(w) < 2 || len(w) > 7 {
-				t.Fatalf("word %q is not 2–7 letters", w)
-			}
-		}
-	}
-	if !strings.HasPrefix(Words(7, 100), Words(7, 60)) {
-		t.Fatal("Words(s, 60) is not a prefix of Words(s, 100)")
-	}
-	if Words(7, 50) == Words(8, 50) {
-		t.Fatal("different seeds gave equal text")
-	}
 }
 
 func TestMooncakePromptsSharePrefixesLikeTheirIDs(t *testing.T) {
@@ -307,7 +288,7 @@ func TestMultiTurnPromptsGrowTurnByTurn(t *testing.T) {
 		systems[r.Messages[0].Content]++
 		prevIDs := tokens.AppendChat(nil, r.Messages)
 		for turn := 2; ; turn++ {
-			answer := Words(uint64(turn), r.MaxTokens)
+			answer := words.Words(uint64(turn), r.MaxTokens)
 			next, ok := m.FollowUp(r, answer)
 			if !ok {
 				if turn != 5 {
@@ -397,30 +378,5 @@ func TestMultiTurnRejectsBadOptions(t *testing.T) {
 	var fe *FormatError
 	if _, err := ParseFormat("xml"); !errors.As(err, &fe) {
 		t.Fatalf("ParseFormat(xml): %v", err)
-	}
-}
-
-// AppendWordIDs gives the ids the token rule gives Words' text.
-func TestAppendWordIDs(t *testing.T) {
-	for _, n := range []int{0, 1, 5, 6, 7, 100} {
-		want := tokens.Append(nil, Words(42, n))
-		got := AppendWordIDs(nil, 42, n)
-		if !slices.Equal(got, want) {
-			t.Fatalf("n=%d: ids differ", n)
-		}
-	}
-}
-
-// Words writes what the word writer writes (the fast path and the general
-// one agree), for every small n and a few seeds.
-func TestWordsFastPath(t *testing.T) {
-	for seed := uint64(0); seed < 5; seed++ {
-		for n := 0; n < 40; n++ {
-			var w wordWriter
-			w.write(seed, n)
-			if got := Words(seed, n); got != w.String() {
-				t.Fatalf("seed %d n %d: %q vs %q", seed, n, got, w.String())
-			}
-		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/tokens"
+	"github.com/inferlb/inferlb/internal/words"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/enginesim/model"
 	"github.com/inferlb/inferlb/tools/loadgen"
@@ -435,7 +436,7 @@ func (r *regional) Timed() bool { return false }
 
 func (r *regional) Next(time.Duration) (workload.Request, bool) {
 	r.i++
-	msgs := []tokens.Message{{Role: "user", Content: workload.Words(uint64(r.i), r.prompt-1)}}
+	msgs := []tokens.Message{{Role: "user", Content: words.Words(uint64(r.i), r.prompt-1)}}
 	return workload.Request{Index: r.i - 1, Messages: msgs, PromptTokens: tokens.CountChat(msgs), MaxTokens: r.out, Region: r.region}, true
 }
 

@@ -1,4 +1,9 @@
-package workload
+// Package words makes prompt text whose length under the project's token
+// rule (internal/tokens) is known before it is sent: pseudo-random words of
+// 2–7 lowercase letters, one token each, the same for the same seed. The
+// workloads (tools/workload), the fleet simulator and `inferlb profile`'s
+// load sweep build their prompts from it.
+package words
 
 import (
 	"encoding/binary"
@@ -6,7 +11,6 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/inferlb/inferlb/internal/hashmix"
 	"github.com/inferlb/inferlb/internal/tokens"
 )
 
@@ -37,8 +41,8 @@ func buildVocab() []string {
 }
 
 // wordStream is the sequence of vocabulary indices a seed stands for: each
-// PCG output gives 64/vocabBits words. Words, AppendWordIDs and wordWriter
-// read the same stream, so their texts and ids agree.
+// PCG output gives 64/vocabBits words. Words, AppendIDs and Writer read the
+// same stream, so their texts and ids agree.
 type wordStream struct {
 	rng  *rand.PCG
 	bits uint64
@@ -60,15 +64,18 @@ func (s *wordStream) next() uint64 {
 	return k
 }
 
-// wordWriter appends pseudo-random words, separated by single spaces, to a
-// strings.Builder.
-type wordWriter struct {
+// Writer builds a text of words from several seeds (a prompt made of shared
+// blocks), separated by single spaces. The zero Writer is empty.
+type Writer struct {
 	sb    strings.Builder
 	words int
 }
 
-// write appends n words drawn from the stream seeded by seed.
-func (w *wordWriter) write(seed uint64, n int) {
+// Grow makes room for about n more words.
+func (w *Writer) Grow(n int) { w.sb.Grow(n * 6) }
+
+// Add appends n words drawn from the stream seeded by seed.
+func (w *Writer) Add(seed uint64, n int) {
 	if n <= 0 {
 		return
 	}
@@ -82,7 +89,11 @@ func (w *wordWriter) write(seed uint64, n int) {
 	}
 }
 
-func (w *wordWriter) String() string { return w.sb.String() }
+// Len is the number of words written.
+func (w *Writer) Len() int { return w.words }
+
+// String is the text written.
+func (w *Writer) String() string { return w.sb.String() }
 
 // Words returns n pseudo-random words (one token each under the token rule)
 // separated by single spaces, the same for the same seed. Words(s, m) is a
@@ -92,7 +103,7 @@ func Words(seed uint64, n int) string {
 		return ""
 	}
 	// Each word and its space fit in 8 bytes (words have at most 7
-	// letters): one store per word, the same text as wordWriter writes.
+	// letters): one store per word, the same text as Writer writes.
 	buf := make([]byte, 8*n)
 	pos := 0
 	ws := newWordStream(seed)
@@ -117,9 +128,6 @@ var vocabPacked, vocabLen = func() ([]uint64, []uint8) {
 	return p, l
 }()
 
-// mix64 is SplitMix64's finalizer: a cheap bijective hash for deriving seeds.
-func mix64(x uint64) uint64 { return hashmix.SplitMix64(x + 0x9e3779b97f4a7c15) }
-
 // vocabIDs are the token ids of the vocabulary's words (one token each).
 var vocabIDs = func() []uint64 {
 	out := make([]uint64, len(vocab))
@@ -129,9 +137,9 @@ var vocabIDs = func() []uint64 {
 	return out
 }()
 
-// AppendWordIDs appends the token ids of Words(seed, n) to dst without
+// AppendIDs appends the token ids of Words(seed, n) to dst without
 // building the text: what the token rule makes of it, word by word.
-func AppendWordIDs(dst []uint64, seed uint64, n int) []uint64 {
+func AppendIDs(dst []uint64, seed uint64, n int) []uint64 {
 	if n <= 0 {
 		return dst
 	}
