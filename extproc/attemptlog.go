@@ -117,6 +117,13 @@ func (s *Server) requestEnded(e *accesslogdatav3.HTTPAccessLogEntry, p *Policy) 
 		return
 	}
 	s.m.responses.WithLabelValues(engineLabel(p.EngineID(addr), addr), codeClass(code)).Inc()
+	if placed := r.dc.placed; placed != "" {
+		outcome := "picked"
+		if placed != addr {
+			outcome = "elsewhere"
+		}
+		s.m.placements.WithLabelValues(outcome).Inc()
+	}
 	// A request cut short (client gone, reset, idle timeout) is answered,
 	// but its time says nothing about the engine's speed.
 	timed := proto.Size(cp.GetResponseFlags()) == 0

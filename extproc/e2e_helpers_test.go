@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -120,6 +121,10 @@ type rigOptions struct {
 	reportInt   time.Duration
 	// tokenizers are ext_proc's loaded tokenizers (by SHA-256).
 	tokenizers map[string]*hf.Tokenizer
+	// cachePlacement turns ext_proc's cache-aware placement on; registry,
+	// if set, receives its metrics.
+	cachePlacement bool
+	registry       *prometheus.Registry
 }
 
 const nodeID = "frontend-test"
@@ -177,6 +182,14 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	for _, e := range r.engines {
 		pol.Engines = append(pol.Engines, &policyv1.EngineRef{Id: e.id, Address: e.addr()})
 	}
+	if o.cachePlacement {
+		// Placement picks from the class's endpoints as the EDS assignment
+		// has them (the control plane's translation fills them).
+		for _, e := range eps {
+			pol.Classes[0].Endpoints = append(pol.Classes[0].Endpoints, &policyv1.Endpoint{EngineId: e.ID, Address: e.Address,
+				Weight: uint32(e.Weight), Healthy: true, Exclusive: true})
+		}
+	}
 	if o.policy != nil {
 		o.policy(pol)
 	}
@@ -185,7 +198,8 @@ func startRig(t *testing.T, o rigOptions) *rig {
 	}
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r.ext = extproc.New(extproc.Options{BodyLimit: o.bodyLimit, Logger: log, Tokenizers: o.tokenizers})
+	r.ext = extproc.New(extproc.Options{BodyLimit: o.bodyLimit, Logger: log, Tokenizers: o.tokenizers,
+		CachePlacement: o.cachePlacement, Registry: o.registry})
 	conn, err := grpc.NewClient(r.cp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -47,6 +47,11 @@ type metrics struct {
 	// bodiesCut is the streamed bodies refused on what their first bytes
 	// proved, before their end.
 	bodiesCut prometheus.Counter
+	// placements counts the placed requests Envoy's access log reported
+	// served, by whether the engine that served them was the one placement
+	// chose (outcome: picked or elsewhere: Envoy's bounded load, a retry or
+	// a table not yet updated sent it on).
+	placements *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -109,6 +114,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests routed by their context need, by how the prompt was bounded: short (11× bytes fit the smallest class), bytes (tokens.Bound), tokenizer (the model's tokenizer.json counted the texts).",
 		}, []string{"method"}),
 	}
+	m.placements = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_placements_served_total",
+		Help: "Placed requests (cache-aware, idle or prefill placement) served, by whether the engine that served them was the placement's pick (outcome=picked) or another (outcome=elsewhere: Envoy's bounded load, a retry, or Envoy's table not yet at the policy's weights)."}, []string{"outcome"})
 	m.requestsExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "inferlb_extproc_requests_expired_total",
 		Help: "Admitted requests whose end Envoy's access log never reported; their in-flight slot was taken back after --max-request-age."})
 	m.unknownLogs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inferlb_extproc_unknown_request_logs_total",
@@ -135,7 +142,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Streamed request bodies refused before their end, on a limit their first bytes proved (too many messages or token ids for the largest context): Envoy did not read the rest for ext_proc."})
 	reg.MustRegister(m.requestsExpired, m.unknownLogs, m.completion, m.memoryTrims, m.slowUploads, m.laneWaits, m.laneTimeouts, m.laneBypassed, bodies, m.bodyChunks, m.bodiesCut)
 	reg.MustRegister(m.decisions, m.keys, m.rejected, m.decisionTime, m.bodyBytes, m.inflight, m.retriesGranted,
-		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds)
+		m.responses, m.headerLatency, m.policyUpdates, m.policyVersion, m.streams, m.contextBounds, m.placements)
 	return m
 }
 
