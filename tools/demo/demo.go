@@ -52,8 +52,9 @@ type Options struct {
 	SurgeAfter  time.Duration
 	SurgeRegion string
 	// OverloadAfter starts a phase of OverloadFor in which the rate of new
-	// conversations is OverloadFactor × Rate, beyond what the fleet serves
-	// (0: no overload phase).
+	// conversations is OverloadFactor × Rate (0: no such phase). Whether
+	// that is beyond what the fleet serves depends on the engines and the
+	// time scale: the plan sheds only what it finds the fleet short of.
 	OverloadAfter, OverloadFor time.Duration
 	OverloadFactor             float64
 	// FailEngine crashes at FailAfter and comes back FailFor later (""
@@ -492,7 +493,7 @@ func (o Options) phase(elapsed time.Duration) string {
 		now = append(now, fmt.Sprintf("surge in %s (4× its share of new conversations): watch its overflow go to the nearest region", o.SurgeRegion))
 	}
 	if in(o.OverloadAfter, o.OverloadFor) {
-		now = append(now, fmt.Sprintf("overload: %g× the rate, more than the fleet serves: ext_proc sheds the lowest priorities (429)", o.OverloadFactor))
+		now = append(now, fmt.Sprintf("heavy load: %g× the rate: queues and TTFT rise; ext_proc sheds the lowest priorities (429) only where the plan finds the fleet short", o.OverloadFactor))
 	}
 	if o.FailEngine != "" && in(o.FailAfter, o.FailFor) {
 		now = append(now, o.FailEngine+" is down: Envoy retries elsewhere, the control plane moves its weight")
