@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,29 +19,11 @@ import (
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/controlplane/signals"
+	"github.com/inferlb/inferlb/internal/llmclient"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/words"
 	"github.com/inferlb/inferlb/optimizer"
-	"github.com/inferlb/inferlb/tools/loadgen"
-	"github.com/inferlb/inferlb/tools/workload"
 )
-
-// fixedShape is a workload of single-turn chat requests of one shape, each
-// with a different prompt (so the prefix cache does not help).
-type fixedShape struct {
-	prompt, output, n int
-	seed              uint64
-}
-
-func (s *fixedShape) Timed() bool { return false }
-
-func (s *fixedShape) Next(time.Duration) (workload.Request, bool) {
-	i := s.n
-	s.n++
-	n := max(s.prompt-1, 1) // the role marker is one token
-	msgs := []tokens.Message{{Role: "user", Content: words.Words(s.seed+uint64(i)*7919, n)}}
-	return workload.Request{Index: i, Messages: msgs, PromptTokens: tokens.CountChat(msgs), MaxTokens: s.output}, true
-}
 
 func init() {
 	var o profileCmdFlags
@@ -145,27 +130,20 @@ func (o *profileCmdFlags) run(cmd *cobra.Command, args []string) error {
 // sweep measures the load levels, fits the profile and writes the entry.
 func (o *profileCmdFlags) sweep(cmd *cobra.Command, base *fleet.Profile, mp *signals.Mapping) error {
 	out := cmd.OutOrStdout()
-	client := &loadgen.Client{BaseURL: strings.TrimRight(o.target, "/"), Model: o.modelName, IgnoreEOS: true, Timeout: o.timeout}
+	client := &llmclient.Client{BaseURL: strings.TrimRight(o.target, "/"), Model: o.modelName, IgnoreEOS: true, Timeout: o.timeout}
 	defer client.CloseIdleConnections()
 	var samples []optimizer.Sample
 	for k := 0; k < o.points; k++ {
 		rate := o.maxRate * (0.1 + 0.7*float64(k)/float64(o.points-1))
-		rep, err := loadgen.Run(cmd.Context(), loadgen.Config{
-			Client: client, Source: &fixedShape{prompt: o.prompt, output: o.output, seed: uint64(k+1) << 32},
-			Arrival: loadgen.Arrival{Kind: loadgen.Poisson, Rate: rate}, MaxRequests: o.requests,
-			Seed: uint64(k + 1), TimeScale: o.timeScale,
-		})
+		lv, err := o.level(cmd.Context(), client, rate, uint64(k+1))
 		if err != nil {
 			return fmt.Errorf("profile: load at %.3g req/s: %w", rate, err)
 		}
-		if rep.Interrupted {
-			return fmt.Errorf("profile: interrupted")
+		if lv.ok < o.requests*9/10 {
+			return fmt.Errorf("profile: at %.3g req/s only %d of %d requests succeeded (first error: %v)", rate, lv.ok, o.requests, lv.firstErr)
 		}
-		if rep.Requests.OK < o.requests*9/10 {
-			return fmt.Errorf("profile: at %.3g req/s only %d of %d requests succeeded (errors: %v)", rate, rep.Requests.OK, o.requests, rep.Errors)
-		}
-		s := optimizer.Sample{RatePerS: rate, TTFTMs: rep.TTFT.Mean, TBOTMs: rep.TPOT.Mean}
-		fmt.Fprintf(out, "# rate %7.3f req/s: TTFT %8.2f ms  TBOT %7.3f ms  (%d ok)\n", rate, s.TTFTMs, s.TBOTMs, rep.Requests.OK)
+		s := optimizer.Sample{RatePerS: rate, TTFTMs: lv.ttftMs, TBOTMs: lv.tbotMs}
+		fmt.Fprintf(out, "# rate %7.3f req/s: TTFT %8.2f ms  TBOT %7.3f ms  (%d ok)\n", rate, s.TTFTMs, s.TBOTMs, lv.ok)
 		samples = append(samples, s)
 	}
 	f, err := optimizer.FitProfile(samples)
@@ -186,6 +164,97 @@ func (o *profileCmdFlags) sweep(cmd *cobra.Command, base *fleet.Profile, mp *sig
 		}
 	}
 	return writeProfile(out, f, base, o.target, o.modelName, o.prompt, o.output)
+}
+
+// levelResult is what one load level measured: the requests that completed,
+// their mean time to first token and mean time between output tokens (ms,
+// in the target's time), and the first failure.
+type levelResult struct {
+	ok             int
+	ttftMs, tbotMs float64
+	firstErr       error
+}
+
+// level sends --requests chat requests of the --prompt-tokens/--output-tokens
+// shape at Poisson times of mean rate rate (per second of the target's time,
+// --time-scale), each prompt different (so the prefix cache does not help),
+// and measures them as they stream. seed makes the level's arrival times and
+// prompts.
+func (o *profileCmdFlags) level(ctx context.Context, client *llmclient.Client, rate float64, seed uint64) (levelResult, error) {
+	scale := o.timeScale
+	if scale == 0 {
+		scale = 1
+	}
+	// The role marker is one token of the prompt; each word is one more.
+	prompt := max(o.prompt-1, 1)
+	rng := rand.New(rand.NewPCG(seed, 0x706f6973736f6e))
+	var (
+		lv               levelResult
+		ttftSum, tbotSum float64
+		ttftN, tbotN     int
+		mu               sync.Mutex
+		wg               sync.WaitGroup
+		at               time.Duration // target time of the next arrival
+		start            = time.Now()
+		targetMs         = func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / scale }
+	)
+	for i := 0; i < o.requests; i++ {
+		at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+		if !sleepUntil(ctx, start.Add(time.Duration(float64(at)*scale))) {
+			break
+		}
+		req := &llmclient.Request{MaxTokens: o.output, Messages: []tokens.Message{
+			{Role: "user", Content: words.Words(seed<<32+uint64(i)*7919, prompt)}}}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := client.Do(ctx, req, false)
+			mu.Lock()
+			defer mu.Unlock()
+			if res.Outcome != llmclient.OK {
+				if lv.firstErr == nil {
+					lv.firstErr = fmt.Errorf("%s: %v", res.Outcome, res.Err)
+				}
+				return
+			}
+			lv.ok++
+			if res.TTFT > 0 {
+				ttftSum += targetMs(res.TTFT)
+				ttftN++
+			}
+			if d, ok := res.TPOT(); ok {
+				tbotSum += targetMs(d)
+				tbotN++
+			}
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return lv, errors.New("interrupted")
+	}
+	if ttftN > 0 {
+		lv.ttftMs = ttftSum / float64(ttftN)
+	}
+	if tbotN > 0 {
+		lv.tbotMs = tbotSum / float64(tbotN)
+	}
+	return lv, nil
+}
+
+// sleepUntil waits until t; false if ctx ends first.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // engineConfig is what an engine says about itself: KV cache and context

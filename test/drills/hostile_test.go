@@ -14,9 +14,8 @@ import (
 	"time"
 
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
+	"github.com/inferlb/inferlb/internal/llmclient"
 	"github.com/inferlb/inferlb/internal/tokens"
-	"github.com/inferlb/inferlb/tools/loadgen"
-	"github.com/inferlb/inferlb/tools/workload"
 )
 
 // hostileBody is a chat body of n tiny messages (30 bytes each): a
@@ -37,7 +36,7 @@ func hostileBody(n int) []byte {
 
 // ttfts sends normal chat requests open-loop at rate per second for d and
 // returns their times to first token, or an error if one failed.
-func ttfts(c *loadgen.Client, rate float64, d time.Duration, seed uint64) ([]time.Duration, error) {
+func ttfts(c *llmclient.Client, rate float64, d time.Duration, seed uint64) ([]time.Duration, error) {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	var (
 		wg  sync.WaitGroup
@@ -51,7 +50,7 @@ func ttfts(c *loadgen.Client, rate float64, d time.Duration, seed uint64) ([]tim
 		for k := range words {
 			words[k] = fmt.Sprintf("w%d", rng.IntN(1000))
 		}
-		r := &workload.Request{Messages: []tokens.Message{{Role: "system", Content: "you are a drill"},
+		r := &llmclient.Request{Messages: []tokens.Message{{Role: "system", Content: "you are a drill"},
 			{Role: "user", Content: fmt.Sprintf("conversation %d-%d: %s", seed, i, strings.Join(words, " "))}}, MaxTokens: 4, Priority: "high"}
 		wg.Add(1)
 		go func() {
@@ -59,7 +58,7 @@ func ttfts(c *loadgen.Client, rate float64, d time.Duration, seed uint64) ([]tim
 			res := c.Do(context.Background(), r, false)
 			mu.Lock()
 			defer mu.Unlock()
-			if res.Outcome != loadgen.OK || res.TTFT <= 0 {
+			if res.Outcome != llmclient.OK || res.TTFT <= 0 {
 				bad = append(bad, fmt.Sprintf("status %d: %v", res.Status, res.Err))
 				return
 			}
@@ -121,7 +120,7 @@ func TestDrillHostileBodies(t *testing.T) {
 	}
 	s := startStack(t, stackOptions{engines: 3, envoyWorkers: 2, extArgs: []string{"--body-limit", fmt.Sprint(4 << 20)},
 		envoy: func(p *envoyconfigs.Params) { p.BodyLimit, p.MessageTimeout = 4<<20, "1s" }})
-	c := &loadgen.Client{BaseURL: s.url, Model: "m", Headers: loadgen.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 30 * time.Second}
+	c := &llmclient.Client{BaseURL: s.url, Model: "m", Headers: llmclient.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 30 * time.Second}
 	defer c.CloseIdleConnections()
 	const rate, window = 8.0, 6 * time.Second
 	body := hostileBody(10_000)
@@ -194,7 +193,7 @@ func TestDrillHostileBodies(t *testing.T) {
 // wave of 64 hostile bodies. It returns the ratio, the two quiet rounds'
 // p99 ratio (the machine's noise) and a line that says both; it counts
 // the hostile answers' statuses and their slowest answer.
-func hostileRound(t *testing.T, s *stack, c *loadgen.Client, hc *http.Client, body []byte, rate float64, window time.Duration, seed uint64,
+func hostileRound(t *testing.T, s *stack, c *llmclient.Client, hc *http.Client, body []byte, rate float64, window time.Duration, seed uint64,
 	statuses map[string]int, slowest *time.Duration) (ratio, noise float64, why string) {
 	t.Helper()
 	var quiet, loud []time.Duration

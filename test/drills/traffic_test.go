@@ -13,9 +13,8 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/llmclient"
 	"github.com/inferlb/inferlb/internal/tokens"
-	"github.com/inferlb/inferlb/tools/loadgen"
-	"github.com/inferlb/inferlb/tools/workload"
 )
 
 // outcome classifies what a client saw.
@@ -58,25 +57,25 @@ func (r result) String() string {
 }
 
 // client streams chat completions through the stack, as loadgen does.
-type client struct{ lc *loadgen.Client }
+type client struct{ lc *llmclient.Client }
 
 func newClient(url string) *client {
-	return &client{lc: &loadgen.Client{BaseURL: url, Model: "m", Headers: loadgen.DefaultHeaderNames(),
+	return &client{lc: &llmclient.Client{BaseURL: url, Model: "m", Headers: llmclient.DefaultHeaderNames(),
 		IgnoreEOS: true, Timeout: 60 * time.Second}}
 }
 
 func (c *client) close() { c.lc.CloseIdleConnections() }
 
 func (c *client) do(ctx context.Context, r request) result {
-	wr := &workload.Request{Messages: []tokens.Message{{Role: "system", Content: "you are a drill"}, {Role: "user", Content: r.prompt}},
+	wr := &llmclient.Request{Messages: []tokens.Message{{Role: "system", Content: "you are a drill"}, {Role: "user", Content: r.prompt}},
 		MaxTokens: r.maxTokens, Priority: r.priority, SessionID: r.session}
 	start := time.Now()
 	res := c.lc.Do(ctx, wr, false)
 	out := result{status: res.Status, err: res.Err, priority: r.priority, start: start, end: time.Now()}
 	switch {
-	case res.Outcome == loadgen.OK:
+	case res.Outcome == llmclient.OK:
 		out.outcome = outcomeOK
-	case res.Outcome == loadgen.Rejected:
+	case res.Outcome == llmclient.Rejected:
 		out.outcome = outcomeShed
 	case res.Status == 200:
 		out.outcome = outcomeCut

@@ -6,19 +6,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
-	"net/http/httptrace"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/internal/envoyrun"
+	"github.com/inferlb/inferlb/internal/llmclient"
+	"github.com/inferlb/inferlb/internal/llmclient/llmclienttest"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/words"
 	"github.com/inferlb/inferlb/tools/workload"
@@ -55,8 +54,8 @@ func TestMetricsOfAKnownServer(t *testing.T) {
 func testMetricsOfAKnownServer(t *testing.T, netHTTP bool) {
 	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
 	const ttft, itl = 30 * time.Millisecond, 4 * time.Millisecond
-	eng := newFakeEngine(t, &fakeEngine{TTFT: ttft, ITL: itl, CachedShare: 0.25})
-	c := testClient(t, eng.srv.URL)
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{TTFT: ttft, ITL: itl, CachedShare: 0.25})
+	c := testClient(t, eng.URL())
 	c.NetHTTP = netHTTP
 	slo := SLO{TTFT: time.Second, TPOT: time.Second}
 	var mu sync.Mutex
@@ -135,10 +134,10 @@ func testMetricsOfAKnownServer(t *testing.T, netHTTP bool) {
 func TestOutcomesAreCountedApart(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
 	modes := []string{"", "429", "500", "hang", "cut", "errchunk", "", "429"}
-	eng := newFakeEngine(t, &fakeEngine{Behave: func(r *http.Request, b *apiRequest) string {
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{Behave: func(r *http.Request, b *llmclient.APIRequest) string {
 		return modes[len(tokens.Append(nil, b.Messages[0].Content))%len(modes)]
 	}})
-	c := testClient(t, eng.srv.URL)
+	c := testClient(t, eng.URL())
 	// The timeout applies to every request (the client has no per-request
 	// one), so it is long enough that a stalled OK or 429 on a loaded
 	// machine is not counted as a timeout; only "hang" reaches it.
@@ -176,10 +175,10 @@ func (s *sized) Next(time.Duration) (workload.Request, bool) {
 
 func TestOpenLoopBounds(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
-	eng := newFakeEngine(t, &fakeEngine{})
-	c := testClient(t, eng.srv.URL)
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{})
+	c := testClient(t, eng.URL())
 	rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Poisson, Rate: 400}, MaxRequests: 50})
-	if err != nil || rep.Requests.Sent != 50 || rep.Requests.OK != 50 || len(eng.requests()) != 50 {
+	if err != nil || rep.Requests.Sent != 50 || rep.Requests.OK != 50 || len(eng.Requests()) != 50 {
 		t.Fatalf("count bound: %+v %v", rep.Requests, err)
 	}
 	start := time.Now()
@@ -196,15 +195,15 @@ func TestOpenLoopBounds(t *testing.T) {
 		t.Fatalf("a 300 ms run took %v", el)
 	}
 	// Cancelling the context stops the run and cancels requests in flight.
-	hang := newFakeEngine(t, &fakeEngine{Behave: func(*http.Request, *apiRequest) string { return "hang" }})
+	hang := llmclienttest.Start(t, &llmclienttest.Engine{Behave: func(*http.Request, *llmclient.APIRequest) string { return "hang" }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan *Report)
 	go func() {
-		rep, _ := Run(ctx, Config{Client: testClient(t, hang.srv.URL), Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Closed, Concurrency: 3}, MaxRequests: 100})
+		rep, _ := Run(ctx, Config{Client: testClient(t, hang.URL()), Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Closed, Concurrency: 3}, MaxRequests: 100})
 		done <- rep
 	}()
 	if err := envoyrun.Poll(context.Background(), 5*time.Second, 5*time.Millisecond, func() error {
-		if n := len(hang.requests()); n < 3 {
+		if n := len(hang.Requests()); n < 3 {
 			return fmt.Errorf("%d of 3 requests reached the hanging engine", n)
 		}
 		return nil
@@ -238,8 +237,8 @@ func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
 	}
 	rows = rows[:60]
 	src, _ := workload.NewAzure(rows, workload.AzureOptions{})
-	eng := newFakeEngine(t, &fakeEngine{})
-	c := testClient(t, eng.srv.URL)
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{})
+	c := testClient(t, eng.URL())
 	span := rows[len(rows)-1].Time.Sub(rows[0].Time)
 	speedup := span.Seconds() / 0.5            // replay in half a second
 	sentAt := make([]time.Duration, len(rows)) // each index written once
@@ -255,7 +254,7 @@ func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
 	if rep.Requests.Sent != 60 || rep.Requests.OK != 60 {
 		t.Fatalf("%+v", rep.Requests)
 	}
-	got := eng.requests()
+	got := eng.Requests()
 	bySize := map[[2]int]int{}
 	for _, s := range got {
 		msgs := []tokens.Message{{Role: "user", Content: s.Body.Messages[0].Content}}
@@ -294,8 +293,8 @@ func TestTraceReplaySendsTheTraceAtItsTimes(t *testing.T) {
 
 func TestMultiTurnSendsTheStreamedAnswerAndHeaders(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
-	us := newFakeEngine(t, &fakeEngine{})
-	eu := newFakeEngine(t, &fakeEngine{})
+	us := llmclienttest.Start(t, &llmclienttest.Engine{})
+	eu := llmclienttest.Start(t, &llmclienttest.Engine{})
 	mt, err := workload.NewMultiTurn(workload.MultiTurnOptions{
 		SystemPrompts: 2, SystemPromptTokens: 20, Turns: workload.Range{Min: 3, Max: 3}, UserTokens: workload.Range{Min: 4, Max: 6},
 		OutputTokens: workload.Range{Min: 3, Max: 5}, ThinkTime: 5 * time.Millisecond, SessionIDs: true,
@@ -305,8 +304,8 @@ func TestMultiTurnSendsTheStreamedAnswerAndHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := testClient(t, us.srv.URL)
-	c.RegionURLs = map[string]string{"eu": eu.srv.URL}
+	c := testClient(t, us.URL())
+	c.RegionURLs = map[string]string{"eu": eu.URL()}
 	c.Headers = HeaderNames{Session: "x-conv", Priority: "x-prio", Region: "x-inferlb-source-region"}
 	rep, err := Run(context.Background(), Config{Client: c, Source: mt, Arrival: Arrival{Kind: Closed, Concurrency: 3}, MaxRequests: 30})
 	if err != nil {
@@ -315,9 +314,9 @@ func TestMultiTurnSendsTheStreamedAnswerAndHeaders(t *testing.T) {
 	if rep.Requests.OK != 30 || len(rep.Groups) != 4 || rep.Groups["region=eu"].Requests.OK+rep.Groups["region=us"].Requests.OK != 30 {
 		t.Fatalf("%+v groups %v", rep.Requests, rep.Groups)
 	}
-	sessions := map[string][]seen{}
-	for region, eng := range map[string]*fakeEngine{"us": us, "eu": eu} {
-		for _, s := range eng.requests() {
+	sessions := map[string][]llmclienttest.Seen{}
+	for region, eng := range map[string]*llmclienttest.Engine{"us": us, "eu": eu} {
+		for _, s := range eng.Requests() {
 			if s.Header.Get("x-inferlb-source-region") != region || s.Header.Get("x-conv") == "" || s.Header.Get("x-prio") == "" {
 				t.Fatalf("%s engine got headers %v", region, s.Header)
 			}
@@ -354,40 +353,10 @@ func TestMultiTurnSendsTheStreamedAnswerAndHeaders(t *testing.T) {
 	}
 }
 
-func TestStreamParsing(t *testing.T) {
-	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
-	eng := newFakeEngine(t, &fakeEngine{Behave: func(*http.Request, *apiRequest) string { return "multi" }, ITL: time.Millisecond})
-	c := testClient(t, eng.srv.URL)
-	req := workload.Request{Prompt: "hello there", PromptTokens: 2, MaxTokens: 6}
-	res := c.Do(context.Background(), &req, true)
-	if res.Outcome != OK || res.OutputTokens != 6 || !res.HasUsage || len(strings.Fields(res.Text)) != 6 || len(res.ITLs) != 0 {
-		t.Fatalf("one chunk of 6 tokens: %+v", res)
-	}
-	if got := eng.requests()[0]; got.Path != "/v1/completions" || got.Body.Prompt == nil || *got.Body.Prompt != "hello there" {
-		t.Fatalf("completion request %+v", got)
-	}
-	// Without usage, output tokens are counted from the text.
-	var buf bytes.Buffer
-	buf.WriteString(": comment\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"ab cd\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\" ef\"}}]}\n\ndata: [DONE]\n\n")
-	var r Result
-	r.Sent = time.Now()
-	err := c.stream(&buf, &r, true)
-	r.E2E = time.Since(r.Sent)
-	if err != nil || r.OutputTokens != 3 || r.Text != "ab cd ef" || len(r.ITLs) != 1 {
-		t.Fatalf("stream without usage: %+v %v", r, err)
-	}
-	if tp, ok := r.TPOT(); !ok || tp < 0 {
-		t.Fatalf("TPOT %v %v", tp, ok)
-	}
-	if err := c.stream(strings.NewReader("data: {oops\n\n"), &Result{}, false); err == nil || !strings.Contains(err.Error(), "malformed SSE chunk") {
-		t.Fatalf("malformed chunk: %v", err)
-	}
-}
-
 func TestReportWriters(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t)) // runs after the servers and clients close
-	eng := newFakeEngine(t, &fakeEngine{CachedShare: 0.5})
-	c := testClient(t, eng.srv.URL)
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{CachedShare: 0.5})
+	c := testClient(t, eng.URL())
 	var prog bytes.Buffer
 	rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 10, out: 4}, Arrival: Arrival{Kind: Poisson, Rate: 200},
 		MaxRequests: 20, SLO: SLO{TTFT: time.Second}, Progress: &prog, ProgressEvery: 20 * time.Millisecond})
@@ -421,76 +390,6 @@ func TestReportWriters(t *testing.T) {
 	}
 }
 
-func TestDirectPathReusesAndRecoversConnections(t *testing.T) {
-	t.Cleanup(leaktest.AfterTest(t))
-	var conns atomic.Int64
-	var closing atomic.Bool
-	eng := newFakeEngine(t, &fakeEngine{ConnState: func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}, Behave: func(*http.Request, *apiRequest) string {
-		if closing.Load() {
-			return "close"
-		}
-		return ""
-	}})
-	c := testClient(t, eng.srv.URL)
-	req := workload.Request{Messages: []tokens.Message{{Role: "user", Content: "hello"}}, PromptTokens: 2, MaxTokens: 3}
-	for i := 0; i < 20; i++ {
-		if res := c.Do(context.Background(), &req, false); res.Outcome != OK {
-			t.Fatalf("request %d: %v", i, res.Err)
-		}
-	}
-	if n := conns.Load(); n != 1 {
-		t.Fatalf("20 sequential requests opened %d connections, want 1 (keep-alive)", n)
-	}
-	// The server drops its idle connections: the next request finds its
-	// pooled connection dead and retries on a new one.
-	eng.srv.CloseClientConnections()
-	if res := c.Do(context.Background(), &req, false); res.Outcome != OK {
-		t.Fatalf("after the server closed the connection: %v", res.Err)
-	}
-	if n := conns.Load(); n != 2 {
-		t.Fatalf("%d connections, want 2", n)
-	}
-	if len(eng.requests()) != 21 {
-		t.Fatalf("server saw %d requests, want 21 (no duplicate from the retry)", len(eng.requests()))
-	}
-	// A response with Connection: close is not pooled.
-	closing.Store(true)
-	for i := 0; i < 3; i++ {
-		if res := c.Do(context.Background(), &req, false); res.Outcome != OK {
-			t.Fatalf("Connection: close response %d: %v", i, res.Err)
-		}
-	}
-	if n := conns.Load(); n != 4 {
-		t.Fatalf("%d connections after three Connection: close answers, want 4", n)
-	}
-}
-
-// Both paths report an answered request to an httptrace.ClientTrace, once
-// (the drills tell streams the server answered from those still waiting).
-func TestBothPathsReportTheFirstResponseByte(t *testing.T) {
-	t.Cleanup(leaktest.AfterTest(t))
-	eng := newFakeEngine(t, &fakeEngine{})
-	req := workload.Request{Messages: []tokens.Message{{Role: "user", Content: "hello"}}, PromptTokens: 2, MaxTokens: 3}
-	for _, netHTTP := range []bool{false, true} {
-		c := testClient(t, eng.srv.URL)
-		c.NetHTTP = netHTTP
-		for i := 0; i < 3; i++ {
-			var got atomic.Int64
-			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotFirstResponseByte: func() { got.Add(1) }})
-			if res := c.Do(ctx, &req, false); res.Outcome != OK {
-				t.Fatalf("NetHTTP %v, request %d: %v", netHTTP, i, res.Err)
-			}
-			if n := got.Load(); n != 1 {
-				t.Errorf("NetHTTP %v, request %d: GotFirstResponseByte called %d times, want 1", netHTTP, i, n)
-			}
-		}
-	}
-}
-
 // limited lets a multi-turn source start only n sessions.
 type limited struct {
 	*workload.MultiTurn
@@ -507,13 +406,13 @@ func (l *limited) Next(at time.Duration) (workload.Request, bool) {
 
 func TestOpenLoopSessionsFinishAfterTheLastStart(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
-	eng := newFakeEngine(t, &fakeEngine{})
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{})
 	mt, err := workload.NewMultiTurn(workload.MultiTurnOptions{Turns: workload.Range{Min: 3, Max: 3}, SystemPromptTokens: 10,
 		UserTokens: workload.Range{Min: 5, Max: 5}, OutputTokens: workload.Range{Min: 2, Max: 2}, ThinkTime: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Run(context.Background(), Config{Client: testClient(t, eng.srv.URL), Source: &limited{mt, 4}, Arrival: Arrival{Kind: Poisson, Rate: 500}, MaxRequests: 100})
+	rep, err := Run(context.Background(), Config{Client: testClient(t, eng.URL()), Source: &limited{mt, 4}, Arrival: Arrival{Kind: Poisson, Rate: 500}, MaxRequests: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,8 +424,8 @@ func TestOpenLoopSessionsFinishAfterTheLastStart(t *testing.T) {
 func TestTimeScaleRunsInTheTargetsTime(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
 	const ttft = 20 * time.Millisecond // real
-	eng := newFakeEngine(t, &fakeEngine{TTFT: ttft})
-	c := testClient(t, eng.srv.URL)
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{TTFT: ttft})
+	c := testClient(t, eng.URL())
 	// The target runs 10× faster than real time: 20 ms real is 200 ms of its time.
 	rep, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 5, out: 3}, Arrival: Arrival{Kind: Closed, Concurrency: 2},
 		MaxRequests: 6, TimeScale: 0.1, SLO: SLO{TTFT: 150 * time.Millisecond}})

@@ -13,6 +13,7 @@ import (
 	"github.com/lni/goutils/leaktest"
 
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/llmclient/llmclienttest"
 	"github.com/inferlb/inferlb/tools/workload"
 )
 
@@ -63,8 +64,8 @@ func TestParseRateChange(t *testing.T) {
 // until its context ends and reports what finished.
 func TestUntilCancelledRunsUntilTheContextEnds(t *testing.T) {
 	t.Cleanup(leaktest.AfterTest(t))
-	eng := newFakeEngine(t, &fakeEngine{})
-	c := testClient(t, eng.srv.URL)
+	eng := llmclienttest.Start(t, &llmclienttest.Engine{})
+	c := testClient(t, eng.URL())
 	if _, err := Run(context.Background(), Config{Client: c, Source: &fixed{prompt: 5, out: 2}, Arrival: Arrival{Kind: Poisson, Rate: 50}}); err == nil {
 		t.Fatal("an unbounded run without UntilCancelled was accepted")
 	}

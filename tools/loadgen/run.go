@@ -442,7 +442,7 @@ func (r *runner) session(req workload.Request, due time.Time) {
 
 func (r *runner) send(req *workload.Request, due time.Time) *Result {
 	r.col.sent(time.Since(due))
-	res := r.cfg.Client.Do(r.ctx, req, r.fu != nil)
+	res := do(r.ctx, r.cfg.Client, req, r.fu != nil)
 	r.col.done(req, &res)
 	if r.cfg.OnResult != nil {
 		r.cfg.OnResult(req, &res)

@@ -1,4 +1,4 @@
-package loadgen
+package llmclient
 
 import (
 	"bufio"

@@ -1,4 +1,7 @@
-package loadgen
+// Package llmclienttest is a small OpenAI-compatible SSE server for the
+// tests of the streaming client (internal/llmclient) and of what sends with
+// it (the load generator).
+package llmclienttest
 
 import (
 	"encoding/json"
@@ -12,50 +15,58 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/internal/llmclient"
 	"github.com/inferlb/inferlb/internal/tokens"
 	"github.com/inferlb/inferlb/internal/words"
 )
 
-// fakeEngine is a small OpenAI-compatible SSE server for the client's tests:
-// it answers max_tokens words, one per chunk, after TTFT and then ITL apart,
-// and reports usage with cached = prompt·CachedShare.
-type fakeEngine struct {
+// Engine answers max_tokens words (internal/words, seeded by the prompt's
+// length), one per chunk, after TTFT and then ITL apart, and reports usage
+// with cached = prompt·CachedShare.
+type Engine struct {
 	TTFT, ITL   time.Duration
 	CachedShare float64
 	// Behave, if set, picks a misbehaviour for a request: "", "429", "500",
 	// "hang", "cut", "errchunk", "multi" (all tokens in one chunk).
-	Behave func(r *http.Request, body *apiRequest) string
+	Behave func(r *http.Request, body *llmclient.APIRequest) string
 	// ConnState, if set, observes the server's connections.
 	ConnState func(net.Conn, http.ConnState)
 
-	srv *httptest.Server
-	mu  sync.Mutex
-	got []seen
+	// Server is the running server (Start); its URL is the engine's.
+	Server *httptest.Server
+	mu     sync.Mutex
+	got    []Seen
 }
 
-type seen struct {
+// Seen is a request the engine received, and the text it answered.
+type Seen struct {
 	Header http.Header
-	Body   apiRequest
+	Body   llmclient.APIRequest
 	Path   string
 	Answer string
 }
 
-func newFakeEngine(t testing.TB, f *fakeEngine) *fakeEngine {
-	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
-	f.srv.Config.ConnState = f.ConnState
-	f.srv.Start()
-	t.Cleanup(f.srv.Close)
+// Start serves f until the test ends and returns it.
+func Start(t testing.TB, f *Engine) *Engine {
+	f.Server = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	f.Server.Config.ConnState = f.ConnState
+	f.Server.Start()
+	t.Cleanup(f.Server.Close)
 	return f
 }
 
-func (f *fakeEngine) requests() []seen {
+// URL is the engine's base URL.
+func (f *Engine) URL() string { return f.Server.URL }
+
+// Requests are the requests received so far, in order.
+func (f *Engine) Requests() []Seen {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]seen(nil), f.got...)
+	return append([]Seen(nil), f.got...)
 }
 
-func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
-	var body apiRequest
+func (f *Engine) serve(w http.ResponseWriter, r *http.Request) {
+	var body llmclient.APIRequest
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		http.Error(w, err.Error(), 400)
 		return
@@ -76,7 +87,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	answer := words.Words(uint64(prompt), body.MaxTokens)
 	f.mu.Lock()
-	f.got = append(f.got, seen{r.Header.Clone(), body, r.URL.Path, answer})
+	f.got = append(f.got, Seen{r.Header.Clone(), body, r.URL.Path, answer})
 	f.mu.Unlock()
 	switch mode {
 	case "429":
@@ -125,11 +136,11 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	if !wait(f.TTFT) {
 		return
 	}
-	words := strings.Fields(answer)
+	answerWords := strings.Fields(answer)
 	if mode == "multi" {
 		chunk(answer)
 	} else {
-		for i, wd := range words {
+		for i, wd := range answerWords {
 			if i > 0 {
 				if !wait(f.ITL) {
 					return
@@ -148,7 +159,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if body.StreamOptions.IncludeUsage {
 		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
-			prompt, len(words), int(float64(prompt)*f.CachedShare))
+			prompt, len(answerWords), int(float64(prompt)*f.CachedShare))
 	}
 	io.WriteString(w, "data: [DONE]\n\n")
 	fl.Flush()
