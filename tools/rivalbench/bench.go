@@ -162,6 +162,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		for run := 0; run < o.Runs; run++ {
 			o.progressf("%s: run %d of %d", w.Name, run+1, o.Runs)
 			rr, err := runOnce(ctx, o, w, run)
+			if errors.Is(err, errStart) && ctx.Err() == nil {
+				// A router that failed to start (a port taken between its
+				// choice and the router's bind) is no result: start afresh.
+				o.progressf("%s: run %d did not start (%v); starting it again", w.Name, run+1, err)
+				rr, err = runOnce(ctx, o, w, run)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s run %d: %w", w.Name, run+1, err)
 			}
@@ -179,6 +185,9 @@ func (o Options) progressf(format string, args ...any) {
 	}
 }
 
+// errStart marks a run whose rig did not start: no traffic was sent.
+var errStart = errors.New("the rig did not start")
+
 // runOnce starts the rig afresh, sends the workload to every router at the
 // same instant, and measures.
 func runOnce(ctx context.Context, o Options, w Workload, run int) (RunResult, error) {
@@ -190,7 +199,7 @@ func runOnce(ctx context.Context, o Options, w Workload, run int) (RunResult, er
 	defer g.StopAll()
 	rig, err := startRig(ctx, o, g, dir)
 	if err != nil {
-		return RunResult{}, err
+		return RunResult{}, fmt.Errorf("%w: %w", errStart, err)
 	}
 	o.progressf("%s: every router is ready; traffic for %v", w.Name, o.Duration)
 

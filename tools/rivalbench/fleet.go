@@ -2,8 +2,9 @@ package rivalbench
 
 import (
 	"fmt"
-	"net"
 	"strings"
+
+	"github.com/inferlb/inferlb/internal/envoyrun"
 )
 
 // ModelName is the model every engine serves and every request names.
@@ -70,23 +71,18 @@ func fleetYAML(name string, regions []string, engines []engine) string {
 	return b.String()
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago
-// (all held open until every one is chosen, so they differ).
+// freePorts returns n distinct loopback ports that were free a moment ago,
+// below the kernel's ephemeral range (envoyrun.FreePort): the bench's own
+// thousands of client connections take ephemeral ports, and a router
+// given one that a connection took meanwhile fails to bind.
 func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports := make([]int, 0, n)
+	for range n {
+		p, err := envoyrun.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, p)
 	}
 	return ports, nil
 }
