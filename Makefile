@@ -5,7 +5,12 @@ VENV  ?= $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 export INFERLB_VENV := $(VENV)
 GO    ?= go
+# The operator's binary (cmd/inferlb: what the Helm chart's image runs) and
+# the lab's (cmd/inferlb-lab: the simulators, the load generator, the demo
+# and the benches, beside the operator's commands). Every target that runs
+# a lab command runs the lab's.
 BIN   := bin/inferlb
+LAB   := bin/inferlb-lab
 # The race detector and Envoy make the suite heavy on 2 cores: at most two
 # packages at a time, each with a deadline.
 TESTFLAGS ?= -race -p 2 -timeout 25m
@@ -15,11 +20,13 @@ TESTFLAGS ?= -race -p 2 -timeout 25m
 setup:
 	@scripts/setup.sh
 
-# The version printed by `inferlb --version`: the checkout's describe string.
+# The version printed by `inferlb --version` (and inferlb-lab's): the
+# checkout's describe string.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/inferlb
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(LAB) ./cmd/inferlb-lab
 
 # The tests also need a headless Chromium (the dashboard test); the demo does not.
 # The drills (test/drills) run the real processes in real time against bars
@@ -62,7 +69,7 @@ test-short: setup
 	$(GO) test -short -run 'TestDrillHostileBodies' ./test/drills
 
 demo: setup build
-	$(BIN) demo $(DEMOFLAGS)
+	$(LAB) demo $(DEMOFLAGS)
 
 bench: setup
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
@@ -76,16 +83,16 @@ RIVALFLAGS ?=
 REGIONAL_ROUTERS := inferlb,smg-cache_aware,sglang-router-cache_aware,round-robin
 bench-rivals: build
 	@scripts/setup.sh --rivals
-	$(BIN) bench rivals --results docs/results/rivals/one-region $(RIVALFLAGS)
-	$(BIN) bench rivals --results docs/results/rivals/three-regions --regions 3 --routers $(REGIONAL_ROUTERS) \
+	$(LAB) bench rivals --results docs/results/rivals/one-region $(RIVALFLAGS)
+	$(LAB) bench rivals --results docs/results/rivals/three-regions --regions 3 --routers $(REGIONAL_ROUTERS) \
 	    --duration 45s $(RIVALFLAGS)
-	$(BIN) bench rivals --results docs/results/rivals/three-regions-hot --regions 3 --routers $(REGIONAL_ROUTERS) \
+	$(LAB) bench rivals --results docs/results/rivals/three-regions-hot --regions 3 --routers $(REGIONAL_ROUTERS) \
 	    --workloads multiturn --shares us-east=4,us-west=1,eu-west=1 --load 3 $(RIVALFLAGS)
 
 # Every simulation scenario with every policy, from the scenarios' pinned
 # seeds: tables and charts into docs/results (docs/sim.md). A few minutes.
 sim-report: build
-	$(BIN) sim --parallel 2 --out docs/results --header docs/results/header.md $$(ls examples/sim/*.yaml | grep -v '/fleet-')
+	$(LAB) sim --parallel 2 --out docs/results --header docs/results/header.md $$(ls examples/sim/*.yaml | grep -v '/fleet-')
 
 # The example fleets' optimizer profiles (capacity_rps, ttft_curve,
 # tbot_curve of every profiles: entry) fitted to the engine simulator
@@ -93,7 +100,7 @@ sim-report: build
 # (docs/optimizer.md, "Profiles fitted to the engine"). A minute or two.
 PROFILE_FLEETS ?= examples/fleet-3region.yaml examples/fleet-demo.yaml examples/fleet-engines.yaml examples/fleet-minimal.yaml examples/simreal/fleet.yaml $(wildcard examples/sim/fleet-*.yaml)
 profiles: build
-	for f in $(PROFILE_FLEETS); do $(BIN) profile --engine-sim --write --fleet $$f || exit 1; done
+	for f in $(PROFILE_FLEETS); do $(LAB) profile --engine-sim --write --fleet $$f || exit 1; done
 
 # Linters at pinned versions, run through the module proxy like any module
 # (go.sum-checked, cached after the first run), so a clean clone needs no

@@ -2,7 +2,7 @@
 // frontend node (frontend.yaml.tmpl) and renders it in its two variants,
 // fail-closed and fail-open, and a third without ext_proc (direct) for
 // measurements and tests of xDS alone. `inferlb extproc --print-bootstrap`
-// prints one; the tests, `inferlb bench envoy` and the demo run Envoy from
+// prints one; the tests, `inferlb-lab bench envoy` and the demo run Envoy from
 // it: it is the project's one Envoy bootstrap.
 package envoyconfigs
 
@@ -29,7 +29,7 @@ const (
 	// Direct has no ext_proc: every request takes the fallback route (the
 	// FallbackCluster hashed on x-session-id). Not for production: no
 	// admission, classes or retry budget. It is Envoy's own cost next to
-	// the ext_proc variants (`inferlb bench envoy`) and the frontend of
+	// the ext_proc variants (`inferlb-lab bench envoy`) and the frontend of
 	// tests of xDS behaviour alone.
 	Direct = "direct"
 )

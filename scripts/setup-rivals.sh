@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the real routers `inferlb bench rivals` measures inferlb against,
+# Installs the real routers `inferlb-lab bench rivals` measures inferlb against,
 # each pinned, into a virtual environment of its own under
 # ${INFERLB_RIVALS:-$VENV/rivals}: sglang-router installs a program named smg
 # as well, so the two SGLang packages must not share one. All three are

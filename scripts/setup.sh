@@ -12,7 +12,7 @@
 #   - with --engines (make test): llama.cpp's llama-server, built from source,
 #     and a tiny model for it (scripts/setup-engines.sh, cached under
 #     $VENV/llama.cpp), for the tests that put a real inference engine behind
-#     the stack and for `inferlb demo --engines llamacpp`.
+#     the stack and for `inferlb-lab demo --engines llamacpp`.
 #   - with --rivals (make bench-rivals, make test): the real routers the rival
 #     bench runs beside inferlb (smg, sglang-router, vllm-router from PyPI,
 #     pinned, one virtual environment each; scripts/setup-rivals.sh).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"os"
 	"path/filepath"
@@ -9,9 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/spf13/pflag"
-
-	"github.com/inferlb/inferlb/cmd/inferlb/cliconfig"
+	"github.com/inferlb/inferlb/cmd/internal/cliconfig"
+	"github.com/inferlb/inferlb/cmd/internal/clitest"
 )
 
 var updateConfigDoc = flag.Bool("update-config-doc", false, "rewrite docs/configuration.md's key tables from the commands' flags")
@@ -38,8 +36,8 @@ func TestConfigurationDoc(t *testing.T) {
 		sub := configKeyTable.FindStringSubmatch(m)
 		name := sub[2]
 		seen[name] = true
-		cmd, _, err := rootCmd.Find([]string{name})
-		if err != nil || cmd.Name() != name {
+		cmd := findCommand(name)
+		if cmd == nil {
 			t.Errorf("docs/configuration.md has a key table for %q, which is not a command", name)
 			return m
 		}
@@ -66,58 +64,19 @@ func TestConfigurationDoc(t *testing.T) {
 // example config files apply to their commands' flags as they are.
 func TestConfigFlagAndExamples(t *testing.T) {
 	for _, name := range configured {
-		cmd, _, err := rootCmd.Find([]string{name})
-		if err != nil {
-			t.Fatal(err)
+		cmd := findCommand(name)
+		if cmd == nil {
+			t.Fatalf("no command %s", name)
 		}
 		if f := cmd.Flags().Lookup(cliconfig.FlagName); f == nil || !strings.Contains(cmd.UsageString(), "--config") {
 			t.Errorf("%s has no --config in its help", name)
 		}
 	}
 	for name, file := range map[string]string{"control-plane": "control-plane.yaml", "extproc": "extproc.yaml"} {
-		cmd, _, _ := rootCmd.Find([]string{name})
+		cmd := findCommand(name)
 		if err := cliconfig.Apply(cmd.Flags(), filepath.Join("..", "..", "examples", "config", file)); err != nil {
 			t.Errorf("examples/%s: %v", file, err)
 		}
-		resetFlags(t, cmd.Flags())
+		clitest.ResetFlags(t, cmd.Flags())
 	}
-}
-
-// resetFlags puts a command's flags back to their defaults (the commands
-// are package variables: their flags keep values between tests).
-func resetFlags(t *testing.T, fs *pflag.FlagSet) {
-	t.Helper()
-	fs.VisitAll(func(f *pflag.Flag) {
-		if sv, ok := f.Value.(pflag.SliceValue); ok {
-			_ = sv.Replace(nil)
-		} else if err := f.Value.Set(f.DefValue); err != nil {
-			t.Fatalf("resetting --%s: %v", f.Name, err)
-		}
-		f.Changed = false
-		delete(f.Annotations, cliconfig.OriginAnnotation)
-	})
-}
-
-// refused runs a command that must refuse its settings before it serves
-// (its context is cancelled: one that passes must not serve), from its
-// flags' defaults, and checks the error contains want. It returns the
-// error.
-func refused(t *testing.T, want string, args ...string) error {
-	t.Helper()
-	cmd, _, err := rootCmd.Find(args[:1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The command's flags keep their values between runs: back to the
-	// defaults first, and after.
-	resetFlags(t, cmd.Flags())
-	defer resetFlags(t, cmd.Flags())
-	rootCmd.SetArgs(args)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	err = rootCmd.ExecuteContext(ctx)
-	if err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("err = %v\nwant it to contain %q", err, want)
-	}
-	return err
 }

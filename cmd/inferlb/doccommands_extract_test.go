@@ -10,7 +10,41 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/inferlb/inferlb/cmd/internal/labcmd"
+	"github.com/inferlb/inferlb/cmd/internal/opcmd"
 )
+
+// The two binaries' command trees, as the docs and --help texts show them:
+// the operator's (inferlb) and the lab's (inferlb-lab, which has the
+// operator's commands too).
+var (
+	operatorRoot = opcmd.NewRoot("")
+	labRoot      = labcmd.NewRoot("")
+)
+
+// rootOf is the command tree of the binary a command line starts with
+// (inferlb, bin/inferlb, ./bin/inferlb-lab ...), nil for another program.
+func rootOf(program string) *cobra.Command {
+	switch filepath.Base(program) {
+	case "inferlb":
+		return operatorRoot
+	case "inferlb-lab":
+		return labRoot
+	}
+	return nil
+}
+
+// findCommand is the command of that name of the operator's binary, else
+// of the lab's; nil if neither has it.
+func findCommand(name string) *cobra.Command {
+	for _, root := range []*cobra.Command{operatorRoot, labRoot} {
+		if cmd, _, err := root.Find([]string{name}); err == nil && cmd != root {
+			return cmd
+		}
+	}
+	return nil
+}
 
 // A documented command: the text of the command as a user would type it,
 // and where it is shown.
@@ -22,7 +56,7 @@ type shownCommand struct {
 // commandStarts are the programs whose invocations the docs show; a code
 // line starting with anything else (output, YAML, a diagram) is not a
 // command.
-var commandStarts = []string{"inferlb", "bin/inferlb", "./bin/inferlb", "make", "curl"}
+var commandStarts = []string{"inferlb", "bin/inferlb", "./bin/inferlb", "inferlb-lab", "bin/inferlb-lab", "./bin/inferlb-lab", "make", "curl"}
 
 func isCommand(line string) bool {
 	first, _, _ := strings.Cut(line, " ")
@@ -148,7 +182,7 @@ func invokes(c string) bool {
 	if words[0] == "make" || words[0] == "curl" {
 		return true
 	}
-	cmd := rootCmd
+	cmd := rootOf(words[0])
 	rest := words[1:]
 	for len(rest) > 0 {
 		var next *cobra.Command
@@ -209,9 +243,66 @@ func shownCommands(t *testing.T, root string) []shownCommand {
 			all = append(all, c)
 		}
 	}
-	all = append(all, helpCommands(rootCmd)...)
+	all = append(all, helpCommands(operatorRoot)...)
+	all = append(all, helpCommands(labRoot)...)
 	sort.SliceStable(all, func(i, j int) bool { return all[i].cmd < all[j].cmd })
 	return all
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// wrongBinary says why a shown command names the wrong binary ("" if it
+// names the right one): what the operator's binary runs (its commands, with
+// their flags) is shown as inferlb, and only that; the rest of the lab's as
+// inferlb-lab. A binary's bare root (its --help, --version) is its own.
+func wrongBinary(c string) string {
+	words := strings.Fields(c)
+	root := rootOf(words[0])
+	if root == nil || len(words) < 2 || strings.HasPrefix(words[1], "-") {
+		return ""
+	}
+	operatorRuns := runs(operatorRoot, words[1:])
+	switch {
+	case root == operatorRoot && !operatorRuns:
+		return "the operator's binary has no such command or flag: show it as inferlb-lab"
+	case root == labRoot && operatorRuns:
+		return "the operator's binary runs it: show it as inferlb"
+	}
+	return ""
+}
+
+// runs says whether root has the (sub)command args name and every --flag
+// the command line gives it (up to a shell operator: a redirection, a pipe).
+func runs(root *cobra.Command, args []string) bool {
+	cmd := root
+	i := 0
+	for ; i < len(args); i++ {
+		var next *cobra.Command
+		for _, sub := range cmd.Commands() {
+			if sub.Name() == args[i] {
+				next = sub
+			}
+		}
+		if next == nil {
+			break
+		}
+		cmd = next
+	}
+	if cmd == root {
+		return false
+	}
+	for _, w := range args[i:] {
+		if strings.ContainsAny(w[:1], "|><;&") {
+			break
+		}
+		name, ok := strings.CutPrefix(w, "--")
+		if !ok || name == "help" {
+			continue
+		}
+		name, _, _ = strings.Cut(name, "=")
+		if cmd.Flags().Lookup(name) == nil && cmd.InheritedFlags().Lookup(name) == nil {
+			return false
+		}
+	}
+	return true
+}

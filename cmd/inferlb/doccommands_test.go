@@ -57,12 +57,12 @@ type docCmd struct {
 type fixture struct{ cmd, ready string }
 
 var fixtures = map[string]fixture{
-	"engine-18100":        {"inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
-	"h100-18100":          {"inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
+	"engine-18100":        {"inferlb-lab engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", "http://127.0.0.1:18100/health"},
+	"h100-18100":          {"inferlb-lab engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet examples/fleet-3region.yaml --time-scale 2", "http://127.0.0.1:18100/health"},
 	"control-plane":       {"inferlb control-plane --fleet examples/fleet-3region.yaml --insecure", "http://127.0.0.1:18080/healthz"},
 	"control-plane-token": {"inferlb control-plane --fleet examples/fleet-3region.yaml --token-file xds-token", "http://127.0.0.1:18080/healthz"},
-	"fleet-admin-18090":   {"inferlb engine-sim --fleet examples/fleet-3region.yaml --admin-listen 127.0.0.1:18090", "http://127.0.0.1:18090/admin/engines"},
-	"engines":             {"inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", "http://127.0.0.1:18402/health_generate"},
+	"fleet-admin-18090":   {"inferlb-lab engine-sim --fleet examples/fleet-3region.yaml --admin-listen 127.0.0.1:18090", "http://127.0.0.1:18090/admin/engines"},
+	"engines":             {"inferlb-lab engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", "http://127.0.0.1:18402/health_generate"},
 }
 
 const (
@@ -81,26 +81,26 @@ var docCommands = []docCmd{
 	{cmd: "make demo", serve: "(Ctrl-C stops the demo) && http://127.0.0.1:17001/readyz", hosts: "demo", exit: 130,
 		want: "inferlb demo: stopped.", check: checkDemoUntilInterrupted},
 	// Against the running demo.
-	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace tools/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
-	{cmd: "inferlb view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
+	{cmd: "inferlb-lab loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload mooncake --trace tools/workload/testdata/mooncake_head.jsonl --block-tokens 16 --speedup 20", with: "demo", want: "requests: 40 sent, 40 ok"},
+	{cmd: "inferlb-lab view --fleet examples/fleet-demo.yaml --envoy-admin frontend-us-east=http://127.0.0.1:17020", with: "demo", serve: "inferlb live view"},
 	{cmd: "curl -s http://127.0.0.1:17001/weights", with: "demo", want: `"envoy_weights"`},
 	{cmd: `curl -s "http://127.0.0.1:17001/explain?node=frontend-us-east&class=general"`, with: "demo", want: `"explanations"`},
 	{cmd: "curl -s http://127.0.0.1:17001/dashboard/", with: "demo", want: "<title>inferlb control plane</title>"},
 	// These only check what they print whatever the load, so they share the
 	// demo at once (the mooncake replay above wants every request ok: it
 	// runs alone).
-	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", parallel: true, want: "region=eu-west"},
-	{cmd: "inferlb loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", parallel: true, want: "goodput:"},
-	{cmd: "inferlb loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", parallel: true, serve: "loadgen    12s", want: "(interrupted)"},
+	{cmd: "inferlb-lab loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --region-url us-east=http://127.0.0.1:17010 --region-url eu-west=http://127.0.0.1:17012 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9", with: "demo", parallel: true, want: "region=eu-west"},
+	{cmd: "inferlb-lab loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", parallel: true, want: "goodput:"},
+	{cmd: "inferlb-lab loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", parallel: true, serve: "loadgen    12s", want: "(interrupted)"},
 	{cmd: `make demo DEMOFLAGS="--duration 20s --time-scale 0.5"`, want: "inferlb demo: stopped.", check: checkDemoBounded},
 	{cmd: "make test", skip: "it is this suite (CI runs it)"},
 	{cmd: "make lint", skip: "CI runs it before make test (.ci/run)"},
 	{cmd: "make profiles", skip: "refits every example fleet's profiles against the engine simulator (minutes) and rewrites the fleet files; TestProfileEngineSimWithin15Percent holds the fit"},
-	{cmd: "inferlb profile --engine-sim", skip: "named in docs/optimizer.md's prose; make profiles runs it (with --write --fleet) over every example fleet"},
+	{cmd: "inferlb-lab profile --engine-sim", skip: "named in docs/optimizer.md's prose; make profiles runs it (with --write --fleet) over every example fleet"},
 	{cmd: "make bench", skip: "every benchmark, minutes; go vet in make test compiles them"},
 	// The binary's own help.
 	{cmd: "bin/inferlb --help", want: "Available Commands:"},
-	{cmd: "bin/inferlb demo --help", want: "--duration"},
+	{cmd: "bin/inferlb-lab demo --help", want: "--duration"},
 	// Fleet specs and the optimizer.
 	{cmd: "inferlb validate " + fleet3, want: `ok: fleet "demo-3region"`},
 	{cmd: "inferlb validate examples/*.yaml", want: "demand-3region.yaml: ok: demand file"},
@@ -114,20 +114,20 @@ var docCommands = []docCmd{
 	{cmd: "inferlb control-plane --fleet " + fleet3 + " --insecure", serve: "http://127.0.0.1:18080/healthz"},
 	{cmd: "inferlb control-plane --fleet " + fleet3 + " --xds-listen 127.0.0.1:18000 --admin-listen 127.0.0.1:18080 --interval 5s --state-file cp-state.json --insecure", serve: "http://127.0.0.1:18080/healthz"},
 	{cmd: "inferlb control-plane --config examples/config/control-plane.yaml --insecure", serve: "http://127.0.0.1:18080/healthz"},
-	{cmd: "inferlb engine-sim --fleet " + fleet3, serve: "http://127.0.0.1:18012/health"},
-	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --time-scale 0.1", serve: "http://127.0.0.1:18012/health"},
-	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --engines us-east-h100-1,eu-west-a100-1 --time-scale 0.1", serve: "http://127.0.0.1:18011/health"},
-	{cmd: "inferlb engine-sim --fleet " + fleet3 + " --admin-listen 127.0.0.1:18090", serve: "http://127.0.0.1:18090/admin/engines"},
+	{cmd: "inferlb-lab engine-sim --fleet " + fleet3, serve: "http://127.0.0.1:18012/health"},
+	{cmd: "inferlb-lab engine-sim --fleet " + fleet3 + " --time-scale 0.1", serve: "http://127.0.0.1:18012/health"},
+	{cmd: "inferlb-lab engine-sim --fleet " + fleet3 + " --engines us-east-h100-1,eu-west-a100-1 --time-scale 0.1", serve: "http://127.0.0.1:18011/health"},
+	{cmd: "inferlb-lab engine-sim --fleet " + fleet3 + " --admin-listen 127.0.0.1:18090", serve: "http://127.0.0.1:18090/admin/engines"},
 	{cmd: `curl -s -X POST -d '{"slowdown": 5}' http://127.0.0.1:18090/admin/engines/us-east-h100-1/faults`, with: "fleet-admin-18090", want: `"slowdown":5`},
-	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3, serve: "http://127.0.0.1:18100/health"},
-	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3 + " --time-scale 2", serve: "http://127.0.0.1:18100/health"},
-	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},
-	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128", serve: "http://127.0.0.1:18100/health"},
-	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb-lab engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3, serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb-lab engine-sim --listen 127.0.0.1:18100 --gpu H100 --model llama-3.1-8b --fleet " + fleet3 + " --time-scale 2", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb-lab engine-sim --listen 127.0.0.1:18100 --model m --decode-step-ms 13 --decode-step-per-seq-ms 0.09", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb-lab engine-sim --listen 127.0.0.1:18100 --model m --prefill-tokens-per-s 25000 --decode-step-ms 6.5 --max-running 128", serve: "http://127.0.0.1:18100/health"},
+	{cmd: "inferlb-lab engine-sim --listen 127.0.0.1:18100 --model m --max-context-tokens 32768", serve: "http://127.0.0.1:18100/health"},
 	// Real engines (docs/engines.md): server kinds, loading, tokenizers.
-	{cmd: "inferlb engine-sim --listen 127.0.0.1:18100 --model m --server sglang --loading-for 2s", serve: "http://127.0.0.1:18100/health_generate"},
+	{cmd: "inferlb-lab engine-sim --listen 127.0.0.1:18100 --model m --server sglang --loading-for 2s", serve: "http://127.0.0.1:18100/health_generate"},
 	{cmd: "inferlb validate examples/fleet-engines.yaml", want: `ok: fleet "engines"`},
-	{cmd: "inferlb engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", serve: "http://127.0.0.1:18404/health"},
+	{cmd: "inferlb-lab engine-sim --fleet examples/fleet-engines.yaml --time-scale 0.1", serve: "http://127.0.0.1:18404/health"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18402 --model Qwen/Qwen3-8B --server sglang --gpu H100 --max-rate 40 --time-scale 0.1 --points 4 --requests 40", with: "engines", want: "kv_capacity_tokens: 450000"},
 	{cmd: "inferlb extproc --policy-file examples/policy-eu-west.json --node-id frontend-eu-west --region eu-west --tokenizer internal/tokens/hf/testdata/qwen3.tokenizer.json.gz", serve: "tokenizer loaded"},
 	{cmd: "inferlb extproc --control-plane 127.0.0.1:18000 --node-id frontend-eu-west --region eu-west --insecure", with: "control-plane", serve: "http://127.0.0.1:9102/healthz"},
@@ -151,53 +151,53 @@ var docCommands = []docCmd{
 	{cmd: "inferlb extproc --mode endpoint-picker --listen 0.0.0.0:9002 --control-plane cp.inferlb:18000 --node-id gateway-eu-west --region eu-west --control-plane-ca /etc/inferlb/ca.crt --control-plane-cert ... --control-plane-key ...", skip: "needs a PKI and a control plane; TestRunEndpointPicker runs the mode"},
 	{cmd: "inferlb extproc --print-bootstrap fail-closed --node-id fe --region eu-west --control-plane cp.inferlb:18000 --control-plane-ca /etc/inferlb/tls/ca.crt --control-plane-cert /etc/inferlb/tls/tls.crt --control-plane-key /etc/inferlb/tls/tls.key --envoy-sds-dir /etc/envoy/sds > envoy.yaml", skip: "needs a PKI; TestPrintBootstrapSDS runs these flags, TestDrillEnvoyCredentialsRotateLive (test/drills) the bootstrap they print"},
 	// Load against one engine.
-	{cmd: "inferlb loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace tools/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
-	{cmd: "inferlb loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
+	{cmd: "inferlb-lab loadgen --url http://127.0.0.1:18100 --model m --workload azure --trace tools/workload/testdata/azure_code_head.csv --speedup 20 --max-requests 100 --slo-ttft 300ms --slo-tpot 30ms --json-out azure.json", with: "engine-18100", want: "requests: 100 sent, 100 ok"},
+	{cmd: "inferlb-lab loadgen --url URL --model NAME --workload mooncake|azure|multiturn [flags]", skip: "synopsis; the entries around it are concrete"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 40 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
 	{cmd: "inferlb profile --target http://127.0.0.1:18100 --model llama-3.1-8b --max-rate 80 --prompt-tokens 200 --output-tokens 50 --time-scale 2 --points 4 --requests 40 --fleet " + fleet3 + " --gpu H100", with: "h100-18100", want: "profiles:"},
 	// The demo itself.
-	{cmd: "inferlb demo --duration 20s --time-scale 0.5", want: "inferlb demo: stopped."},
-	{cmd: "inferlb demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},
+	{cmd: "inferlb-lab demo --duration 20s --time-scale 0.5", want: "inferlb demo: stopped."},
+	{cmd: "inferlb-lab demo --time-scale 2 --rate 2 --plain > demo.log", serve: "http://127.0.0.1:17001/readyz"},
 	// Real llama.cpp servers (scripts/setup.sh --engines builds them; make
 	// test does); skipped without them outside CI (llamaDemoSkip).
-	{cmd: "inferlb demo --engines llamacpp --duration 40s", want: "inferlb demo: stopped.", check: checkDemoLlama},
+	{cmd: "inferlb-lab demo --engines llamacpp --duration 40s", want: "inferlb demo: stopped.", check: checkDemoLlama},
 	// The fleet simulator.
-	{cmd: "inferlb sim --duration 60s examples/sim/steady-3region.yaml", want: "| inferlb |"},
-	{cmd: "inferlb sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml", want: "| session_hash |"},
-	{cmd: "inferlb sim --duration 60s --json --policy inferlb examples/sim/hot-region.yaml", want: `"best_achievable_hit_rate"`},
-	{cmd: "inferlb sim --duration 60s --out sim-out examples/sim/engine-failure.yaml", want: "Best achievable hit rate"},
-	{cmd: "inferlb sim --duration 60s --seeds 3 --policy inferlb,random_key examples/sim/steady-3region.yaml", want: "Medians over 3 seeds (1–3)"},
-	{cmd: "inferlb sim --policy sglang_cache_aware,round_robin,session_hash examples/sim/rivals-multiturn.yaml", want: "| sglang_cache_aware |"},
-	{cmd: "inferlb sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/shared-preamble.yaml", skip: "the measurement behind the cache-affinity bar's tables (docs/sim.md, docs/results/sim-measured.md; several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
-	{cmd: "inferlb sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/steady-3region.yaml", skip: "the measurement behind the cache-affinity bar's tables (docs/sim.md, docs/results/sim-measured.md; several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
-	{cmd: "inferlb sim --seeds 3 --policy inferlb --prefill-placement examples/sim/mooncake.yaml", skip: "the measurement behind the prefill-placement figures (docs/decisions/prefill-placement-off.md, docs/results/sim-measured.md; a minute; every scenario took two); TestPlacement and TestDecidePlacesALongPrompt hold the rule"},
-	{cmd: "inferlb sim --seeds 3 --policy inferlb --idle-placement=false examples/sim/mooncake.yaml", skip: "the off side of the idle-placement figures (docs/decisions/idle-placement-on.md) since it is on by default (20 s; every scenario took two minutes); TestIdlePlacement and TestSharedTokensCreditsTheHotPrefix hold the rule, TestAffinityBar the balance with it on"},
-	{cmd: "inferlb sim --seeds 3 --policy inferlb --idle-placement examples/sim/mooncake.yaml", skip: "the measurement behind the idle-placement figures (docs/results/sim-measured.md; 20 s; every scenario took two minutes); TestIdlePlacement and TestDecideIdlePlacementCountsTheRequest hold the rule"},
-	{cmd: "inferlb sim --seeds 3 --json --policy inferlb --balance-factor 0 examples/sim/hetero-gpus.yaml", skip: "the measurement behind the balance-cost table (docs/results/sim-measured.md; a minute under the race detector); the --seeds 3 entry above runs the same code at 60 s"},
-	{cmd: "inferlb sim --bench --engines 100 --requests 20000", want: "req/CPU-s"},
+	{cmd: "inferlb-lab sim --duration 60s examples/sim/steady-3region.yaml", want: "| inferlb |"},
+	{cmd: "inferlb-lab sim --duration 60s --policy inferlb,session_hash examples/sim/shared-preamble.yaml", want: "| session_hash |"},
+	{cmd: "inferlb-lab sim --duration 60s --json --policy inferlb examples/sim/hot-region.yaml", want: `"best_achievable_hit_rate"`},
+	{cmd: "inferlb-lab sim --duration 60s --out sim-out examples/sim/engine-failure.yaml", want: "Best achievable hit rate"},
+	{cmd: "inferlb-lab sim --duration 60s --seeds 3 --policy inferlb,random_key examples/sim/steady-3region.yaml", want: "Medians over 3 seeds (1–3)"},
+	{cmd: "inferlb-lab sim --policy sglang_cache_aware,round_robin,session_hash examples/sim/rivals-multiturn.yaml", want: "| sglang_cache_aware |"},
+	{cmd: "inferlb-lab sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/shared-preamble.yaml", skip: "the measurement behind the cache-affinity bar's tables (docs/sim.md, docs/results/sim-measured.md; several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
+	{cmd: "inferlb-lab sim --seeds 3 --json --policy inferlb,random_key,llm_d,sglang_cache_aware,session_hash examples/sim/steady-3region.yaml", skip: "the measurement behind the cache-affinity bar's tables (docs/sim.md, docs/results/sim-measured.md; several minutes); the --seeds 3 entry above runs the same flags at 60 s"},
+	{cmd: "inferlb-lab sim --seeds 3 --policy inferlb --prefill-placement examples/sim/mooncake.yaml", skip: "the measurement behind the prefill-placement figures (docs/decisions/prefill-placement-off.md, docs/results/sim-measured.md; a minute; every scenario took two); TestPlacement and TestDecidePlacesALongPrompt hold the rule"},
+	{cmd: "inferlb-lab sim --seeds 3 --policy inferlb --idle-placement=false examples/sim/mooncake.yaml", skip: "the off side of the idle-placement figures (docs/decisions/idle-placement-on.md) since it is on by default (20 s; every scenario took two minutes); TestIdlePlacement and TestSharedTokensCreditsTheHotPrefix hold the rule, TestAffinityBar the balance with it on"},
+	{cmd: "inferlb-lab sim --seeds 3 --policy inferlb --idle-placement examples/sim/mooncake.yaml", skip: "the measurement behind the idle-placement figures (docs/results/sim-measured.md; 20 s; every scenario took two minutes); TestIdlePlacement and TestDecideIdlePlacementCountsTheRequest hold the rule"},
+	{cmd: "inferlb-lab sim --seeds 3 --json --policy inferlb --balance-factor 0 examples/sim/hetero-gpus.yaml", skip: "the measurement behind the balance-cost table (docs/results/sim-measured.md; a minute under the race detector); the --seeds 3 entry above runs the same code at 60 s"},
+	{cmd: "inferlb-lab sim --bench --engines 100 --requests 20000", want: "req/CPU-s"},
 	{cmd: "make sim-report", skip: "every scenario with every policy (minutes); its output is docs/results, and the sim entries above run the same code"},
 	// Benchmarks.
-	{cmd: "inferlb bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
-	{cmd: "inferlb bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/results/extproc-bench.md's tables (minutes); the entry above runs the same command on one cell"},
-	{cmd: "inferlb bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
-	{cmd: "inferlb bench extproc --protocol-only --duration 3s --concurrency 1,150 --sizes 8192,225280 --extproc-binary /tmp/inferlb-base", skip: "the before/after measurement behind docs/results/extproc-bench.md's memory tables (a build of main as /tmp/inferlb-base, minutes); TestBenchExtProcSmoke checks the memory columns"},
+	{cmd: "inferlb-lab bench extproc --duration 1s --concurrency 16 --sizes 8192", want: "+ inferlb ext_proc"},
+	{cmd: "inferlb-lab bench extproc --duration 3s --concurrency 1,16,150 --sizes 8192,225280", skip: "the measurement behind docs/results/extproc-bench.md's tables (minutes); the entry above runs the same command on one cell"},
+	{cmd: "inferlb-lab bench extproc --protocol-only --key prefix --duration 3s --concurrency 150 --sizes 8192,225280", want: "220 KB"},
+	{cmd: "inferlb-lab bench extproc --protocol-only --duration 3s --concurrency 1,150 --sizes 8192,225280 --extproc-binary /tmp/inferlb-base", skip: "the before/after measurement behind docs/results/extproc-bench.md's memory tables (a build of main as /tmp/inferlb-base, minutes); TestBenchExtProcSmoke checks the memory columns"},
 	{cmd: "make bench-rivals", skip: "every workload beside every real rival, one region and three, medians of 3 runs (about an hour); its output is docs/results/rivals, and tools/rivalbench's TestSmokeInferlbBesideARealRival runs the same code small"},
-	{cmd: "inferlb bench rivals --workloads multiturn --runs 1 --duration 30s", skip: "seven routers for 30 s (a minute with the start); TestSmokeInferlbBesideARealRival runs two for 4 s"},
-	{cmd: "inferlb bench rivals --routers inferlb,sglang-router-cache_aware,round-robin --workloads mooncake", skip: "three runs of a minute on the shared Mooncake trace, outside the repository; the smoke test covers the command's code"},
-	{cmd: "inferlb bench rivals --regions 3 --shares us-east=3,us-west=1,eu-west=1 --workloads multiturn", skip: "three regions of seven routers, three runs of a minute; the smoke test covers the code in one region"},
-	{cmd: "inferlb bench affinity", skip: "the measurement behind docs/results/extproc-bench.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does tools/affinitybench's TestSharedPreambleThroughEnvoy"},
-	{cmd: "inferlb bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
-	{cmd: "inferlb bench affinity --modes prefix --hash-balance-factor 300 --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the Mooncake trace lives in the shared data directory, outside the repository (docs/sim.md's --data-dir); a minute of a real rig"},
-	{cmd: "inferlb bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the same, with the default hash_balance_factor of the bench"},
-	{cmd: "inferlb bench simreal", skip: "the sim-vs-real comparison behind docs/sim.md (two minutes of traffic at time scale 2: about six minutes); tools/simreal's TestSimAgainstReal runs it short in make test"},
-	{cmd: "inferlb bench simreal --duration 60s --seed 7 --json-out simreal.json", skip: "three minutes of a real stack; tools/simreal's TestSimAgainstReal runs the same path short in make test"},
+	{cmd: "inferlb-lab bench rivals --workloads multiturn --runs 1 --duration 30s", skip: "seven routers for 30 s (a minute with the start); TestSmokeInferlbBesideARealRival runs two for 4 s"},
+	{cmd: "inferlb-lab bench rivals --routers inferlb,sglang-router-cache_aware,round-robin --workloads mooncake", skip: "three runs of a minute on the shared Mooncake trace, outside the repository; the smoke test covers the command's code"},
+	{cmd: "inferlb-lab bench rivals --regions 3 --shares us-east=3,us-west=1,eu-west=1 --workloads multiturn", skip: "three regions of seven routers, three runs of a minute; the smoke test covers the code in one region"},
+	{cmd: "inferlb-lab bench affinity", skip: "the measurement behind docs/results/extproc-bench.md's affinity figures (1,000 requests per mode, minutes); the entry below runs it small, and so does tools/affinitybench's TestSharedPreambleThroughEnvoy"},
+	{cmd: "inferlb-lab bench affinity --requests 100 --modes prefix,random,session --json-out affinity.json", want: "prefix vs random: TTFT p50"},
+	{cmd: "inferlb-lab bench affinity --modes prefix --hash-balance-factor 300 --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the Mooncake trace lives in the shared data directory, outside the repository (docs/sim.md's --data-dir); a minute of a real rig"},
+	{cmd: "inferlb-lab bench affinity --modes prefix --mooncake mooncake_synthetic_trace.jsonl --mooncake-rows 600", skip: "the same, with the default hash_balance_factor of the bench"},
+	{cmd: "inferlb-lab bench simreal", skip: "the sim-vs-real comparison behind docs/sim.md (two minutes of traffic at time scale 2: about six minutes); tools/simreal's TestSimAgainstReal runs it short in make test"},
+	{cmd: "inferlb-lab bench simreal --duration 60s --seed 7 --json-out simreal.json", skip: "three minutes of a real stack; tools/simreal's TestSimAgainstReal runs the same path short in make test"},
 	// Cache-affinity keys.
 	{cmd: "inferlb explain-key --policy-file examples/policy-affinity.json examples/request-shared-preamble.json", want: "x-inferlb-affinity-key: bb34053ccb15de80"},
 	{cmd: "inferlb explain-key --control-plane 127.0.0.1:18000 --node-id frontend-us-east --insecure --session s-42 < examples/request-shared-preamble.json", with: "control-plane", want: "why: keyed on the session"},
 	{cmd: "curl -s http://127.0.0.1:18080/affinity", with: "control-plane", want: `"hot_share_of_class"`},
-	{cmd: "inferlb bench extproc --protocol-only --duration 3s --concurrency 1,150 --sizes 8192,225280", skip: "the measurement behind docs/results/extproc-bench.md's streamed-body tables (minutes, with --extproc-binary and --body-mode per build); the bench extproc entry above covers the command"},
-	{cmd: "inferlb bench extproc --envoy-only --duration 3s --concurrency 1,150 --sizes 8192,225280", skip: "the measurement behind docs/results/extproc-bench.md's streamed-body table behind Envoy (minutes); the bench extproc entry above covers the command"},
-	{cmd: "inferlb bench extproc --envoy-only --concurrency 150 --sizes 225280,8192", skip: "the measurement behind docs/results/extproc-bench.md's Envoy table (minutes); the bench extproc entry above covers the command"},
+	{cmd: "inferlb-lab bench extproc --protocol-only --duration 3s --concurrency 1,150 --sizes 8192,225280", skip: "the measurement behind docs/results/extproc-bench.md's streamed-body tables (minutes, with --extproc-binary and --body-mode per build); the bench extproc entry above covers the command"},
+	{cmd: "inferlb-lab bench extproc --envoy-only --duration 3s --concurrency 1,150 --sizes 8192,225280", skip: "the measurement behind docs/results/extproc-bench.md's streamed-body table behind Envoy (minutes); the bench extproc entry above covers the command"},
+	{cmd: "inferlb-lab bench extproc --envoy-only --concurrency 150 --sizes 225280,8192", skip: "the measurement behind docs/results/extproc-bench.md's Envoy table (minutes); the bench extproc entry above covers the command"},
 }
 
 // Every command the docs and the --help texts show is in docCommands, and
@@ -225,6 +225,9 @@ func TestDocumentedCommands(t *testing.T) {
 		seen[c.cmd] = true
 		if !table[c.cmd] {
 			t.Errorf("%s shows a command docCommands does not list (add a line with what it must give):\n\t%s", c.where, c.cmd)
+		}
+		if why := wrongBinary(c.cmd); why != "" {
+			t.Errorf("%s: %s:\n\t%s", c.where, why, c.cmd)
 		}
 	}
 	for _, e := range docCommands {
@@ -262,7 +265,8 @@ func TestDocumentedCommands(t *testing.T) {
 // demoLane says whether a command runs in the lane of the demo's ports:
 // it, or its fixture, listens on the demo's ports (17000..) or on the demo
 // fleet's engine addresses (18001–18012: engine-sim of a fleet with engines
-// there), or it runs bin/inferlb, which make demo rebuilds. Every other
+// there), or it runs bin/inferlb or bin/inferlb-lab, which make demo
+// rebuilds. Every other
 // command (ports 18000, 18080, 18100, 184xx, 9002, 9102 or ephemeral ones)
 // runs in the other lane, at the same time.
 func demoLane(t *testing.T, root string, e docCmd) bool {
@@ -270,7 +274,7 @@ func demoLane(t *testing.T, root string, e docCmd) bool {
 		return true
 	}
 	for _, c := range []string{e.cmd, fixtures[e.with].cmd} {
-		if strings.Contains(c, "make ") || strings.Contains(c, "bin/inferlb") || strings.Contains(c, "inferlb demo") {
+		if strings.Contains(c, "make ") || strings.Contains(c, "bin/inferlb") || strings.Contains(c, "inferlb-lab demo") {
 			return true
 		}
 		m := regexp.MustCompile(`engine-sim .*--fleet (\S+)`).FindStringSubmatch(c)
@@ -292,9 +296,10 @@ func demoLane(t *testing.T, root string, e docCmd) bool {
 
 // docRunner runs commands in a copy of the repository's root made of
 // symbolic links (so relative paths work and what a command writes stays out
-// of the checkout), with the freshly built binary first on PATH as
-// "inferlb" and as bin/inferlb (which make demo rebuilds; PATH's copy is
-// its own file, so no command starts a binary while make writes it).
+// of the checkout), with the freshly built binaries, the operator's and the
+// lab's, first on PATH as "inferlb" and "inferlb-lab" and in bin/ (which make
+// demo rebuilds; PATH's copies are their own files, so no command starts a
+// binary while make writes it).
 type docRunner struct {
 	dir string
 	env []string
@@ -321,15 +326,17 @@ func newDocRunner(t *testing.T, root string) *docRunner {
 			t.Fatal(err)
 		}
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(path, "inferlb"), "./cmd/inferlb")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	if b, err := os.ReadFile(filepath.Join(path, "inferlb")); err != nil {
-		t.Fatal(err)
-	} else if err := os.WriteFile(filepath.Join(bin, "inferlb"), b, 0o755); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"inferlb", "inferlb-lab"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(path, name), "./cmd/"+name)
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+		if b, err := os.ReadFile(filepath.Join(path, name)); err != nil {
+			t.Fatal(err)
+		} else if err := os.WriteFile(filepath.Join(bin, name), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	env := append(os.Environ(), "PATH="+path+string(os.PathListSeparator)+os.Getenv("PATH"))
 	return &docRunner{dir: dir, env: env}

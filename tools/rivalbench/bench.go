@@ -69,7 +69,8 @@ type Options struct {
 	DataDir string
 	// OutDir receives the runs' logs and per-request files.
 	OutDir string
-	// Self is the inferlb binary (engine-sim, control-plane, extproc).
+	// Self is the lab's binary, inferlb-lab (engine-sim, control-plane,
+	// extproc).
 	Self string
 	// Envoy is the Envoy binary; RivalDir holds the rivals' environments.
 	Envoy    string

@@ -33,8 +33,8 @@ func TestSmokeInferlbBesideARealRival(t *testing.T) {
 	if _, err := SmgCacheAware.program(rivals); err != nil {
 		t.Fatalf("%v: make test installs the rivals with scripts/setup.sh --rivals", err)
 	}
-	bin := filepath.Join(t.TempDir(), "inferlb")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/inferlb/inferlb/cmd/inferlb").CombinedOutput(); err != nil {
+	bin := filepath.Join(t.TempDir(), "inferlb-lab")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/inferlb/inferlb/cmd/inferlb-lab").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	o := DefaultOptions()

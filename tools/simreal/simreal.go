@@ -1,6 +1,6 @@
 // Package simreal checks the fleet simulator against the real stack: one
 // scenario (a fleet with one frontend, engines in several regions,
-// multi-turn sessions with a surge) run once in `inferlb sim` (inferlb's
+// multi-turn sessions with a surge) run once in `inferlb-lab sim` (inferlb's
 // policy, tools/fleetsim) and once through the real request path — a real
 // Envoy, the control plane, the ext_proc service and engine-sim engines on
 // the fleet's addresses, with the fleet's round trips emulated by the
@@ -18,7 +18,7 @@
 // ext_proc's own latency and the machine's scheduling, which the simulator
 // does not model.
 //
-// `inferlb bench simreal` runs it at full size; a test in this package runs
+// `inferlb-lab bench simreal` runs it at full size; a test in this package runs
 // it short.
 package simreal
 

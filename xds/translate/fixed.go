@@ -1,7 +1,7 @@
 package translate
 
 // FixedClass is a class whose engines have fixed weights, for rigs that run
-// no optimizer (`inferlb bench envoy`, the ext_proc and bootstrap tests).
+// no optimizer (`inferlb-lab bench envoy`, the ext_proc and bootstrap tests).
 // FixedNode turns such classes into the Node Translate takes, so those rigs
 // get the CDS and EDS production publishes, from the one builder.
 type FixedClass struct {

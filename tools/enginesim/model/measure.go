@@ -27,7 +27,7 @@ type Measured struct {
 // TBOT (first to last token over the tokens between) of the requests that
 // arrived after the first fifth of the load (the warm-up, while the batch
 // fills) and generated at least two tokens. It is the engine simulator's
-// answer to "what does this engine do at this load", which `inferlb
+// answer to "what does this engine do at this load", which `inferlb-lab
 // profile --engine-sim` fits and the optimizer's tests hold profiles to.
 func Measure(cfg Config, l Load) (Measured, error) {
 	if !(l.RatePerS > 0) || l.PromptTokens < 1 || l.OutputTokens < 2 || l.Requests < 10 {
