@@ -28,6 +28,7 @@ import (
 	policyv1 "github.com/inferlb/inferlb/api/policy/v1"
 	"github.com/inferlb/inferlb/internal/dist"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/syncbuf"
 	"github.com/inferlb/inferlb/tools/enginesim"
 	"github.com/inferlb/inferlb/tools/loadgen"
 	"github.com/inferlb/inferlb/xds/xdstest"
@@ -206,7 +207,7 @@ func TestEndToEndWithEnvoy(t *testing.T) {
 	cfg.Cycle.Translate.HealthCheck.HealthyThreshold = 1
 	// The control plane's warnings (a refused publish, a failed scrape)
 	// explain a failure of this test: printed only then.
-	var warnings lockedBuffer
+	var warnings syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -556,22 +557,4 @@ func tvInt(a, b map[string]uint32) float64 {
 		fb[k] = float64(v)
 	}
 	return dist.TotalVariation(fa, fb)
-}
-
-// lockedBuffer is a bytes.Buffer safe for the logger's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer // guarded by mu
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

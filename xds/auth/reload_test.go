@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/syncbuf"
 	"github.com/inferlb/inferlb/xds/auth"
 	"github.com/inferlb/inferlb/xds/auth/authtest"
 )
@@ -440,22 +441,7 @@ func renameInto(t *testing.T, from, to string) {
 }
 
 // syncBuffer is a log destination safe for concurrent handlers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer struct{ syncbuf.Buffer }
 
 // contains reports whether one line holds every part.
 func (s *syncBuffer) contains(parts ...string) bool {
