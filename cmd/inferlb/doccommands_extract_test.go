@@ -306,3 +306,22 @@ func runs(root *cobra.Command, args []string) bool {
 	}
 	return true
 }
+
+// wrongBinary is not vacuous: it tells each binary's commands apart, flags
+// included.
+func TestWrongBinaryIsCaught(t *testing.T) {
+	for c, wrong := range map[string]bool{
+		"inferlb engine-sim --fleet examples/fleet-3region.yaml":     true,
+		"inferlb-lab engine-sim --fleet examples/fleet-3region.yaml": false,
+		"inferlb-lab extproc --config examples/config/extproc.yaml":  true,
+		"inferlb profile --engine-sim":                               true,
+		"inferlb-lab profile --engine-sim":                           false,
+		"inferlb token > xds-token":                                  false,
+		"bin/inferlb-lab --help":                                     false,
+		"./bin/inferlb demo --help":                                  true,
+	} {
+		if got := wrongBinary(c) != ""; got != wrong {
+			t.Errorf("wrongBinary(%q) = %q, want wrong: %v", c, wrongBinary(c), wrong)
+		}
+	}
+}

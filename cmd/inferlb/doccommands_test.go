@@ -93,13 +93,15 @@ var docCommands = []docCmd{
 	{cmd: "inferlb-lab loadgen --url http://127.0.0.1:17010 --model llama-3.1-70b-fp8 --workload multiturn --arrival poisson --rate 2 --duration 40s --priority-mix critical=1,batch=3 --region-url eu-west=http://127.0.0.1:17012 --region-shares us-east=0.5,eu-west=0.5 --region-shares 20s:us-east=0.1,eu-west=0.9 --slo-ttft 500ms --slo-tpot 50ms --json-out report.json", with: "demo", parallel: true, want: "goodput:"},
 	{cmd: "inferlb-lab loadgen --model llama-3.1-70b-fp8 --url http://127.0.0.1:17010 --workload multiturn --arrival poisson --rate 2 --rate-at 10s:6 --rate-at 20s:2 --until-interrupted", with: "demo", parallel: true, serve: "loadgen    12s", want: "(interrupted)"},
 	{cmd: `make demo DEMOFLAGS="--duration 20s --time-scale 0.5"`, want: "inferlb demo: stopped.", check: checkDemoBounded},
+	{cmd: "make build", skip: "make demo runs it (its prerequisite) in the first entry"},
 	{cmd: "make test", skip: "it is this suite (CI runs it)"},
 	{cmd: "make lint", skip: "CI runs it before make test (.ci/run)"},
 	{cmd: "make profiles", skip: "refits every example fleet's profiles against the engine simulator (minutes) and rewrites the fleet files; TestProfileEngineSimWithin15Percent holds the fit"},
 	{cmd: "inferlb-lab profile --engine-sim", skip: "named in docs/optimizer.md's prose; make profiles runs it (with --write --fleet) over every example fleet"},
 	{cmd: "make bench", skip: "every benchmark, minutes; go vet in make test compiles them"},
-	// The binary's own help.
+	// The binaries' own help.
 	{cmd: "bin/inferlb --help", want: "Available Commands:"},
+	{cmd: "bin/inferlb-lab --help", want: "engine-sim"},
 	{cmd: "bin/inferlb-lab demo --help", want: "--duration"},
 	// Fleet specs and the optimizer.
 	{cmd: "inferlb validate " + fleet3, want: `ok: fleet "demo-3region"`},

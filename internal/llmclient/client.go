@@ -21,7 +21,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/inferlb/inferlb/api/headers"
 	"github.com/inferlb/inferlb/internal/tokens"
 )
 
@@ -50,11 +49,6 @@ type HeaderNames struct {
 	// region is the frontend's, and ext_proc strips client-sent x-inferlb-*
 	// headers.
 	Region string
-}
-
-// DefaultHeaderNames are inferlb's client-facing names; no region header.
-func DefaultHeaderNames() HeaderNames {
-	return HeaderNames{Session: headers.SessionID, Priority: headers.Priority}
 }
 
 // Client sends requests to an OpenAI-compatible server and streams their

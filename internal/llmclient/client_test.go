@@ -19,7 +19,7 @@ import (
 )
 
 func testClient(t testing.TB, url string) *llmclient.Client {
-	c := &llmclient.Client{HTTP: llmclient.NewHTTPClient(256), BaseURL: url, Model: "m", Headers: llmclient.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 10 * time.Second}
+	c := &llmclient.Client{HTTP: llmclient.NewHTTPClient(256), BaseURL: url, Model: "m", IgnoreEOS: true, Timeout: 10 * time.Second}
 	t.Cleanup(c.CloseIdleConnections)
 	return c
 }

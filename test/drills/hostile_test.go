@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/api/headers"
 	envoyconfigs "github.com/inferlb/inferlb/envoy-configs"
 	"github.com/inferlb/inferlb/internal/llmclient"
 	"github.com/inferlb/inferlb/internal/tokens"
@@ -120,7 +121,7 @@ func TestDrillHostileBodies(t *testing.T) {
 	}
 	s := startStack(t, stackOptions{engines: 3, envoyWorkers: 2, extArgs: []string{"--body-limit", fmt.Sprint(4 << 20)},
 		envoy: func(p *envoyconfigs.Params) { p.BodyLimit, p.MessageTimeout = 4<<20, "1s" }})
-	c := &llmclient.Client{BaseURL: s.url, Model: "m", Headers: llmclient.DefaultHeaderNames(), IgnoreEOS: true, Timeout: 30 * time.Second}
+	c := &llmclient.Client{BaseURL: s.url, Model: "m", Headers: llmclient.HeaderNames{Session: headers.SessionID, Priority: headers.Priority}, IgnoreEOS: true, Timeout: 30 * time.Second}
 	defer c.CloseIdleConnections()
 	const rate, window = 8.0, 6 * time.Second
 	body := hostileBody(10_000)

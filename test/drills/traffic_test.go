@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferlb/inferlb/api/headers"
 	"github.com/inferlb/inferlb/internal/envoytest"
 	"github.com/inferlb/inferlb/internal/llmclient"
 	"github.com/inferlb/inferlb/internal/tokens"
@@ -60,7 +61,7 @@ func (r result) String() string {
 type client struct{ lc *llmclient.Client }
 
 func newClient(url string) *client {
-	return &client{lc: &llmclient.Client{BaseURL: url, Model: "m", Headers: llmclient.DefaultHeaderNames(),
+	return &client{lc: &llmclient.Client{BaseURL: url, Model: "m", Headers: llmclient.HeaderNames{Session: headers.SessionID, Priority: headers.Priority},
 		IgnoreEOS: true, Timeout: 60 * time.Second}}
 }
 

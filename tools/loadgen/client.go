@@ -8,6 +8,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/inferlb/inferlb/api/headers"
 	"github.com/inferlb/inferlb/internal/llmclient"
 	"github.com/inferlb/inferlb/tools/workload"
 )
@@ -37,7 +38,9 @@ const (
 )
 
 // DefaultHeaderNames are inferlb's client-facing names; no region header.
-func DefaultHeaderNames() HeaderNames { return llmclient.DefaultHeaderNames() }
+func DefaultHeaderNames() HeaderNames {
+	return HeaderNames{Session: headers.SessionID, Priority: headers.Priority}
+}
 
 // NewHTTPClient returns an HTTP/1.1 client tuned for load generation
 // (llmclient.NewHTTPClient).
