@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/inferlb/inferlb/cmd/internal/cli"
-	"github.com/inferlb/inferlb/cmd/internal/clitest"
 )
 
 // runAsMain makes this test binary act as the inferlb-lab command when the
@@ -26,11 +25,4 @@ func TestMain(m *testing.M) {
 	// replace it (--keep-sysmon-awake).
 	cli.ExecSysmonAwake = func() error { return nil }
 	os.Exit(m.Run())
-}
-
-// refused runs a command of rootCmd that must refuse its settings
-// (clitest.Refused).
-func refused(t *testing.T, want string, args ...string) error {
-	t.Helper()
-	return clitest.Refused(t, rootCmd, want, args...)
 }
