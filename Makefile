@@ -32,7 +32,7 @@ build:
 # The drills (test/drills) run the real processes in real time against bars
 # on throughput (the overload drill: admitted at least 90% of capacity), so
 # they run alone, after the rest: on 2 cores with two busy loops beside it
-# the overload drill admitted 87-98% (89-97% since stop 19), quiet 96-97%;
+# the overload drill admitted 87-98%, quiet 96-97%;
 # CI, with another race-built package beside it, once saw 89.7%. The simulator's bar test
 # (TestAffinityBar) skips itself under the race detector, where its 24
 # full-length simulations take minutes; the last run has it without (about
@@ -42,7 +42,7 @@ build:
 # (TestDrillHostileBodies, about 35 s): under the race detector its own
 # client and engines, in the test's process, would be what its latency
 # ratio measured.
-# --engines (issue 24): llama.cpp's llama-server, built from source on the
+# --engines: llama.cpp's llama-server, built from source on the
 # first run (cached under $(VENV)/llama.cpp), and its tiny model, for the
 # tests that put a real engine behind the stack (test/drills, llamacpp_test.go).
 test:

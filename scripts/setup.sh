@@ -89,7 +89,7 @@ if [ "$browser" = 1 ] && [ -z "${INFERLB_CHROMIUM:-}" ] && ! command -v chromium
   fi
   command -v chromium >/dev/null || { log "apt-get installed chromium but there is no chromium on PATH"; exit 1; }
 fi
-# --- engines (issue 24): llama-server and its tiny model --------------------
+# --- engines: llama-server and its tiny model ------------------------------
 if [ "$engines" = 1 ]; then
   scripts/setup-engines.sh "$VENV"
 fi
@@ -100,7 +100,7 @@ if [ "$rivals" = 1 ]; then
   scripts/setup-rivals.sh "$VENV"
 fi
 
-# --- Kubernetes test rig (issue 25): etcd + kube-apiserver -------------------
+# --- Kubernetes test rig: etcd + kube-apiserver -----------------------------
 # Kept in its own script so this one's other sections change independently.
 if [ "$k8s" = 1 ]; then
   scripts/setup-k8s.sh
