@@ -39,5 +39,12 @@ func NewRoot(version string) *cobra.Command {
 		panic("labcmd: the operator's commands have no profile: " + err.Error())
 	}
 	addEngineSim(profile)
+	// The lab's control planes run against engine simulators in scaled
+	// time: --time-scale is one of its settings (a --config key too).
+	cp, _, err := root.Find([]string{"control-plane"})
+	if err != nil {
+		panic("labcmd: the operator's commands have no control-plane: " + err.Error())
+	}
+	cp.Flags().Lookup(opcmd.TimeScaleFlag).Hidden = false
 	return root
 }

@@ -199,7 +199,10 @@ func controlPlaneFlags(cmd *cobra.Command, d *controlplane.RunConfig, o *control
 	f.StringVar(&d.StateFile, "state-file", "", "file keeping the published weights across restarts")
 	f.IntVar(&d.History, "history", d.History, "cycles kept in memory for /history and the dashboard's charts")
 	f.DurationVar(&d.MaxClockSkew, "max-clock-skew", 10*time.Second, "reports whose interval ends further than this from this clock are refused")
-	f.Float64Var(&o.timeScale, "time-scale", 1, "the engines are simulators at this time scale (engine-sim --time-scale): the fleet's profiles and round trips are read in their real time (durations × it, rates ÷ it)")
+	f.Float64Var(&o.timeScale, TimeScaleFlag, 1, "the engines are simulators at this time scale (engine-sim --time-scale): the fleet's profiles and round trips are read in their real time (durations × it, rates ÷ it)")
+	// Real engines run in real time: the setting is the lab's (its
+	// control-plane shows it, labcmd), not one an operator sets.
+	_ = f.MarkHidden(TimeScaleFlag)
 	f.StringVar(&o.allocator, "allocator", "optimizer", "optimizer, or proportional (capacity-proportional baseline)")
 	f.Float64Var(&o.solverTolerance, "solver-tolerance", controlplane.DefaultSolverTolerance, "optimizer's relative optimality gap per cycle")
 	f.StringVar(&o.lbPolicy, "lb-policy", "maglev", "maglev or ring_hash")

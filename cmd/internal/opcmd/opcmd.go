@@ -35,6 +35,11 @@ func NewRoot(version string) *cobra.Command {
 	return root
 }
 
+// TimeScaleFlag is control-plane's flag for engine simulators in scaled
+// time: hidden in the operator's binary (real engines run in real time),
+// shown in the lab's.
+const TimeScaleFlag = "time-scale"
+
 // Add adds the operator's commands to root.
 func Add(root *cobra.Command) {
 	root.AddCommand(newControlPlaneCmd(), newExtprocCmd(), newValidateCmd(), newSolveCmd(),
