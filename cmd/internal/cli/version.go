@@ -5,6 +5,8 @@ import (
 	"strings"
 )
 
+// readBuildInfo is the build info Go stamped into the running binary (nil
+// if none).
 func readBuildInfo() *debug.BuildInfo {
 	bi, _ := debug.ReadBuildInfo()
 	return bi
