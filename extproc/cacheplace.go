@@ -185,7 +185,7 @@ type budgetKey struct{ class, addr string }
 
 // placeCache is cache-aware placement (see above) for a request of class
 // whose affinity key lands on table host home.
-func (pl *placer) placeCache(p *Policy, t *ClassTable, class string, key uint64, table int, chain *body.Chain,
+func (pl *placer) placeCache(t *ClassTable, class string, key uint64, table int, chain *body.Chain,
 	prompt int, now time.Time) (uint64, string) {
 	home := table
 	if pl.index == nil {

@@ -217,7 +217,7 @@ func (pl *placer) place(p *Policy, class string, key uint64, chain *body.Chain, 
 		if table < 0 {
 			return key, ""
 		}
-		return pl.placeCache(p, t, class, key, table, chain, prompt, now)
+		return pl.placeCache(t, class, key, table, chain, prompt, now)
 	}
 	home, credit := table, shared
 	if prev, ok := pl.last[key]; ok {

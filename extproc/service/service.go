@@ -41,7 +41,7 @@ import (
 const streamWorkers = 512
 
 // ServerOptions are the ext_proc gRPC server's options for bodies up to
-// bodyLimit bytes (also used by `inferlb bench extproc` for its null
+// bodyLimit bytes (also used by `inferlb-lab bench extproc` for its null
 // processor, so both meet Envoy on the same terms).
 func ServerOptions(bodyLimit int) []grpc.ServerOption {
 	return []grpc.ServerOption{

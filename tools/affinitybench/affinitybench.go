@@ -13,7 +13,7 @@
 // distinct keys, per-engine load and remaps (a turn served by another engine
 // than its conversation's previous turn) are measured where they happen.
 //
-// `inferlb bench affinity` runs it at full size; a test in this package runs
+// `inferlb-lab bench affinity` runs it at full size; a test in this package runs
 // it small.
 package affinitybench
 
@@ -107,7 +107,7 @@ type Options struct {
 	Progress io.Writer
 }
 
-// DefaultOptions is the full-size run of `inferlb bench affinity`.
+// DefaultOptions is the full-size run of `inferlb-lab bench affinity`.
 func DefaultOptions() Options {
 	prof := enginesim.H100Llama8B
 	prof.Model = "m"
@@ -552,7 +552,7 @@ func startControlPlane(ctx context.Context, o Options, g *group, spec *fleet.Spe
 // startExtProc runs an ext_proc server subscribed to the control plane at
 // xdsAddr and reporting to it; it returns the server and its port.
 func startExtProc(ctx context.Context, g *group, xdsAddr string, log *slog.Logger) (*extproc.Server, int, error) {
-	ext := extproc.New(extproc.Options{Logger: log, IdlePlacement: true})
+	ext := extproc.New(extproc.Options{Logger: log, IdlePlacement: true, CachePlacement: true})
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, 0, err

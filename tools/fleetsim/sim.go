@@ -62,7 +62,7 @@ type Options struct {
 	PrefillPlacement bool
 	// IdlePlacement turns ext_proc's idle-engine placement on for the
 	// inferlb policies. The service's command turns it on by default (as
-	// does `inferlb sim`); the zero Options route by the key alone, as
+	// does `inferlb-lab sim`); the zero Options route by the key alone, as
 	// extproc.Options do.
 	IdlePlacement bool
 	// CachePlacement turns ext_proc's cache-aware placement on for the
