@@ -38,7 +38,7 @@ func TestAffinityBar(t *testing.T) {
 				t.Fatal(err)
 			}
 			res, err := RunScenario(context.Background(), sc, RunOptions{
-				Policies: append([]string{PolicyInferlb, PolicyRandomKey}, rivals...), Seeds: 3, Parallel: 2, IdlePlacement: true})
+				Policies: append([]string{PolicyInferlb, PolicyRandomKey}, rivals...), Seeds: 3, Parallel: 2, IdlePlacement: true, CachePlacement: true})
 			if err != nil {
 				t.Fatal(err)
 			}
