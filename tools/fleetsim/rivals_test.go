@@ -25,72 +25,68 @@ type realRival struct {
 	quiet bool
 }
 
-// Why a real figure is not held (docs/sim.md, "The simulated rivals against
-// the real ones").
+// Why a real figure is not held (docs/results/sim-rivals.md).
 const (
-	// whyRig: the bench's rig, not the rival: on these workloads the real
-	// round robin, whose rule the simulator has exactly, is 42–63% above
-	// the simulator's too (seven routers' fleets of engine-sim, the routers
-	// and their clients on a 2-core machine at time scale 1 add 40–85 ms to
-	// a request); with two routers instead of seven (the quiet entries) the
-	// p50s agree.
-	whyRig = "the rig adds 40-85 ms a request here (round robin too)"
-	// whyVLLMLatency: vllm-router's own latency: the same hit rate as
-	// sglang-router's on the same rig, 14 ms more at the median.
-	whyVLLMLatency = "vllm-router's own latency (same hit as sglang-router, +14 ms)"
-	// whySMGMooncake: smg 1.13.0's hit rate moves between runs (0.50–0.61)
-	// and its engines' loads spread (max/mean requests 1.38) where
-	// sglang-router and vllm-router, the same rule, serve the pooled ideal
-	// (0.615) every run, as the simulator does.
-	whySMGMooncake = "smg alone: 0.50-0.61 across runs, sglang-router 0.615 every run"
-	// whyKnee: Mooncake's TTFT under SGLang is bimodal: 60% of the
-	// simulator's requests take under 27 ms, few take 27–55 ms, so its p50
-	// (24 ms) sits in the fast mode; under a quarter of the real ones are
-	// that fast (p25 42 ms, p50 47). The real round robin's p50 agrees (52
-	// against 46 ms), and so do SGLang's p90 and p99 (121 and 265 ms against
-	// 99 and 218).
-	whyKnee = "the p50 falls on the knee of a bimodal distribution (p90, p99 within 20%)"
+	// whyRig: the bench's rig, not the rival: with seven routers' fleets of
+	// engine-sim, the routers and their clients on a 2-core machine at time
+	// scale 1, the real round robin, whose rule the simulator has exactly,
+	// is 63-74% above the simulator's p50 on these workloads too; with
+	// three routers (the quiet entries) the p50s agree.
+	whyRig = "the seven-router rig adds 30-35 ms a request here (round robin too)"
+	// whyKnee: Mooncake's TTFT under SGLang is bimodal: most of the
+	// simulator's requests take under 27 ms, few take 27-55 ms, so its p50
+	// (24 ms) sits in the fast mode; the real one's (45 ms, three routers)
+	// sits past the knee. The real round robin's p50 agrees (47 against 46
+	// ms), and so do SGLang's p90 and p99 (107 and 222 ms against 99 and
+	// 218).
+	whyKnee = "the p50 falls on the knee of a bimodal distribution (p90, p99 within 10%)"
 )
 
-// realRivals are the real routers' figures from docs/results/rivals
-// (one-region/results.json: medians over runs); docs/results/sim-rivals.md
-// has the table and says which entries come from a two-router run (quiet)
-// and why. vllm-router's consistent_hash is
-// session_hash's rule only where clients send a session id
-// (multiturn-sessions).
+// realRivals are the real routers' figures from docs/results/rivals:
+// one-region/results.json (seven routers) and, for the quiet entries,
+// one-region-three-routers/results.json (inferlb, sglang-router and round
+// robin alone on the rig), medians over 3 runs of 2026-12-07/08.
+// vllm-router's consistent_hash is session_hash's rule only where clients
+// send a session id (multiturn-sessions).
 var realRivals = []realRival{
-	{workload: "mooncake", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.519, p50: 126.9, hitWhy: whySMGMooncake, p50Why: whyRig},
-	{workload: "mooncake", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.615, p50: 107.0, p50Why: whyRig},
-	{workload: "mooncake", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.614, p50: 145.8, p50Why: whyRig},
-	{workload: "mooncake", policy: PolicyRoundRobin, router: "round-robin", hit: 0.302, p50: 121.6, p50Why: whyRig},
-	{workload: "multiturn", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.940, p50: 67.6, p50Why: whyRig},
-	{workload: "multiturn", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.947, p50: 72.4, p50Why: whyRig},
-	{workload: "multiturn", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.947, p50: 105.4, p50Why: whyRig},
-	{workload: "multiturn", policy: PolicyRoundRobin, router: "round-robin", hit: 0.828, p50: 90.2, p50Why: whyRig},
-	{workload: "multiturn-sessions", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.939, p50: 69.2, p50Why: whyRig},
-	{workload: "multiturn-sessions", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.947, p50: 76.0, p50Why: whyRig},
-	{workload: "multiturn-sessions", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.947, p50: 111.1, p50Why: whyRig},
-	{workload: "multiturn-sessions", policy: PolicyRoundRobin, router: "round-robin", hit: 0.831, p50: 93.8, p50Why: whyRig},
-	{workload: "multiturn-sessions", policy: PolicySession, router: "vllm-router-consistent_hash", hit: 0.930, p50: 70.3, p50Why: whyRig},
-	{workload: "agentic", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.873, p50: 54.3},
-	{workload: "agentic", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.875, p50: 54.8},
-	{workload: "agentic", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.875, p50: 69.2, p50Why: whyVLLMLatency},
-	{workload: "agentic", policy: PolicyRoundRobin, router: "round-robin", hit: 0.655, p50: 81.3},
-	{workload: "rag", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.492, p50: 148.9},
-	{workload: "rag", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.507, p50: 148.9},
-	{workload: "rag", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.507, p50: 163.6},
-	{workload: "rag", policy: PolicyRoundRobin, router: "round-robin", hit: 0.172, p50: 167.8},
-	{workload: "azure-conv", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.000, p50: 126.4, p50Why: whyRig},
-	{workload: "azure-conv", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.000, p50: 121.6, p50Why: whyRig},
-	{workload: "azure-conv", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.000, p50: 154.1, p50Why: whyRig},
-	{workload: "azure-conv", policy: PolicyRoundRobin, router: "round-robin", hit: 0.000, p50: 110.6, p50Why: whyRig},
+	{workload: "mooncake", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.604, p50: 62.1, p50Why: whyRig},
+	{workload: "mooncake", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.615, p50: 69.2, p50Why: whyRig},
+	{workload: "mooncake", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.614, p50: 81.8, p50Why: whyRig},
+	{workload: "mooncake", policy: PolicyRoundRobin, router: "round-robin", hit: 0.301, p50: 79.2, p50Why: whyRig},
+	{workload: "multiturn", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.941, p50: 60.8, p50Why: whyRig},
+	{workload: "multiturn", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.946, p50: 62.4, p50Why: whyRig},
+	{workload: "multiturn", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.946, p50: 91.8, p50Why: whyRig},
+	{workload: "multiturn", policy: PolicyRoundRobin, router: "round-robin", hit: 0.827, p50: 84.4, p50Why: whyRig},
+	{workload: "multiturn-sessions", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.940, p50: 52.4, p50Why: whyRig},
+	{workload: "multiturn-sessions", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.947, p50: 56.4, p50Why: whyRig},
+	{workload: "multiturn-sessions", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.946, p50: 75.5, p50Why: whyRig},
+	{workload: "multiturn-sessions", policy: PolicyRoundRobin, router: "round-robin", hit: 0.832, p50: 79.7, p50Why: whyRig},
+	{workload: "multiturn-sessions", policy: PolicySession, router: "vllm-router-consistent_hash", hit: 0.930, p50: 51.4, p50Why: whyRig},
+	{workload: "agentic", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.870, p50: 47.7},
+	{workload: "agentic", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.875, p50: 48.2},
+	{workload: "agentic", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.875, p50: 54.0},
+	{workload: "agentic", policy: PolicyRoundRobin, router: "round-robin", hit: 0.658, p50: 71.8},
+	{workload: "rag", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.501, p50: 140.5},
+	{workload: "rag", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.506, p50: 139.5},
+	{workload: "rag", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.508, p50: 144.7},
+	{workload: "rag", policy: PolicyRoundRobin, router: "round-robin", hit: 0.192, p50: 160.4},
+	{workload: "azure-conv", policy: PolicySGLang, router: "smg-cache_aware", hit: 0.000, p50: 72.4},
+	{workload: "azure-conv", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.000, p50: 76.0},
+	{workload: "azure-conv", policy: PolicySGLang, router: "vllm-router-cache_aware", hit: 0.000, p50: 84.4},
+	{workload: "azure-conv", policy: PolicyRoundRobin, router: "round-robin", hit: 0.000, p50: 72.4},
 
-	{workload: "mooncake", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.615, p50: 46.6, p50Why: whyKnee, quiet: true},
-	{workload: "mooncake", policy: PolicyRoundRobin, router: "round-robin", hit: 0.308, p50: 51.7, quiet: true},
-	{workload: "multiturn", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.947, p50: 42.1, quiet: true},
-	{workload: "multiturn", policy: PolicyRoundRobin, router: "round-robin", hit: 0.829, p50: 51.5, quiet: true},
-	{workload: "azure-conv", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.000, p50: 67.1, quiet: true},
-	{workload: "azure-conv", policy: PolicyRoundRobin, router: "round-robin", hit: 0.000, p50: 65.1, quiet: true},
+	{workload: "mooncake", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.615, p50: 44.6, p50Why: whyKnee, quiet: true},
+	{workload: "mooncake", policy: PolicyRoundRobin, router: "round-robin", hit: 0.306, p50: 47.4, quiet: true},
+	{workload: "multiturn", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.947, p50: 40.9, quiet: true},
+	{workload: "multiturn", policy: PolicyRoundRobin, router: "round-robin", hit: 0.830, p50: 50.3, quiet: true},
+	{workload: "multiturn-sessions", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.947, p50: 40.6, quiet: true},
+	{workload: "multiturn-sessions", policy: PolicyRoundRobin, router: "round-robin", hit: 0.830, p50: 50.9, quiet: true},
+	{workload: "agentic", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.875, p50: 46.4, quiet: true},
+	{workload: "agentic", policy: PolicyRoundRobin, router: "round-robin", hit: 0.664, p50: 69.7, quiet: true},
+	{workload: "rag", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.506, p50: 138.4, quiet: true},
+	{workload: "rag", policy: PolicyRoundRobin, router: "round-robin", hit: 0.173, p50: 156.2, quiet: true},
+	{workload: "azure-conv", policy: PolicySGLang, router: "sglang-router-cache_aware", hit: 0.000, p50: 67.6, quiet: true},
+	{workload: "azure-conv", policy: PolicyRoundRobin, router: "round-robin", hit: 0.000, p50: 65.8, quiet: true},
 }
 
 // Tolerances of the agreement (the rivals' issue).
