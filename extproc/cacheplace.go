@@ -266,9 +266,11 @@ func (pl *placer) placeCache(t *ClassTable, class string, key uint64, table int,
 			best = i
 		}
 	}
+	if at[home].IsZero() { // home out of the plan: commit's fallback needs its time
+		at[home] = when(home)
+	}
 	if best < 0 { // cannot be: some engine is at or under its share
 		best = home
-		at[home] = when(home)
 	}
 	if conv >= 0 && over(conv) <= 1+2*slack {
 		best = conv // the conversation stays where its history is
