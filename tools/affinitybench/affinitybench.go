@@ -552,7 +552,10 @@ func startControlPlane(ctx context.Context, o Options, g *group, spec *fleet.Spe
 // startExtProc runs an ext_proc server subscribed to the control plane at
 // xdsAddr and reporting to it; it returns the server and its port.
 func startExtProc(ctx context.Context, g *group, xdsAddr string, log *slog.Logger) (*extproc.Server, int, error) {
-	ext := extproc.New(extproc.Options{Logger: log, IdlePlacement: true, CachePlacement: true})
+	// Idle placement and no cache-aware placement: the bench measures the
+	// affinity keys, and cache-aware placement places by the prompt
+	// whatever the key (a random key does as well under it).
+	ext := extproc.New(extproc.Options{Logger: log, IdlePlacement: true})
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, 0, err

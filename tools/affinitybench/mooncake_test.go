@@ -133,7 +133,7 @@ control: {interval: %s, scrape_interval: %s, report_interval: %s}
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := fleetsim.Run(context.Background(), fleetsim.Options{Scenario: sc, Policy: fleetsim.PolicyInferlb, DataDir: data, NoSeries: true, IdlePlacement: true, CachePlacement: true})
+	res, err := fleetsim.Run(context.Background(), fleetsim.Options{Scenario: sc, Policy: fleetsim.PolicyInferlb, DataDir: data, NoSeries: true, IdlePlacement: true})
 	if err != nil {
 		t.Fatal(err)
 	}
