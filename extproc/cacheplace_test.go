@@ -261,3 +261,25 @@ func TestPrefixIndexIsBounded(t *testing.T) {
 		t.Errorf("an entry older than prefixMaxAge is still believed: %v", cached)
 	}
 }
+
+// A class with affinity off gets no prefix matching: requests sharing a
+// long prompt spread by when each engine is free instead of following the
+// engine that holds it.
+func TestCachePlacementWithAffinityOff(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		rp := cachePolicy(t, "1", nil)
+		rp.Classes[0].Affinity = &policyv1.Affinity{Off: off}
+		rp.Classes[0].Utilization = 0.2 // room: the budget lets a holder keep a hot prompt
+		r := newCacheRig(t, rp)
+		used := map[string]int{}
+		for i := range 8 {
+			used[r.send(chatBody(longSystem, fmt.Sprintf("question %d", i)))]++
+		}
+		switch {
+		case off && len(used) < 3:
+			t.Errorf("affinity off: 8 requests sharing a prompt went to %v; want them spread by when each engine is free", used)
+		case !off && len(used) != 1:
+			t.Errorf("affinity on: 8 requests sharing a prompt went to %v; want the engine that holds it", used)
+		}
+	}
+}

@@ -439,7 +439,13 @@ func (d *Decider) decide(in Input, dc *Decision) *apiError {
 		if now.IsZero() {
 			now = time.Now()
 		}
-		dc.KeyHash, dc.placed = pl.place(p, c.Name, keyHash, &br.Chain, prompt, sharedTokens(&kd, br), !kd.Off && kd.Key != 0, now)
+		// A class with affinity off gets no prefix matching either: its
+		// requests go where they are soonest with nothing counted cached.
+		chain := &br.Chain
+		if kd.Off {
+			chain = nil
+		}
+		dc.KeyHash, dc.placed = pl.place(p, c.Name, keyHash, chain, prompt, sharedTokens(&kd, br), !kd.Off && kd.Key != 0, now)
 		if dc.placed != "" {
 			dc.placer = pl
 		}
