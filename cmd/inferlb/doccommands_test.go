@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,13 +10,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/inferlb/inferlb/api/fleet"
 	"github.com/inferlb/inferlb/internal/envoytest"
+	"github.com/inferlb/inferlb/internal/syncbuf"
 	"github.com/inferlb/inferlb/tools/fixedports"
 )
 
@@ -388,30 +387,13 @@ func (l *docLane) runAll(entries []docCmd) {
 // docProc is a command running under bash in its own process group.
 type docProc struct {
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *syncbuf.Buffer
 	done chan struct{}
 	err  error // set before done closes
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func (r *docRunner) start(t *testing.T, command string) *docProc {
-	p := &docProc{out: &lockedBuffer{}, done: make(chan struct{})}
+	p := &docProc{out: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command("bash", "-c", command)
 	p.cmd.Dir, p.cmd.Env = r.dir, r.env
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out

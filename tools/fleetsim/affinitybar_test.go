@@ -32,28 +32,11 @@ func TestAffinityBar(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: 24 full-length simulations")
 	}
-	rivals := []string{PolicyLLMD, PolicySGLang}
 	for _, name := range []string{"shared-preamble", "steady-3region"} {
 		t.Run(name, func(t *testing.T) {
-			sc, err := LoadScenario(filepath.Join("..", "..", "examples", "sim", name+".yaml"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			res, err := RunScenario(context.Background(), sc, RunOptions{
-				Policies: append([]string{PolicyInferlb, PolicyRandomKey}, rivals...), Seeds: 3, Parallel: 2, IdlePlacement: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			by := map[string]*PolicyResult{}
-			for _, p := range res.Policies {
-				by[p.Policy] = p
-			}
+			by, bestP99, bestHit := runBar(t, name, RunOptions{
+				Policies: append([]string{PolicyInferlb, PolicyRandomKey}, barRivals...), IdlePlacement: true})
 			ib, rk := by[PolicyInferlb], by[PolicyRandomKey]
-			bestP99, bestHit := by[rivals[0]].TTFT.P99, 0.0
-			for _, r := range rivals {
-				bestP99 = min(bestP99, by[r].TTFT.P99)
-				bestHit = max(bestHit, by[r].HitRate)
-			}
 			t.Logf("inferlb p50/p99 %.1f/%.1f ms, hit %.3f, max/mean util %.2f; random key p99 %.1f; best rival p99 %.1f, hit %.3f",
 				ib.TTFT.P50, ib.TTFT.P99, ib.HitRate, ib.MaxMeanUtil, rk.TTFT.P99, bestP99, bestHit)
 			// Each check is written so that NaN fails it.
@@ -85,28 +68,11 @@ func TestAffinityBarWithCachePlacement(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: 18 full-length simulations")
 	}
-	rivals := []string{PolicyLLMD, PolicySGLang}
 	for _, name := range []string{"shared-preamble", "steady-3region"} {
 		t.Run(name, func(t *testing.T) {
-			sc, err := LoadScenario(filepath.Join("..", "..", "examples", "sim", name+".yaml"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			res, err := RunScenario(context.Background(), sc, RunOptions{
-				Policies: append([]string{PolicyInferlb}, rivals...), Seeds: 3, Parallel: 2, IdlePlacement: true, CachePlacement: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			by := map[string]*PolicyResult{}
-			for _, p := range res.Policies {
-				by[p.Policy] = p
-			}
+			by, bestP99, bestHit := runBar(t, name, RunOptions{
+				Policies: append([]string{PolicyInferlb}, barRivals...), IdlePlacement: true, CachePlacement: true})
 			ib := by[PolicyInferlb]
-			bestP99, bestHit := by[rivals[0]].TTFT.P99, 0.0
-			for _, r := range rivals {
-				bestP99 = min(bestP99, by[r].TTFT.P99)
-				bestHit = max(bestHit, by[r].HitRate)
-			}
 			t.Logf("inferlb p50/p99 %.1f/%.1f ms, hit %.3f, max/mean util %.2f; best rival p99 %.1f, hit %.3f",
 				ib.TTFT.P50, ib.TTFT.P99, ib.HitRate, ib.MaxMeanUtil, bestP99, bestHit)
 			if !(ib.TTFT.P99 <= bestP99) {
@@ -117,4 +83,33 @@ func TestAffinityBarWithCachePlacement(t *testing.T) {
 			}
 		})
 	}
+}
+
+// barRivals are the rivals the affinity bars compare with.
+var barRivals = []string{PolicyLLMD, PolicySGLang}
+
+// runBar runs the scenario examples/sim/NAME.yaml with opt over seeds 1-3
+// and returns each policy's result and the best rival's TTFT p99 and hit
+// rate.
+func runBar(t *testing.T, name string, opt RunOptions) (by map[string]*PolicyResult, bestP99, bestHit float64) {
+	t.Helper()
+	sc, err := LoadScenario(filepath.Join("..", "..", "examples", "sim", name+".yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.Seeds, opt.Parallel = 3, 2
+	res, err := RunScenario(context.Background(), sc, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by = map[string]*PolicyResult{}
+	for _, p := range res.Policies {
+		by[p.Policy] = p
+	}
+	bestP99 = by[barRivals[0]].TTFT.P99
+	for _, r := range barRivals {
+		bestP99 = min(bestP99, by[r].TTFT.P99)
+		bestHit = max(bestHit, by[r].HitRate)
+	}
+	return by, bestP99, bestHit
 }

@@ -44,9 +44,9 @@ const (
 	// sglang-router's on the same rig, 5-30 ms more at the median.
 	whyVLLMLatency = "vllm-router's own latency (same hit as sglang-router, 5-30 ms more)"
 	// whyRRRag: round robin's hit rate on rag is which engine a user's
-	// repeat meets by turn: it moves with the traffic's seed (0.14-0.16 in
-	// the simulator's seeds, 0.17-0.19 in the real runs; seed 1 alone,
-	// which the race detector's run takes, is 0.052 below this run).
+	// repeat happens to meet, so it moves with the traffic's seed by more
+	// than the tolerance leaves (docs/results/sim-rivals.md has the
+	// figures); the race detector's run takes one seed.
 	whyRRRag = "round robin's rag hit moves with the seed (sim 0.14-0.16, real 0.17-0.19)"
 )
 
@@ -109,8 +109,8 @@ const (
 // seeds 1–3 for its three runs) is run in full, and the median over the 3
 // seeds of each policy's hit rate must be within 0.05 of the real router's
 // median, its TTFT p50 within 25%, except the figures realRivals says are
-// not held and why (-v logs every pair). 39 simulations, about 15 s of CPU
-// (under the race detector seed 1 alone); the traces come from
+// not held and why (-v logs every pair). Under the race detector, which
+// slows the simulator several-fold, it runs one seed. The traces come from
 // data/traces.
 func TestRivalsAgainstReal(t *testing.T) {
 	seeds := 0 // the scenarios' 3
